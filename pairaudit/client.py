@@ -1,0 +1,386 @@
+"""HTTP client for vLLM-style OpenAI-compatible servers.
+
+Nothing here raises on an HTTP error status: audits need the server's own
+words (seed 004: a 400 whose body was dropped cost a whole admission window),
+so every call returns a plain record and the caller decides.
+
+Records (all JSON-able dicts)
+-----------------------------
+HttpResult (``Endpoint.get_json`` / ``Endpoint.post_json``)::
+
+    {"method": "GET"|"POST", "path": str,
+     "status": int | None,          # None = no HTTP answer at all
+     "body": <parsed JSON> | str | None,   # server body kept verbatim on errors
+     "error": None                  # 2xx
+            | "http <code>: <server message>"
+            | "transport: <kind>: <detail>",   # refused, reset, timeout, ...
+     "elapsed_s": float, "started_at": ISO-8601 UTC str}
+
+StreamResult (``Endpoint.stream_completion``), timing definitions as in
+``vllm bench serve`` (see FIELD-NOTES)::
+
+    {"path": str, "status": int | None, "text": str, "finish_reason": str | None,
+     "usage": dict | None, "chunks": int,      # SSE events that carried choices
+     "events": int,                             # all data events incl. usage-only
+     "ttft_s": float | None,   # start -> first event with non-empty choices
+     "itl_s": [float],         # gaps between consecutive choice events
+     "e2el_s": float | None,   # start -> last choice event
+     "tpot_s": float | None,   # (e2el - ttft) / (completion_tokens - 1)
+     "output_tokens": int | None,   # usage.completion_tokens
+     "body": <error body> | None, "error": None | "http ..." | "transport: ..." | "stream: ...",
+     "started_at": str}
+
+Metrics (``metrics``): ``{name: sum over label sets, name{k="v",...}: value}``;
+label keys are sorted inside the braces so two scrapes always key alike.
+
+HealthResult (``wait_healthy``)::
+
+    {"healthy": True, "waited_s": float, "polls": int, "last_status": int}
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+import re
+import time
+from typing import Any
+
+import requests
+
+# Keep the health poll's own request short so the overall deadline holds even
+# when the server accepts a connection but never answers.
+_HEALTH_REQUEST_TIMEOUT_S = 2.0
+
+
+class ServerError(RuntimeError):
+    """A server died, never became healthy, or is not the server we asked for."""
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def canonical_json(obj: Any) -> str:
+    # One byte string per value, whatever the dict insertion order, so hashes
+    # of request bodies match across arms and reruns.
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def sha256_json(obj: Any) -> str:
+    return hashlib.sha256(canonical_json(obj).encode("utf-8")).hexdigest()
+
+
+def error_message(body: Any, limit: int = 2000) -> str:
+    """The human part of an error body, in vLLM's old or new shape, else the text."""
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and err.get("message") is not None:
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        if body.get("message") is not None:  # older vLLM: {"object": "error", "message": ...}
+            return str(body["message"])
+        if body.get("detail") is not None:  # FastAPI validation errors
+            return canonical_json(body["detail"])[:limit]
+        return canonical_json(body)[:limit]
+    if body is None:
+        return ""
+    return str(body)[:limit]
+
+
+def _parse_body(resp: requests.Response) -> Any:
+    text = resp.text
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _transport_error(exc: BaseException) -> str:
+    if isinstance(exc, requests.Timeout):
+        kind = "timeout"
+    elif isinstance(exc, requests.ConnectionError):
+        kind = "connection"
+    else:
+        kind = type(exc).__name__
+    return f"transport: {kind}: {exc}"
+
+
+class Endpoint:
+    """One server base URL plus the model name requests should carry."""
+
+    def __init__(self, base_url: str, *, model: str | None = None, timeout_s: float = 600,
+                 api_key: str | None = None):
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.timeout_s = timeout_s
+        self.session = requests.Session()
+        # Never pick up proxies from the environment: audits talk to a known
+        # host, and a corporate proxy answering instead would be a silent lie.
+        self.session.trust_env = False
+        if api_key:
+            self.session.headers["Authorization"] = f"Bearer {api_key}"
+
+    def __repr__(self) -> str:
+        return f"Endpoint({self.base_url!r}, model={self.model!r})"
+
+    def close(self) -> None:
+        self.session.close()
+
+    def __enter__(self) -> "Endpoint":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def url(self, path: str) -> str:
+        return self.base_url + (path if path.startswith("/") else "/" + path)
+
+    def _request(self, method: str, path: str, body: Any = None,
+                 timeout_s: float | None = None) -> dict:
+        started_at = utc_now()
+        t0 = time.perf_counter()
+        rec: dict = {"method": method, "path": path, "status": None, "body": None,
+                     "error": None, "elapsed_s": None, "started_at": started_at}
+        try:
+            resp = self.session.request(method, self.url(path), json=body,
+                                        timeout=timeout_s if timeout_s is not None else self.timeout_s)
+            rec["status"] = resp.status_code
+            rec["body"] = _parse_body(resp)
+            if not 200 <= resp.status_code < 300:
+                rec["error"] = f"http {resp.status_code}: {error_message(rec['body'])}"
+        except requests.RequestException as exc:
+            rec["error"] = _transport_error(exc)
+        rec["elapsed_s"] = time.perf_counter() - t0
+        return rec
+
+    def get_json(self, path: str, *, timeout_s: float | None = None) -> dict:
+        """GET; the body is parsed JSON when it parses, else the raw text (e.g. /metrics)."""
+        return self._request("GET", path, timeout_s=timeout_s)
+
+    def post_json(self, path: str, body: dict, *, timeout_s: float | None = None) -> dict:
+        return self._request("POST", path, body=body, timeout_s=timeout_s)
+
+    def scrape_metrics(self, *, timeout_s: float | None = None) -> tuple[dict, dict[str, float] | None]:
+        """(HttpResult, parsed metrics or None when the scrape failed)."""
+        res = self.get_json("/metrics", timeout_s=timeout_s)
+        if res["error"] is None and isinstance(res["body"], str):
+            return res, metrics(res["body"])
+        return res, None
+
+    def stream_completion(self, path: str, body: dict, *, timeout_s: float | None = None) -> dict:
+        """POST ``body`` as a stream and time it the way ``vllm bench serve`` does.
+
+        Only choice index 0 is followed (n=1 requests). The caller's dict is not
+        modified; ``stream`` and ``stream_options.include_usage`` are forced on
+        because TPOT needs the server's completion token count.
+        """
+        req = dict(body)
+        req["stream"] = True
+        req["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        out: dict = {"path": path, "status": None, "text": "", "finish_reason": None,
+                     "usage": None, "chunks": 0, "events": 0, "ttft_s": None, "itl_s": [],
+                     "e2el_s": None, "tpot_s": None, "output_tokens": None, "body": None,
+                     "error": None, "started_at": utc_now()}
+        parts: list[str] = []
+        t0 = time.perf_counter()
+        last_t: float | None = None
+        try:
+            with self.session.post(self.url(path), json=req, stream=True,
+                                   timeout=timeout_s if timeout_s is not None else self.timeout_s) as resp:
+                out["status"] = resp.status_code
+                if resp.status_code != 200:
+                    out["body"] = _parse_body(resp)
+                    out["error"] = f"http {resp.status_code}: {error_message(out['body'])}"
+                    return out
+                for raw in resp.iter_lines(decode_unicode=False):
+                    now = time.perf_counter()
+                    line = raw.decode("utf-8", errors="replace").strip()
+                    if not line or line.startswith(":") or not line.startswith("data:"):
+                        continue  # blank separators, SSE comments, event:/id: fields
+                    data = line[len("data:"):].strip()
+                    if data == "[DONE]":
+                        break
+                    try:
+                        event = json.loads(data)
+                    except ValueError:
+                        out["error"] = f"stream: unparseable event: {data[:200]}"
+                        break
+                    out["events"] += 1
+                    if isinstance(event, dict) and event.get("error") is not None:
+                        # vLLM reports mid-stream failures as an error event with a 200 status.
+                        out["body"] = event
+                        out["error"] = f"stream: {error_message(event)}"
+                        break
+                    choices = event.get("choices") if isinstance(event, dict) else None
+                    if choices:
+                        if last_t is None:
+                            out["ttft_s"] = now - t0
+                        else:
+                            out["itl_s"].append(now - last_t)
+                        last_t = now
+                        out["chunks"] += 1
+                        ch = choices[0]
+                        piece = ch.get("text")
+                        if piece is None and isinstance(ch.get("delta"), dict):
+                            piece = ch["delta"].get("content")
+                        if piece:
+                            parts.append(piece)
+                        if ch.get("finish_reason") is not None:
+                            out["finish_reason"] = ch["finish_reason"]
+                    if isinstance(event, dict) and event.get("usage"):
+                        out["usage"] = event["usage"]
+        except requests.RequestException as exc:
+            out["error"] = _transport_error(exc)
+        out["text"] = "".join(parts)
+        if last_t is not None:
+            out["e2el_s"] = last_t - t0
+        if out["usage"]:
+            out["output_tokens"] = out["usage"].get("completion_tokens")
+        n = out["output_tokens"]
+        if isinstance(n, int) and n > 1 and out["ttft_s"] is not None and out["e2el_s"] is not None:
+            out["tpot_s"] = (out["e2el_s"] - out["ttft_s"]) / (n - 1)
+        if out["error"] is None and out["status"] == 200 and out["finish_reason"] is None:
+            out["error"] = "stream: ended without a finish_reason"
+        return out
+
+
+# --- Prometheus text ---------------------------------------------------------
+
+_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+
+
+def _parse_value(tok: str) -> float:
+    t = tok.strip()
+    low = t.lower()
+    if low in ("+inf", "inf"):
+        return math.inf
+    if low == "-inf":
+        return -math.inf
+    return float(t)  # float() also takes "NaN"
+
+
+def metrics(text: str) -> dict[str, float]:
+    """Parse Prometheus exposition text.
+
+    Returns both the per-name total (summed over label sets, which is what a
+    counter like ``vllm:spec_decode_num_drafts_total`` means when several
+    models or engines report) and every labelled sample under
+    ``name{k="v",...}`` with label keys sorted. Comment/TYPE lines and
+    malformed lines are skipped rather than fatal: a scrape is evidence, and
+    one odd line must not hide the counters we need.
+    """
+    out: dict[str, float] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _NAME_RE.match(line)
+        if not m:
+            continue
+        name = m.group(0)
+        rest = line[m.end():]
+        labels: list[tuple[str, str]] = []
+        if rest.startswith("{"):
+            pos = 1
+            while True:
+                while pos < len(rest) and rest[pos] in " ,":
+                    pos += 1
+                if pos < len(rest) and rest[pos] == "}":
+                    pos += 1
+                    break
+                lm = _LABEL_RE.match(rest, pos)
+                if not lm:
+                    labels = None  # type: ignore[assignment]
+                    break
+                labels.append((lm.group(1), lm.group(2)))
+                pos = lm.end()
+            if labels is None:
+                continue
+            rest = rest[pos:]
+        fields = rest.split()
+        if not fields:
+            continue
+        try:
+            value = _parse_value(fields[0])  # a trailing timestamp is ignored
+        except ValueError:
+            continue
+        out[name] = out.get(name, 0.0) + value
+        if labels:
+            key = name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels)) + "}"
+            out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def metrics_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """after - before for every key present after the request.
+
+    A key missing before counts as 0 (vLLM creates labelled series lazily, on
+    first use); a key present only before is dropped (nothing to compare).
+    """
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+# --- health ------------------------------------------------------------------
+
+def tail_lines(path, n: int = 30, *, offset: int = 0) -> str:
+    """The last ``n`` lines of a log file from byte ``offset`` on ('' if absent)."""
+    if path is None:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            # Read at most ~256 KiB: a chatty server can write megabytes.
+            start = max(offset, size - 256 * 1024)
+            f.seek(start)
+            data = f.read()
+    except OSError:
+        return ""
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    return "\n".join(lines[-n:])
+
+
+def _with_tail(msg: str, log_path, log_offset: int) -> str:
+    if log_path is None:
+        return msg
+    tail = tail_lines(log_path, 30, offset=log_offset)
+    return f"{msg}\n--- last lines of {log_path} ---\n{tail if tail else '(log empty)'}"
+
+
+def wait_healthy(endpoint: Endpoint, timeout_s: float, proc=None, log_path=None, *,
+                 log_offset: int = 0, poll_s: float = 0.25) -> dict:
+    """Poll GET /health until 200; raise ``ServerError`` on exit or deadline.
+
+    ``proc`` (a ``subprocess.Popen``) is checked between polls so a server that
+    crashed at import time fails in well under a second instead of after the
+    whole timeout. The error message carries the log tail because that is
+    where the server says why.
+    """
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
+    polls = 0
+    last = None
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise ServerError(_with_tail(
+                f"server process exited with code {proc.returncode} before becoming healthy "
+                f"({endpoint.base_url})", log_path, log_offset))
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            what = f"last /health: {last['error'] or last['status']}" if last else "no poll completed"
+            raise ServerError(_with_tail(
+                f"server at {endpoint.base_url} not healthy after {timeout_s:g} s ({what})",
+                log_path, log_offset))
+        last = endpoint.get_json("/health", timeout_s=max(0.05, min(_HEALTH_REQUEST_TIMEOUT_S, remaining)))
+        polls += 1
+        if last["status"] == 200:
+            return {"healthy": True, "waited_s": time.monotonic() - t0, "polls": polls,
+                    "last_status": 200}
+        time.sleep(max(0.0, min(poll_s, deadline - time.monotonic())))

@@ -1,0 +1,587 @@
+"""Arm specs, launch receipts, and servers that never outlive their job.
+
+An arm either *launches* a server from a command template or *attaches* to a
+running endpoint. Every job that needs a server starts a fresh one from the
+same spec, checks it is the server the receipt describes, and stops it on the
+way out, failure or not.
+
+Arm config (YAML, under ``arms.<name>``)
+----------------------------------------
+launch mode: ``mode: launch``, ``command`` (list; placeholders ``{python}``,
+``{model}``, ``{served_model_name}``, ``{host}``, ``{port}``,
+``{max_model_len}``), ``env`` (switches the arm adds, str/number values),
+``host`` (default 127.0.0.1), ``port`` (0 = free port at start),
+``health_timeout_s`` (default 300), ``stop_grace_s`` (default 15), ``model``,
+``served_model_name`` (id in /v1/models; default ``model``),
+``max_model_len``, ``speculative`` (bool, default false), ``model_sha256``
+(optional pin, checked against /version's pairaudit block when present).
+
+attach mode: ``mode: attach``, ``url``, ``model``, optional
+``served_model_name``, ``max_model_len`` (checked when given),
+``speculative``, ``health_timeout_s`` (default 30), ``model_sha256``.
+
+Spec (``resolve_spec``) — the config with defaults filled and placeholders
+resolved except ``{port}``::
+
+    {"arm", "mode", "command": [str] | None, "command_identity": [str] | None,
+     "env": {str: str}, "host", "port": int, "url": str | None,
+     "health_timeout_s": float, "stop_grace_s": float, "model": str,
+     "served_model_name": str, "max_model_len": int | None,
+     "speculative": bool, "model_sha256": str | None}
+
+``command_identity`` keeps ``{python}`` symbolic as well: the interpreter's
+path is a fact of the host's install (recorded under ``packages``), not of the
+server being audited, so moving the venv must not change the identity hash.
+
+Receipt (``receipt``)::
+
+    {"schema": "pairaudit.launch/v1", "arm", "mode", "command", "command_identity",
+     "env", "model", "served_model_name", "max_model_len", "host", "port", "url",
+     "speculative", "health_timeout_s", "model_sha256",
+     "packages": {name: version | None, "python": str},
+     "machine": {"hostname", "platform", "cpu_count", "accelerators": [str]},
+     "identity": {...the hashed fields...}, "spec_sha256": str}
+
+Running facts (``Server.facts()``), volatile and kept out of the hash::
+
+    {"arm", "mode", "url", "pid": int | None, "port", "log_path",
+     "started_at", "ready_at", "ready_s", "health": HealthResult,
+     "identity_check": IdentityCheck, "stop": StopRecord | None}
+
+IdentityCheck (``check_identity``)::
+
+    {"ok": bool, "problems": [str], "served_models": [str],
+     "max_model_len": int | None, "version": str | None,
+     "switches": dict | None, "model_sha256": str | None,
+     "models_body": ..., "version_body": ...}
+
+StopRecord: ``{"stopped_at", "signal": "SIGTERM"|"SIGKILL"|None,
+"exit_code": int | None, "exited_before_stop": bool}``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import importlib.metadata
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from .client import Endpoint, ServerError, sha256_json, tail_lines, utc_now, wait_healthy
+
+__all__ = ["ConfigError", "ServerError", "resolve_spec", "receipt", "check_identity",
+           "Server", "start_server", "stop_all", "pick_free_port"]
+
+RECEIPT_SCHEMA = "pairaudit.launch/v1"
+MODES = ("launch", "attach")
+LAUNCH_KEYS = ("mode", "command", "env", "host", "port", "health_timeout_s", "stop_grace_s", "model",
+               "served_model_name", "max_model_len", "speculative", "model_sha256")
+ATTACH_KEYS = ("mode", "url", "model", "served_model_name", "max_model_len", "speculative",
+               "health_timeout_s", "model_sha256")
+PLACEHOLDERS = ("python", "model", "served_model_name", "host", "port", "max_model_len")
+SWITCH_PREFIX = "PAIRAUDIT_REF_"
+PACKAGES = ("torch", "transformers", "vllm", "pairaudit", "requests")
+_PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class ConfigError(ValueError):
+    """An arm config is invalid; the message names the key and what is allowed."""
+
+
+# --- spec --------------------------------------------------------------------
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _fill(arg: str, values: dict[str, str], where: str) -> str:
+    def sub(m: re.Match) -> str:
+        name = m.group(1)
+        if name not in values:
+            raise ConfigError(f"{where}: unknown placeholder {{{name}}} "
+                              f"(allowed: {', '.join('{' + p + '}' for p in PLACEHOLDERS)})")
+        return values[name]
+    # Only {identifier} is a placeholder, so JSON arguments such as
+    # --speculative-config '{"method": "ngram"}' pass through untouched.
+    return _PLACEHOLDER_RE.sub(sub, arg)
+
+
+def resolve_spec(arm_name: str, arm_cfg: dict) -> dict:
+    """Validate one ``arms.<name>`` block and return the resolved spec."""
+    p = f"arms.{arm_name}"
+    if not isinstance(arm_cfg, dict):
+        raise ConfigError(f"{p}: must be a mapping, got {type(arm_cfg).__name__}")
+    mode = arm_cfg.get("mode", "launch")
+    if mode not in MODES:
+        raise ConfigError(f"{p}.mode: {mode!r} is not one of {', '.join(MODES)}")
+    allowed = LAUNCH_KEYS if mode == "launch" else ATTACH_KEYS
+    for k in arm_cfg:
+        if k not in allowed:
+            raise ConfigError(f"{p}: unknown key {k!r} for mode {mode} (allowed: {', '.join(allowed)})")
+
+    model = arm_cfg.get("model")
+    if not isinstance(model, str) or not model:
+        raise ConfigError(f"{p}.model: required, a non-empty string")
+    served = arm_cfg.get("served_model_name", model)
+    if not isinstance(served, str) or not served:
+        raise ConfigError(f"{p}.served_model_name: must be a non-empty string")
+    mml = arm_cfg.get("max_model_len")
+    if mml is None and mode == "launch":
+        raise ConfigError(f"{p}.max_model_len: required in launch mode, a positive integer")
+    if mml is not None and (not _is_int(mml) or mml <= 0):
+        raise ConfigError(f"{p}.max_model_len: {mml!r} is not a positive integer")
+    spec_flag = arm_cfg.get("speculative", False)
+    if not isinstance(spec_flag, bool):
+        raise ConfigError(f"{p}.speculative: {spec_flag!r} is not one of true, false")
+    sha = arm_cfg.get("model_sha256")
+    if sha is not None and not (isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha)):
+        raise ConfigError(f"{p}.model_sha256: must be 64 lowercase hex digits")
+    hto = arm_cfg.get("health_timeout_s", 300 if mode == "launch" else 30)
+    if not _is_num(hto) or hto <= 0:
+        raise ConfigError(f"{p}.health_timeout_s: {hto!r} is not a positive number")
+
+    spec: dict = {"arm": arm_name, "mode": mode, "command": None, "command_identity": None, "env": {},
+                  "host": None, "port": None, "url": None, "health_timeout_s": float(hto),
+                  "stop_grace_s": None, "model": model, "served_model_name": served,
+                  "max_model_len": mml, "speculative": spec_flag, "model_sha256": sha}
+
+    if mode == "attach":
+        url = arm_cfg.get("url")
+        if not isinstance(url, str) or not re.match(r"^https?://[^/\s]+", url):
+            raise ConfigError(f"{p}.url: required in attach mode, an http:// or https:// URL")
+        spec["url"] = url.rstrip("/")
+        return spec
+
+    host = arm_cfg.get("host", "127.0.0.1")
+    if not isinstance(host, str) or not host:
+        raise ConfigError(f"{p}.host: must be a non-empty string")
+    port = arm_cfg.get("port", 0)
+    if not _is_int(port) or not 0 <= port <= 65535:
+        raise ConfigError(f"{p}.port: {port!r} is not an integer in 0..65535 (0 = pick a free port)")
+    grace = arm_cfg.get("stop_grace_s", 15)
+    if not _is_num(grace) or grace < 0:
+        raise ConfigError(f"{p}.stop_grace_s: {grace!r} is not a non-negative number")
+    env = arm_cfg.get("env") or {}
+    if not isinstance(env, dict):
+        raise ConfigError(f"{p}.env: must be a mapping of NAME: value")
+    env_s: dict[str, str] = {}
+    for k, v in env.items():
+        if not isinstance(k, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            raise ConfigError(f"{p}.env: {k!r} is not a valid environment variable name")
+        # YAML turns `on`/`true` into booleans; what string the server then sees
+        # is ambiguous, so insist on the literal value instead of guessing.
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise ConfigError(f"{p}.env.{k}: {v!r} must be a string or number (quote booleans, e.g. \"1\")")
+        env_s[k] = str(v)
+    cmd = arm_cfg.get("command")
+    if not isinstance(cmd, list) or not cmd:
+        raise ConfigError(f"{p}.command: required in launch mode, a non-empty list of arguments")
+    for i, a in enumerate(cmd):
+        if isinstance(a, bool) or not isinstance(a, (str, int, float)):
+            raise ConfigError(f"{p}.command[{i}]: {a!r} must be a string or number")
+    values = {"python": sys.executable, "model": model, "served_model_name": served, "host": host,
+              "port": "{port}", "max_model_len": str(mml)}
+    spec["command"] = [_fill(str(a), values, f"{p}.command[{i}]") for i, a in enumerate(cmd)]
+    spec["command_identity"] = [_fill(str(a), {**values, "python": "{python}"}, f"{p}.command[{i}]")
+                                for i, a in enumerate(cmd)]
+    spec.update(env=env_s, host=host, port=port, stop_grace_s=float(grace))
+    return spec
+
+
+# --- receipt -----------------------------------------------------------------
+
+def identity_fields(spec: dict) -> dict:
+    """The fields that define which server an arm is; nothing host- or time-bound."""
+    ident = {"mode": spec["mode"], "model": spec["model"], "served_model_name": spec["served_model_name"],
+             "max_model_len": spec["max_model_len"], "model_sha256": spec.get("model_sha256")}
+    if spec["mode"] == "launch":
+        ident.update(command=spec["command_identity"], env=spec["env"])
+    else:
+        ident.update(url=spec["url"])
+    return ident
+
+
+def package_versions() -> dict:
+    out: dict = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    if out.get("pairaudit") is None:
+        try:  # run from a source tree without an install
+            from . import __version__
+            out["pairaudit"] = __version__
+        except ImportError:
+            pass
+    return out
+
+
+def accelerators() -> list[str]:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    try:
+        res = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return [f"nvidia-smi failed: {exc}"]
+    lines = [ln.strip() for ln in res.stdout.splitlines() if ln.strip()]
+    if res.returncode != 0:
+        return [f"nvidia-smi -L exit {res.returncode}: {res.stderr.strip()[:200]}"]
+    return lines
+
+
+def machine_facts() -> dict:
+    return {"hostname": socket.gethostname(), "platform": platform.platform(),
+            "cpu_count": os.cpu_count(), "accelerators": accelerators()}
+
+
+def receipt(spec: dict) -> dict:
+    ident = identity_fields(spec)
+    return {"schema": RECEIPT_SCHEMA, "arm": spec["arm"], "mode": spec["mode"],
+            "command": spec["command"], "command_identity": spec["command_identity"],
+            "env": dict(spec["env"]), "model": spec["model"], "served_model_name": spec["served_model_name"],
+            "max_model_len": spec["max_model_len"], "host": spec["host"], "port": spec["port"],
+            "url": spec["url"], "speculative": spec["speculative"],
+            "health_timeout_s": spec["health_timeout_s"], "model_sha256": spec.get("model_sha256"),
+            "packages": package_versions(), "machine": machine_facts(),
+            "identity": ident, "spec_sha256": sha256_json(ident)}
+
+
+# --- identity ----------------------------------------------------------------
+
+def _norm_switch_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    s = str(v).strip()
+    return {"true": "1", "false": "0"}.get(s.lower(), s)
+
+
+def _switch_lookup(switches: dict, env_key: str):
+    # The server may key its switches by the env name or by the short name.
+    short = env_key[len(SWITCH_PREFIX):]
+    for k in (env_key, short, short.lower()):
+        if k in switches:
+            return True, switches[k]
+    return False, None
+
+
+def check_identity(spec: dict, models_res: dict, version_res: dict | None) -> dict:
+    """Compare what the server says about itself with the spec. Pure."""
+    problems: list[str] = []
+    out: dict = {"ok": False, "problems": problems, "served_models": [], "max_model_len": None,
+                 "version": None, "switches": None, "model_sha256": None,
+                 "models_body": models_res.get("body"),
+                 "version_body": version_res.get("body") if version_res else None}
+    body = models_res.get("body")
+    if models_res.get("error") or not isinstance(body, dict) or not isinstance(body.get("data"), list):
+        problems.append(f"/v1/models unusable: {models_res.get('error') or 'no data list'}")
+    else:
+        cards = [c for c in body["data"] if isinstance(c, dict)]
+        out["served_models"] = [c.get("id") for c in cards]
+        card = next((c for c in cards if c.get("id") == spec["served_model_name"]), None)
+        if card is None:
+            problems.append(f"/v1/models does not list {spec['served_model_name']!r} "
+                            f"(lists {out['served_models']})")
+        else:
+            out["max_model_len"] = card.get("max_model_len")
+            if spec["max_model_len"] is not None and card.get("max_model_len") != spec["max_model_len"]:
+                problems.append(f"max_model_len is {card.get('max_model_len')!r}, spec says "
+                                f"{spec['max_model_len']}")
+    vbody = version_res.get("body") if version_res else None
+    if isinstance(vbody, dict):
+        out["version"] = vbody.get("version")
+        block = vbody.get("pairaudit")
+        # vLLM itself has no pairaudit block: its absence is normal, never a failure.
+        if isinstance(block, dict):
+            sw = block.get("switches")
+            out["switches"] = sw
+            out["model_sha256"] = block.get("model_sha256")
+            if isinstance(sw, dict):
+                for k, v in sorted(spec["env"].items()):
+                    if not k.startswith(SWITCH_PREFIX):
+                        continue
+                    found, got = _switch_lookup(sw, k)
+                    if not found:
+                        problems.append(f"server does not report switch {k} (unknown switch name?)")
+                    elif _norm_switch_value(got) != _norm_switch_value(v):
+                        problems.append(f"switch {k} is {got!r} on the server, spec sets {v!r}")
+            if spec.get("model_sha256") and out["model_sha256"] and out["model_sha256"] != spec["model_sha256"]:
+                problems.append(f"model_sha256 is {out['model_sha256']}, spec pins {spec['model_sha256']}")
+    out["ok"] = not problems
+    return out
+
+
+# --- process lifecycle ---------------------------------------------------------
+
+_LIVE: dict[int, "Server"] = {}
+_HANDLERS_INSTALLED = False
+_PREV_HANDLERS: dict[int, Any] = {}
+
+
+def stop_all() -> None:
+    """Stop every server this process started and has not stopped yet."""
+    for srv in list(_LIVE.values()):
+        try:
+            srv.stop()
+        except Exception:  # never let one failed stop leave the others running
+            pass
+
+
+def _on_signal(signum, frame):
+    prev = _PREV_HANDLERS.get(signum, signal.SIG_DFL)
+    if prev == signal.SIG_IGN:
+        return
+    stop_all()
+    if callable(prev):
+        prev(signum, frame)
+        return
+    # Default disposition: die of the same signal so our parent sees the truth.
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_handlers() -> None:
+    global _HANDLERS_INSTALLED
+    if _HANDLERS_INSTALLED or threading.current_thread() is not threading.main_thread():
+        return
+    atexit.register(stop_all)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            _PREV_HANDLERS[sig] = signal.getsignal(sig)
+            signal.signal(sig, _on_signal)
+        except (ValueError, OSError):
+            pass
+    _HANDLERS_INSTALLED = True
+
+
+def _pdeathsig_preexec():
+    # Belt and braces for a parent killed with SIGKILL (no handler runs then):
+    # the kernel sends SIGTERM to the server when its parent thread dies.
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def pick_free_port(host: str = "127.0.0.1") -> int:
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _url(host: str, port: int) -> str:
+    h = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
+    if ":" in h and not h.startswith("["):
+        h = f"[{h}]"
+    return f"http://{h}:{port}"
+
+
+def _wait_exit(proc: subprocess.Popen, timeout_s: float) -> bool:
+    # Poll instead of Popen.wait(): stop() may run inside a signal handler that
+    # interrupted another wait() holding Popen's internal lock, and a blocking
+    # wait there would deadlock.
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+class Server:
+    """A started (launch) or checked (attach) server; a context manager.
+
+    ``with Server(spec, log_path=...) as srv:`` starts, waits healthy, checks
+    identity, and always stops on exit. ``srv.endpoint`` talks to it.
+    """
+
+    def __init__(self, spec: dict, *, log_path=None, receipt: dict | None = None,
+                 timeout_s: float = 600, api_key: str | None = None):
+        if spec["mode"] == "launch" and log_path is None:
+            raise ValueError("launch mode needs a log_path")
+        self.spec = spec
+        self.log_path = Path(log_path) if log_path is not None else None
+        self.receipt = receipt
+        self.proc: subprocess.Popen | None = None
+        self.endpoint: Endpoint | None = None
+        self._timeout_s = timeout_s
+        self._api_key = api_key
+        self._log_file = None
+        self._log_offset = 0
+        self._started = False
+        self._facts: dict = {"arm": spec["arm"], "mode": spec["mode"], "url": None, "pid": None,
+                             "port": None, "command": None, "log_path": str(self.log_path) if self.log_path else None,
+                             "started_at": None, "ready_at": None, "ready_s": None, "health": None,
+                             "identity_check": None, "stop": None}
+
+    # context manager
+    def __enter__(self) -> "Server":
+        if not self._started:
+            self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.stop()
+
+    def facts(self) -> dict:
+        return dict(self._facts)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def _fail(self, msg: str) -> ServerError:
+        return ServerError(f"[arm {self.spec['arm']}] {msg}")
+
+    def start(self) -> "Server":
+        if self._started:
+            raise RuntimeError("server already started")
+        self._started = True
+        spec = self.spec
+        if self.receipt is not None:
+            want = receipt_hash = self.receipt.get("spec_sha256")
+            have = sha256_json(identity_fields(spec))
+            if want != have:
+                raise self._fail(f"spec does not match the launch receipt (receipt {receipt_hash}, "
+                                 f"spec {have}); rerun the launch stage")
+        try:
+            if spec["mode"] == "launch":
+                self._launch()
+            else:
+                self._attach()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _launch(self) -> None:
+        spec = self.spec
+        port = spec["port"] or pick_free_port(spec["host"])
+        cmd = [a.replace("{port}", str(port)) for a in spec["command"]]
+        url = _url(spec["host"], port)
+        self._facts.update(url=url, port=port, command=cmd)
+        self.endpoint = Endpoint(url, model=spec["served_model_name"], timeout_s=self._timeout_s,
+                                 api_key=self._api_key)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self.log_path, "ab")
+        self._log_offset = self._log_file.tell()
+        self._log_file.write(f"=== pairaudit launch arm={spec['arm']} at {utc_now()}: {cmd}\n".encode())
+        self._log_file.flush()
+        env = {**os.environ, **spec["env"]}
+        main_thread = threading.current_thread() is threading.main_thread()
+        _install_handlers()
+        self._facts["started_at"] = utc_now()
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self._log_file, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=_pdeathsig_preexec if main_thread and sys.platform == "linux" else None)
+        _LIVE[self.proc.pid] = self
+        self._facts["pid"] = self.proc.pid
+        self._facts["health"] = wait_healthy(self.endpoint, spec["health_timeout_s"], proc=self.proc,
+                                             log_path=self.log_path, log_offset=self._log_offset)
+        self._facts["ready_at"] = utc_now()
+        self._facts["ready_s"] = time.monotonic() - t0
+        self._check_identity()
+
+    def _attach(self) -> None:
+        spec = self.spec
+        self._facts["url"] = spec["url"]
+        self.endpoint = Endpoint(spec["url"], model=spec["served_model_name"], timeout_s=self._timeout_s,
+                                 api_key=self._api_key)
+        self._facts["started_at"] = utc_now()
+        t0 = time.monotonic()
+        self._facts["health"] = wait_healthy(self.endpoint, spec["health_timeout_s"])
+        self._facts["ready_at"] = utc_now()
+        self._facts["ready_s"] = time.monotonic() - t0
+        self._check_identity()
+
+    def _check_identity(self) -> None:
+        models = self.endpoint.get_json("/v1/models", timeout_s=30)
+        version = self.endpoint.get_json("/version", timeout_s=30)
+        chk = check_identity(self.spec, models, version)
+        self._facts["identity_check"] = chk
+        if not chk["ok"]:
+            msg = "server identity does not match the spec: " + "; ".join(chk["problems"])
+            if self.log_path is not None and self.proc is not None:
+                msg += f"\n--- last lines of {self.log_path} ---\n" + tail_lines(self.log_path, 30,
+                                                                               offset=self._log_offset)
+            raise self._fail(msg)
+
+    def assert_alive(self) -> None:
+        """Raise ``ServerError`` with the log tail if a launched server has died."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise self._fail(f"server process exited with code {self.proc.returncode}\n"
+                             f"--- last lines of {self.log_path} ---\n"
+                             + tail_lines(self.log_path, 30, offset=self._log_offset))
+
+    def log_tail(self, n: int = 30) -> str:
+        return tail_lines(self.log_path, n, offset=self._log_offset) if self.log_path else ""
+
+    def stop(self) -> dict | None:
+        """SIGTERM the process group, SIGKILL after the grace period. Idempotent."""
+        if self.endpoint is not None:
+            self.endpoint.close()
+        proc = self.proc
+        if proc is None or self._facts["stop"] is not None:
+            return self._facts["stop"]
+        rec = {"stopped_at": None, "signal": None, "exit_code": None,
+               "exited_before_stop": proc.poll() is not None}
+        pgid = proc.pid  # start_new_session: the leader's pid is the group id
+        if proc.poll() is None:
+            rec["signal"] = "SIGTERM"
+            try:
+                os.killpg(pgid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            if not _wait_exit(proc, self.spec.get("stop_grace_s") or 15):
+                rec["signal"] = "SIGKILL"
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                _wait_exit(proc, 30)
+        # Helpers the server spawned (engine cores, tokenizer workers) share the
+        # group and may outlive a leader that exited on its own.
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        rec["exit_code"] = proc.returncode
+        rec["stopped_at"] = utc_now()
+        self._facts["stop"] = rec
+        _LIVE.pop(proc.pid, None)
+        if self._log_file is not None:
+            try:
+                self._log_file.write(f"=== pairaudit stop arm={self.spec['arm']} at {rec['stopped_at']}: "
+                                     f"{rec['signal']} exit={rec['exit_code']}\n".encode())
+                self._log_file.close()
+            except (OSError, ValueError):
+                pass
+            self._log_file = None
+        return rec
+
+
+def start_server(spec: dict, *, log_path=None, receipt: dict | None = None, **kw) -> Server:
+    """Start (or attach to) the arm's server and return the running handle.
+
+    The caller owns it: use ``with start_server(...) as srv:`` or call
+    ``srv.stop()``. A failure during start has already stopped the process.
+    """
+    return Server(spec, log_path=log_path, receipt=receipt, **kw).start()

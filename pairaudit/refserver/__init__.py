@@ -1,0 +1,1 @@
+"""The embedded vLLM-compatible reference server (``python -m pairaudit.refserver``)."""

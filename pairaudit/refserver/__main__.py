@@ -1,0 +1,102 @@
+"""``python -m pairaudit.refserver``: serve the reference model over vLLM's OpenAI-compatible API."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import platform
+import signal
+import sys
+import time
+
+from .. import __version__
+
+VERSION = f"0.0.0+pairaudit.refserver.{__version__}"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m pairaudit.refserver", description=__doc__)
+    ap.add_argument("--model", default="SmolLM2-135M-Instruct",
+                    help="the embedded model name, or a directory with a llama transformers checkpoint")
+    ap.add_argument("--served-model-name", default=None, help="name clients use (default: --model)")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--max-model-len", type=int, default=8192)
+    ap.add_argument("--max-num-seqs", type=int, default=8, help="requests decoded together")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=512, help="tokens per engine step")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(message)s", stream=sys.stderr)
+    log = logging.getLogger("refserver")
+    try:
+        import torch
+        from transformers import AutoTokenizer
+
+        from ..modelstore import resolve_model
+        from .api import Api, serve
+        from .engine import Engine, Switches
+        from .metrics import Metrics
+        from .model import LlamaModel
+
+        switches = Switches.from_env()
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        t0 = time.monotonic()
+        path, identity = resolve_model(args.model)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = LlamaModel(path, lm_head_bf16=switches.lm_head_bf16)
+        limit = model.cfg.max_positions
+        if args.max_model_len > limit:
+            raise ValueError(f"--max-model-len {args.max_model_len} exceeds the model's context of {limit} tokens")
+        log.info("model %s loaded in %.1fs from %s (switches %s)", args.model, time.monotonic() - t0, path,
+                 switches.as_env())
+    except Exception as exc:
+        print(f"ERROR: refserver cannot start: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    name = args.served_model_name or args.model
+    metrics = Metrics(name)
+    engine = Engine(model, tokenizer, max_model_len=args.max_model_len, switches=switches, metrics=metrics,
+                    max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+    info = {
+        "switches": switches.as_env(),
+        "model": identity,
+        "dtype": "float32",
+        "lm_head_dtype": "bfloat16" if switches.lm_head_bf16 else "float32",
+        "speculative": {"method": "ngram", "num_speculative_tokens": switches.spec_ngram} if switches.spec_ngram
+        else None,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    api = Api(engine, tokenizer, served_name=name, model_root=str(path), info=info)
+    try:
+        server = serve(api, metrics, args.host, args.port, VERSION)
+    except OSError as exc:
+        print(f"ERROR: refserver cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    engine.start()
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    log.info("serving %s on http://%s:%d (max_model_len %d)", name, args.host, server.server_port,
+             args.max_model_len)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        log.info("shutting down")
+    finally:
+        engine.stopped = True
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,514 @@
+"""vLLM's OpenAI-compatible HTTP surface over the reference engine.
+
+Handler threads (``ThreadingHTTPServer``) parse and validate a request, submit
+it to the engine and wait on the request's event queue; only the engine thread
+touches the model.  Field names, response shapes and the error contract follow
+vLLM's OpenAI server (see FIELD-NOTES.md): HTTP 400 with
+``{"error": {"message", "type", "param", "code"}}`` for a bad request, 404 for
+an unknown model.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from .engine import Engine, Request, SamplingParams
+
+MAX_LOGPROBS = 20
+SPECIAL_NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+
+
+class ApiError(Exception):
+    def __init__(self, message: str, *, param: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.message, self.param, self.status = message, param, status
+
+    def body(self) -> dict:
+        kind = {400: "BadRequestError", 404: "NotFoundError"}.get(self.status, "InternalServerError")
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}}
+
+
+# field -> (accepted python types, description used in the message)
+_NUM = (int, float)
+FIELD_TYPES = {
+    "model": ((str,), "a string"),
+    "temperature": (_NUM, "a number"),
+    "top_p": (_NUM, "a number"),
+    "top_k": ((int,), "an integer"),
+    "min_p": (_NUM, "a number"),
+    "seed": ((int,), "an integer"),
+    "max_tokens": ((int,), "an integer"),
+    "max_completion_tokens": ((int,), "an integer"),
+    "min_tokens": ((int,), "an integer"),
+    "stop": ((str, list), "a string or a list of strings"),
+    "stop_token_ids": ((list,), "a list of integers"),
+    "ignore_eos": ((bool,), "a boolean"),
+    "prompt_logprobs": ((int,), "an integer"),
+    "return_tokens_as_token_ids": ((bool,), "a boolean"),
+    "cache_salt": ((str,), "a string"),
+    "stream": ((bool,), "a boolean"),
+    "stream_options": ((dict,), "an object"),
+    "n": ((int,), "an integer"),
+    "echo": ((bool,), "a boolean"),
+    "skip_special_tokens": ((bool,), "a boolean"),
+    "chat_template_kwargs": ((dict,), "an object"),
+    "add_generation_prompt": ((bool,), "a boolean"),
+    "top_logprobs": ((int,), "an integer"),
+    "presence_penalty": (_NUM, "a number"),
+    "frequency_penalty": (_NUM, "a number"),
+    "repetition_penalty": (_NUM, "a number"),
+    "priority": ((int,), "an integer"),
+    "user": ((str,), "a string"),
+}
+
+
+def _check_types(body: dict, extra: dict) -> None:
+    types = {**FIELD_TYPES, **extra}
+    for key, value in body.items():
+        if value is None or key not in types:
+            continue
+        accepted, desc = types[key]
+        # bool is an int in Python; JSON true is never a valid integer or number here
+        if isinstance(value, bool) and bool not in accepted:
+            raise ApiError(f"{key}: expected {desc}, got {json.dumps(value)}", param=key)
+        if not isinstance(value, accepted):
+            raise ApiError(f"{key}: expected {desc}, got {type(value).__name__} {json.dumps(value)[:80]}", param=key)
+
+
+class Api:
+    def __init__(self, engine: Engine, tokenizer, *, served_name: str, model_root: str, info: dict):
+        self.engine = engine
+        self.tok = tokenizer
+        self.name = served_name
+        self.root = model_root
+        self.info = info
+        self.created = int(time.time())
+        self.max_model_len = engine.max_model_len
+
+    # --- helpers ----------------------------------------------------------
+    def check_model(self, body: dict) -> None:
+        model = body.get("model")
+        if model is not None and model != self.name:
+            raise ApiError(f"The model `{model}` does not exist.", param="model", status=404)
+
+    def token_text(self, token: int, as_ids: bool) -> str:
+        return f"token_id:{token}" if as_ids else self.tok.decode([token])
+
+    def sampling(self, body: dict, prompt_len: int, *, chat: bool) -> SamplingParams:
+        for key, neutral in SPECIAL_NEUTRAL.items():
+            if body.get(key) not in (None, neutral):
+                raise ApiError(f"{key}={body[key]} is not supported by the reference server (only {neutral})", param=key)
+        if body.get("n", 1) != 1:
+            raise ApiError("n: only n=1 is supported by the reference server", param="n")
+        if body.get("echo"):
+            raise ApiError("echo is not supported by the reference server", param="echo")
+        temperature = float(body.get("temperature") if body.get("temperature") is not None else 1.0)
+        top_p = float(body.get("top_p") if body.get("top_p") is not None else 1.0)
+        top_k = body.get("top_k") if body.get("top_k") is not None else 0
+        min_p = float(body.get("min_p") or 0.0)
+        if temperature < 0:
+            raise ApiError(f"temperature must be non-negative, got {temperature}.", param="temperature")
+        if not 0 < top_p <= 1:
+            raise ApiError(f"top_p must be in (0, 1], got {top_p}.", param="top_p")
+        if top_k < -1:
+            raise ApiError(f"top_k must be -1 (disable), or at least 1, got {top_k}.", param="top_k")
+        if not 0 <= min_p <= 1:
+            raise ApiError(f"min_p must be in [0, 1], got {min_p}.", param="min_p")
+        if chat:
+            logprobs = None
+            if body.get("logprobs"):
+                logprobs = body.get("top_logprobs") or 0
+            elif body.get("top_logprobs"):
+                raise ApiError("top_logprobs requires logprobs=true", param="top_logprobs")
+            if body.get("logprobs") is not None and not isinstance(body.get("logprobs"), bool):
+                raise ApiError("logprobs: expected a boolean (the count goes in top_logprobs)", param="logprobs")
+            max_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        else:
+            logprobs = body.get("logprobs")
+            if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)):
+                raise ApiError(f"logprobs: expected an integer, got {json.dumps(logprobs)}", param="logprobs")
+            max_key = "max_tokens"
+        for key, value in (("logprobs", logprobs), ("prompt_logprobs", body.get("prompt_logprobs"))):
+            if value is not None and value > MAX_LOGPROBS:
+                raise ApiError(
+                    f"Requested sample logprobs of {value}, which is greater than max allowed: {MAX_LOGPROBS}",
+                    param=key,
+                )
+            if value is not None and value < 0:
+                raise ApiError(f"{key} must be non-negative, got {value}.", param=key)
+        if body.get("prompt_logprobs") is not None and body.get("stream"):
+            raise ApiError("`prompt_logprobs` are not available when `stream=True`.", param="prompt_logprobs")
+        max_tokens = body.get(max_key)
+        room = self.max_model_len - prompt_len
+        if max_tokens is None:
+            if room <= 0:
+                raise ApiError(
+                    f"This model's maximum context length is {self.max_model_len} tokens. However, your request has "
+                    f"{prompt_len} input tokens. Please reduce the length of the input messages.",
+                    param="prompt",
+                )
+            max_tokens = room
+        if max_tokens < 1:
+            raise ApiError(f"{max_key} must be at least 1, got {max_tokens}.", param=max_key)
+        if prompt_len + max_tokens > self.max_model_len:
+            raise ApiError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} in the completion). "
+                f"Please reduce the length of the messages or completion: prompt tokens must be at most "
+                f"max_model_len - {max_key} = {self.max_model_len - max_tokens}.",
+                param=max_key,
+            )
+        stop = body.get("stop") or []
+        if isinstance(stop, str):
+            stop = [stop]
+        if not all(isinstance(s, str) for s in stop):
+            raise ApiError("stop: expected a string or a list of strings", param="stop")
+        stop_ids = body.get("stop_token_ids") or []
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids):
+            raise ApiError("stop_token_ids: expected a list of integers", param="stop_token_ids")
+        min_tokens = body.get("min_tokens") or 0
+        if not 0 <= min_tokens <= max_tokens:
+            raise ApiError(f"min_tokens must be in [0, max_tokens={max_tokens}], got {min_tokens}.", param="min_tokens")
+        salt = body.get("cache_salt")
+        if salt is not None and not 1 <= len(salt) <= 1024:
+            raise ApiError("cache_salt must be a string of 1 to 1024 characters.", param="cache_salt")
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=0 if top_k == -1 else top_k,
+            min_p=min_p,
+            seed=body.get("seed"),
+            stop=tuple(stop),
+            stop_token_ids=tuple(stop_ids),
+            ignore_eos=bool(body.get("ignore_eos")),
+            min_tokens=min_tokens,
+            logprobs=logprobs,
+            prompt_logprobs=body.get("prompt_logprobs"),
+        )
+
+    def completion_prompt(self, body: dict) -> list[int]:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]  # a batch of one
+        if isinstance(prompt, str):
+            ids = self.tok(prompt).input_ids
+        elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)
+            bad = [t for t in ids if not 0 <= t < self.engine.vocab]
+            if bad:
+                raise ApiError(f"prompt: token id {bad[0]} is out of vocabulary (0..{self.engine.vocab - 1})",
+                               param="prompt")
+        else:
+            raise ApiError("prompt: expected a string or a list of token ids (one prompt per request)", param="prompt")
+        if not ids:
+            raise ApiError("prompt: the prompt cannot be empty", param="prompt")
+        return ids
+
+    def chat_prompt(self, body: dict) -> list[int]:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ApiError("messages: expected a non-empty list of {role, content} objects", param="messages")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise ApiError(f"messages[{i}]: expected {{role: str, content: str}}", param="messages")
+        kwargs = dict(body.get("chat_template_kwargs") or {})
+        kwargs.setdefault("add_generation_prompt", body.get("add_generation_prompt", True))
+        try:
+            text = self.tok.apply_chat_template(messages, tokenize=False, **kwargs)
+        except Exception as exc:
+            raise ApiError(f"chat template failed: {exc}", param="messages") from None
+        return self.tok(text, add_special_tokens=False).input_ids
+
+    def run(self, prompt: list[int], params: SamplingParams, prefix: str) -> Request:
+        req = Request(prompt=prompt, params=params, request_id=f"{prefix}-{uuid.uuid4().hex}")
+        return self.engine.submit(req)
+
+    def final_text(self, req: Request) -> str:
+        ids = [t for t in req.output if not (req.finish_reason == "stop" and t == req.stop_reason)]
+        if ids and ids[-1] == self.engine.eos and req.finish_reason == "stop" and req.stop_reason is None:
+            ids = ids[:-1]
+        text = self.tok.decode(ids, skip_special_tokens=True)
+        if isinstance(req.stop_reason, str):
+            cut = text.find(req.stop_reason)
+            if cut >= 0:
+                text = text[:cut]
+        return text
+
+    def usage(self, req: Request) -> dict:
+        n = len(req.output)
+        return {"prompt_tokens": len(req.prompt), "total_tokens": len(req.prompt) + n, "completion_tokens": n,
+                "prompt_tokens_details": None}
+
+    def completion_logprobs(self, req: Request, as_ids: bool, start: int = 0, end: int | None = None) -> dict:
+        tokens, lps, tops, offsets = [], [], [], []
+        offset = len(self.tok.decode(req.output[:start], skip_special_tokens=True)) if start else 0
+        for i, e in enumerate(req.emitted[start:end], start=start):
+            tokens.append(self.token_text(e.token, as_ids))
+            lps.append(_clamp(e.logprob))
+            top = {self.token_text(t, as_ids): _clamp(v) for t, v in e.top}
+            top.setdefault(self.token_text(e.token, as_ids), _clamp(e.logprob))
+            tops.append(top)
+            offsets.append(offset)
+            offset = len(self.tok.decode(req.output[: i + 1], skip_special_tokens=True))
+        return {"text_offset": offsets, "token_logprobs": lps, "tokens": tokens, "top_logprobs": tops}
+
+    def chat_logprobs(self, req: Request, as_ids: bool, start: int = 0, end: int | None = None) -> dict:
+        content = []
+        for e in req.emitted[start:end]:
+            text = self.token_text(e.token, as_ids)
+            top = [{"token": self.token_text(t, as_ids), "logprob": _clamp(v),
+                    "bytes": list(self.token_text(t, as_ids).encode())} for t, v in e.top]
+            content.append({"token": text, "logprob": _clamp(e.logprob), "bytes": list(text.encode()),
+                            "top_logprobs": top})
+        return {"content": content}
+
+    def prompt_logprobs(self, req: Request) -> list | None:
+        if req.prompt_logprobs is None:
+            return None
+        out = []
+        for entry in req.prompt_logprobs:
+            if entry is None:
+                out.append(None)
+                continue
+            out.append({str(t): {"logprob": _clamp(v), "rank": r, "decoded_token": self.tok.decode([t])}
+                        for t, (v, r) in entry.items()})
+        return out
+
+
+def _clamp(value: float) -> float:
+    # vLLM clamps -inf to -9999.0 so the JSON stays valid
+    return max(value, -9999.0)
+
+
+def make_handler(api: Api, metrics, started: dict):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "pairaudit-refserver"
+
+        def log_message(self, fmt, *args):  # one line per request on stderr, like uvicorn's access log
+            import sys
+
+            sys.stderr.write(f"INFO: {self.address_string()} - {fmt % args}\n")
+
+        # --- plumbing ---------------------------------------------------
+        def send_json(self, status: int, obj) -> None:
+            data = json.dumps(obj).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def send_text(self, status: int, text: str, ctype: str = "text/plain; version=0.0.4") -> None:
+            data = text.encode()
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def read_body(self) -> dict:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            try:
+                body = json.loads(raw or b"null")
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise ApiError(f"malformed JSON body: {exc}") from None
+            if not isinstance(body, dict):
+                raise ApiError("the request body must be a JSON object")
+            return body
+
+        def guarded(self, fn) -> None:
+            try:
+                fn()
+            except ApiError as exc:
+                self.send_json(exc.status, exc.body())
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            except Exception as exc:  # keep the server up; report like vLLM's 500
+                err = ApiError(f"internal error: {type(exc).__name__}: {exc}", status=500)
+                self.send_json(500, err.body())
+
+        # --- routes -----------------------------------------------------
+        def do_GET(self):
+            path = self.path.split("?")[0]
+            routes = {"/health": self.health, "/v1/models": self.models, "/metrics": self.metrics,
+                      "/version": self.version, "/ping": self.health}
+            fn = routes.get(path)
+            if fn is None:
+                self.guarded(lambda: (_ for _ in ()).throw(ApiError(f"no route GET {path}", status=404)))
+            else:
+                self.guarded(fn)
+
+        def do_POST(self):
+            path = self.path.split("?")[0]
+            routes = {"/v1/completions": self.completions, "/v1/chat/completions": self.chat,
+                      "/tokenize": self.tokenize, "/detokenize": self.detokenize}
+            fn = routes.get(path)
+            if fn is None:
+                self.guarded(lambda: (_ for _ in ()).throw(ApiError(f"no route POST {path}", status=404)))
+            else:
+                self.guarded(fn)
+
+        def health(self):
+            ok = api.engine.thread.is_alive()
+            self.send_response(200 if ok else 503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def models(self):
+            card = {"id": api.name, "object": "model", "created": api.created, "owned_by": "vllm",
+                    "root": api.root, "parent": None, "max_model_len": api.max_model_len, "permission": []}
+            self.send_json(200, {"object": "list", "data": [card]})
+
+        def version(self):
+            self.send_json(200, {"version": started["version"], "pairaudit": api.info})
+
+        def metrics(self):
+            self.send_text(200, metrics.render())
+
+        def tokenize(self):
+            body = self.read_body()
+            _check_types(body, {"prompt": ((str,), "a string"), "add_special_tokens": ((bool,), "a boolean"),
+                                "return_token_strs": ((bool,), "a boolean")})
+            api.check_model(body)
+            if "messages" in body:
+                ids = api.chat_prompt(body)
+            elif isinstance(body.get("prompt"), str):
+                ids = api.tok(body["prompt"], add_special_tokens=body.get("add_special_tokens", True)).input_ids
+            else:
+                raise ApiError("tokenize: expected `prompt` (a string) or `messages`", param="prompt")
+            strs = api.tok.convert_ids_to_tokens(ids) if body.get("return_token_strs") else None
+            self.send_json(200, {"count": len(ids), "max_model_len": api.max_model_len, "tokens": ids,
+                                 "token_strs": strs})
+
+        def detokenize(self):
+            body = self.read_body()
+            api.check_model(body)
+            ids = body.get("tokens")
+            if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise ApiError("tokens: expected a list of integers", param="tokens")
+            self.send_json(200, {"prompt": api.tok.decode(ids)})
+
+        def completions(self):
+            body = self.read_body()
+            _check_types(body, {"logprobs": ((int,), "an integer"), "prompt": ((str, list), "a string or token ids")})
+            api.check_model(body)
+            prompt = api.completion_prompt(body)
+            params = api.sampling(body, len(prompt), chat=False)
+            req = api.run(prompt, params, "cmpl")
+            as_ids = bool(body.get("return_tokens_as_token_ids"))
+            if body.get("stream"):
+                return self.stream(req, body, chat=False, as_ids=as_ids)
+            self.wait(req)
+            choice = {"index": 0, "text": api.final_text(req),
+                      "logprobs": api.completion_logprobs(req, as_ids) if params.logprobs is not None else None,
+                      "finish_reason": req.finish_reason, "stop_reason": req.stop_reason,
+                      "prompt_logprobs": api.prompt_logprobs(req)}
+            self.send_json(200, {"id": req.request_id, "object": "text_completion", "created": int(time.time()),
+                                 "model": api.name, "choices": [choice], "usage": api.usage(req)})
+
+        def chat(self):
+            body = self.read_body()
+            _check_types(body, {"logprobs": ((bool,), "a boolean"), "messages": ((list,), "a list")})
+            api.check_model(body)
+            prompt = api.chat_prompt(body)
+            params = api.sampling(body, len(prompt), chat=True)
+            req = api.run(prompt, params, "chatcmpl")
+            as_ids = bool(body.get("return_tokens_as_token_ids"))
+            if body.get("stream"):
+                return self.stream(req, body, chat=True, as_ids=as_ids)
+            self.wait(req)
+            choice = {"index": 0,
+                      "message": {"role": "assistant", "content": api.final_text(req), "reasoning_content": None,
+                                  "tool_calls": []},
+                      "logprobs": api.chat_logprobs(req, as_ids) if params.logprobs is not None else None,
+                      "finish_reason": req.finish_reason, "stop_reason": req.stop_reason}
+            self.send_json(200, {"id": req.request_id, "object": "chat.completion", "created": int(time.time()),
+                                 "model": api.name, "choices": [choice], "usage": api.usage(req),
+                                 "prompt_logprobs": api.prompt_logprobs(req)})
+
+        def wait(self, req: Request) -> None:
+            while req.events.get() != "done":
+                pass
+            if req.error:
+                raise ApiError(req.error, status=500)
+
+        def stream(self, req: Request, body: dict, *, chat: bool, as_ids: bool) -> None:
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            created = int(time.time())
+            obj = "chat.completion.chunk" if chat else "text_completion"
+            hold = max((len(s) for s in req.params.stop), default=1) - 1
+            sent_text, sent_tokens, done = "", 0, False
+
+            def chunk(choices, usage=None):
+                data = {"id": req.request_id, "object": obj, "created": created, "model": api.name,
+                        "choices": choices}
+                if usage is not None:
+                    data["usage"] = usage
+                self.wfile.write(b"data: " + json.dumps(data).encode() + b"\n\n")
+                self.wfile.flush()
+
+            try:
+                if chat:
+                    chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                            "finish_reason": None}])
+                while not done:
+                    done = req.events.get() == "done"
+                    while not req.events.empty() and not done:
+                        done = req.events.get() == "done"
+                    if req.error:
+                        raise ApiError(req.error, status=500)
+                    upto = len(req.output)
+                    text = api.final_text(req)
+                    if not req.done:
+                        # hold back what may still become a stop string or half a UTF-8 character
+                        text = text[: max(len(sent_text), len(text) - hold)].rstrip("\ufffd")
+                    if upto == sent_tokens and not req.done:
+                        continue
+                    delta = text[len(sent_text):]
+                    lp = None
+                    if req.params.logprobs is not None:
+                        lp = (api.chat_logprobs(req, as_ids, sent_tokens, upto) if chat
+                              else api.completion_logprobs(req, as_ids, sent_tokens, upto))
+                    sent_tokens = upto
+                    sent_text = text
+                    finish = req.finish_reason if req.done else None
+                    if chat:
+                        choice = {"index": 0, "delta": {"content": delta}, "logprobs": lp, "finish_reason": finish}
+                    else:
+                        choice = {"index": 0, "text": delta, "logprobs": lp, "finish_reason": finish}
+                    if req.done:
+                        choice["stop_reason"] = req.stop_reason
+                    chunk([choice])
+                if include_usage:
+                    chunk([], api.usage(req))
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                api.engine.abort(req)
+            except ApiError as exc:
+                self.wfile.write(b"data: " + json.dumps(exc.body()).encode() + b"\n\n")
+
+    return Handler
+
+
+def serve(api: Api, metrics, host: str, port: int, version: str) -> ThreadingHTTPServer:
+    handler = make_handler(api, metrics, {"version": version, "t": time.time()})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    return server
+
+
+__all__ = ["Api", "ApiError", "serve", "HTTPStatus"]

@@ -1,0 +1,719 @@
+"""Registered decision rules: named, versioned, never loosened silently.
+
+Every rule is a pure function returning a JSON-able dict::
+
+    {"rule": "<registered name>",   # e.g. "quality-v1"
+     "verdict": str,                # rule-specific vocabulary (below)
+     "reasons": [str, ...],         # human-readable, names items/clauses
+     "params": {...},               # thresholds actually used
+     "deviations": {name: {"registered": x, "used": y}},  # non-default params
+     ...evidence}
+
+Thresholds are keyword parameters whose defaults are the registered values.
+Passing a different value is allowed (a user may register a stricter bar),
+but it is never silent: it appears under ``deviations`` and as a reason.
+
+Verdict vocabularies:
+
+- quality-v1:      PASS | HOLD | FAIL | INVALID
+- grid-tie-v1:     PASS | STOP
+- determinism-v1:  PASS | STOP
+- boundary-v1:     PASS | FAIL | INCONCLUSIVE (no candidate case at all)
+- win2-v1:         WIN | NO_WIN | LOSS | INCONCLUSIVE
+- promotion-v1:    PROMOTE | HOLD | REJECT | INCONCLUSIVE
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .stats import mcnemar_exact_p, paired_t_interval
+
+NATURAL_FINISH = "stop"
+
+
+def _params(used: dict[str, Any], registered: dict[str, Any]) -> tuple[dict, dict, list[str]]:
+    dev = {k: {"registered": registered[k], "used": used[k]}
+           for k in registered if used[k] != registered[k]}
+    reasons = [f"parameter {k}={v['used']!r} differs from the registered {v['registered']!r}"
+               for k, v in dev.items()]
+    return dict(used), dev, reasons
+
+
+# ---------------------------------------------------------------- quality-v1
+
+QUALITY_V1 = {"max_net_loss": 0, "alpha": 0.05}
+
+
+def quality_v1(table: Mapping[str, Any], *, max_net_loss: int = 0, alpha: float = 0.05) -> dict:
+    """quality-v1 on one dataset's paired table (``stats.paired_table`` output).
+
+    INVALID when the arms are not comparable: request bodies differ, or any
+    item did not finish naturally (finish_reason != "stop") or went
+    unanswered in either arm. Otherwise net = candidate_only - control_only:
+    PASS if net >= -max_net_loss; HOLD if worse but McNemar p >= alpha (an
+    unresolved difference, not a proof of harm); FAIL if worse and p < alpha.
+    """
+    params, dev, reasons = _params({"max_net_loss": max_net_loss, "alpha": alpha}, QUALITY_V1)
+    c_only = list(table["control_only"])
+    k_only = list(table["candidate_only"])
+    net = len(k_only) - len(c_only)
+    # Recompute rather than trust a stored p, so the verdict follows the counts.
+    p = mcnemar_exact_p(len(c_only), len(k_only))
+
+    invalid = []
+    if not table.get("bodies_identical", False):
+        invalid.append("request bodies differ between arms at indices "
+                       f"{list(table.get('body_mismatch_indices', []))}")
+    for key, what in (("unnatural_finish_indices", "did not finish naturally"),
+                      ("unanswered_indices", "unanswered")):
+        per_arm = table.get(key) or {}
+        for arm in ("control", "candidate"):
+            bad = list(per_arm.get(arm, []))
+            if bad:
+                invalid.append(f"{arm} {what} at indices {bad}")
+
+    if invalid:
+        verdict = "INVALID"
+        reasons += invalid
+    elif net >= -max_net_loss:
+        verdict = "PASS"
+        reasons.append(f"net {net:+d} (candidate-only {k_only}, control-only {c_only}) "
+                       f">= -{max_net_loss}")
+    elif p >= alpha:
+        verdict = "HOLD"
+        reasons.append(f"unresolved difference: net {net:+d} (control-only {c_only}, "
+                       f"candidate-only {k_only}), McNemar p={p:.4g} >= alpha {alpha}")
+    else:
+        verdict = "FAIL"
+        reasons.append(f"candidate worse: net {net:+d} (control-only {c_only}, "
+                       f"candidate-only {k_only}), McNemar p={p:.4g} < alpha {alpha}")
+    return {
+        "rule": "quality-v1",
+        "verdict": verdict,
+        "reasons": reasons,
+        "params": params,
+        "deviations": dev,
+        "n": table.get("n"),
+        "control_correct": table.get("control_correct"),
+        "candidate_correct": table.get("candidate_correct"),
+        "control_only": c_only,
+        "candidate_only": k_only,
+        "net": net,
+        "mcnemar_p": p,
+    }
+
+
+# --------------------------------------------------------------- grid-tie-v1
+
+GRID_TIE_V1 = {"max_divergent": 3}
+GRID_TIE_REGISTRATION = "pp4-r12-logit-grid-tie"
+PROBE_CLAUSES = (
+    "finite_values",
+    "candidate_token_is_top",
+    "both_tokens_present",
+    "grid_step_power_of_two",
+    "all_gaps_on_grid",
+    "gap_within_one_step",
+    "equal_prefix_lengths",
+)
+COUNT_CLAUSE = "at_most_3_divergent"
+
+EPS32 = 2.0 ** -23  # FP32 machine epsilon; ulp(x) <= EPS32 * |x| for normal x
+FP32_TOL_FACTOR = 1.0
+CLAMP_FLOOR = -9999.0  # vLLM clamps -inf logprobs to -9999.0
+RESIDUAL_COLUMNS = ["token_a", "token_b", "gap", "multiple", "residual", "tolerance"]
+
+
+def fp32_gap_tolerance(a: float, b: float) -> float:
+    """FP32 error bound for the gap a - b of two served FP32 logprobs.
+
+    Derivation. A served logprob is l_i = fl32(z_i - C): the head logit z_i
+    (already on the BF16 grid when the head is BF16) minus a log-partition C
+    that is common to every token of the row. The error of C is common, so it
+    cancels exactly in l_a - l_b; what remains is each value's own final
+    rounding, at most ulp(l)/2 each. We subtract in float64, where the
+    difference of two FP32 numbers is exact, so
+
+        |(l_a - l_b) - (z_a - z_b)| <= (ulp(a) + ulp(b)) / 2.
+
+    A consumer that subtracts in FP32 adds ulp(a - b)/2 <= ulp(max|.|)/2
+    (both logprobs are <= 0, so |a - b| <= max(|a|, |b|)). Bounding each ulp
+    by EPS32*|x| gives the registered tolerance
+
+        tol(a, b) = 1 * EPS32 * (|a| + |b|)   ( >= ulp(a) + ulp(b) ),
+
+    i.e. about twice the single-rounding bound: enough for the observed
+    0.5000000596 (= 0.5 + 2^-24) representation of a 0.5 gap, and six orders
+    of magnitude below a 1e-3 off-grid offset. The tolerance depends only on
+    the two values compared, never on the divergence margin or on the
+    residuals found, so it cannot be widened to rescue a set.
+    """
+    return FP32_TOL_FACTOR * EPS32 * (abs(a) + abs(b))
+
+
+def _check_top(top: Any, name: str) -> list[str]:
+    bad: list[str] = []
+    if not isinstance(top, list) or not top:
+        return [f"{name} must be a non-empty list of [token_id, logprob]"]
+    if len(top) > 20:
+        bad.append(f"{name} has {len(top)} entries (> 20)")
+    seen = set()
+    for e in top:
+        if not isinstance(e, (list, tuple)) or len(e) != 2:
+            bad.append(f"{name} entry {e!r} is not [token_id, logprob]")
+            continue
+        tid, v = e
+        if isinstance(tid, bool) or not isinstance(tid, int):
+            bad.append(f"{name} token id {tid!r} is not an int")
+        elif tid in seen:
+            bad.append(f"{name} repeats token id {tid}")
+        seen.add(tid)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            bad.append(f"{name} value {v!r} for token {tid} is not a number")
+        elif not math.isfinite(v):
+            bad.append(f"{name} value for token {tid} is nonfinite ({v})")
+        elif v <= CLAMP_FLOOR:
+            bad.append(f"{name} value for token {tid} is clamped ({v})")
+        elif v > 0:
+            bad.append(f"{name} value for token {tid} is positive ({v}), not a logprob")
+    return bad
+
+
+def _validate_probe(p: Mapping[str, Any]) -> list[str]:
+    bad: list[str] = []
+    for k in ("control_token_id", "candidate_token_id", "control_prefix_len", "candidate_prefix_len"):
+        v = p.get(k)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            bad.append(f"{k} must be a non-negative int, got {v!r}")
+    if not bad and p["control_token_id"] == p["candidate_token_id"]:
+        bad.append("control and candidate token ids are equal: not a divergence")
+    bad += _check_top(p.get("candidate_top"), "candidate_top")
+    bad += _check_top(p.get("control_top"), "control_top")
+    return bad
+
+
+def _nearest_power_of_two(g: float) -> int:
+    lo = math.floor(math.log2(g))
+    return min((lo, lo + 1), key=lambda k: abs(g - 2.0 ** k))
+
+
+def grid_tie_probe(probe: Mapping[str, Any]) -> dict:
+    """Evaluate one divergent greedy prompt under grid-tie-v1 (see grid_tie_v1).
+
+    Clause values are True (passes), False (fails) or None (cannot be
+    evaluated because an earlier fact is missing); only all-True passes.
+    """
+    rec: dict[str, Any] = {
+        "index": probe.get("index"),
+        "control_token_id": probe.get("control_token_id"),
+        "candidate_token_id": probe.get("candidate_token_id"),
+        "control_prefix_len": probe.get("control_prefix_len"),
+        "candidate_prefix_len": probe.get("candidate_prefix_len"),
+        "candidate_top": probe.get("candidate_top"),
+        "control_top": probe.get("control_top"),
+    }
+    clauses: dict[str, bool | None] = dict.fromkeys(PROBE_CLAUSES)
+    reasons: list[str] = []
+    bad = _validate_probe(probe)
+    clauses["finite_values"] = not bad
+    if bad:
+        reasons += [f"finite_values: {b}" for b in bad]
+        reasons.append("other clauses not evaluated on malformed evidence")
+        return _finish_probe(rec, clauses, reasons)
+
+    cand_id, ctrl_id = probe["candidate_token_id"], probe["control_token_id"]
+    ids = [int(t) for t, _ in probe["candidate_top"]]
+    vals = [float(v) for _, v in probe["candidate_top"]]
+    value = dict(zip(ids, vals))
+    top_value = max(vals)
+    rec["n_candidate_top"] = len(ids)
+    rec["n_control_top"] = len(probe["control_top"])
+    rec["top_value"] = top_value
+    rec["top_token_ids"] = [t for t, v in zip(ids, vals) if v == top_value]
+    rec["candidate_token_value"] = value.get(cand_id)
+    rec["control_token_value"] = value.get(ctrl_id)
+    # FP32 values survive JSON exactly; rounded (decimal) evidence does not.
+    rec["all_values_fp32_exact"] = all(float(np.float32(v)) == v for v in vals)
+
+    # Exact equality: log-softmax is monotone under rounding, so the greedy
+    # argmax always carries the maximal served value; a tie is allowed.
+    clauses["candidate_token_is_top"] = cand_id in value and value[cand_id] == top_value
+    if not clauses["candidate_token_is_top"]:
+        reasons.append(
+            "candidate_token_is_top: candidate token "
+            + (f"{cand_id} has {value[cand_id]!r} < top {top_value!r}" if cand_id in value
+               else f"{cand_id} is absent from its own top-{len(ids)}"))
+    missing = [t for t in (cand_id, ctrl_id) if t not in value]
+    clauses["both_tokens_present"] = not missing
+    if missing:
+        reasons.append(f"both_tokens_present: token(s) {missing} absent from the candidate top-{len(ids)}")
+    clauses["equal_prefix_lengths"] = probe["control_prefix_len"] == probe["candidate_prefix_len"]
+    if not clauses["equal_prefix_lengths"]:
+        reasons.append(f"equal_prefix_lengths: control {probe['control_prefix_len']} "
+                       f"!= candidate {probe['candidate_prefix_len']} tokens")
+
+    # All pairwise gaps, exact in float64, each with its own FP32 tolerance.
+    pairs = []
+    for i in range(len(vals)):
+        for j in range(i + 1, len(vals)):
+            a, b = vals[i], vals[j]
+            pairs.append((ids[i], ids[j], abs(a - b), fp32_gap_tolerance(a, b)))
+    max_tol = max((t for *_, t in pairs), default=0.0)
+    rec["max_tolerance"] = max_tol
+    # A gap within FP32 error of zero is a tie, not a step: taking it as the
+    # step would be exactly the fine-GCD rescue the rule forbids.
+    positive = [p for p in pairs if p[2] > p[3]]
+    step = None
+    rec.update(min_positive_gap=None, min_gap_pair=None, step_tolerance=None,
+               step=None, step_exponent=None)
+    if not positive:
+        clauses["grid_step_power_of_two"] = False
+        reasons.append("grid_step_power_of_two: no positive gap (all values equal within FP32 "
+                       "error); no grid is inferred from an all-equal set")
+    else:
+        ta, tb, g, gtol = min(positive, key=lambda p: p[2])
+        k = _nearest_power_of_two(g)
+        rec.update(min_positive_gap=g, min_gap_pair=[ta, tb], step_tolerance=gtol,
+                   step_exponent=k, step_residual=g - 2.0 ** k)
+        is_pow2 = abs(g - 2.0 ** k) <= gtol
+        # A step inside the FP32 noise would make every gap "on grid":
+        # demand it stand clear of twice the largest tolerance.
+        resolvable = 2.0 ** k > 2.0 * max_tol
+        rec["step_resolvable"] = resolvable
+        if is_pow2:
+            # Use the exact power of two from here on: the measured gap only
+            # identified it, so no step error accumulates over multiples.
+            step = 2.0 ** k
+            rec["step"] = step
+        clauses["grid_step_power_of_two"] = is_pow2 and k <= 0 and resolvable
+        if not is_pow2:
+            reasons.append(f"grid_step_power_of_two: smallest positive gap {g!r} (tokens {ta},{tb}) "
+                           f"is not a power of two within {gtol:.3g} (nearest 2^{k})")
+        elif k > 0:
+            reasons.append(f"grid_step_power_of_two: step 2^{k} = {2.0 ** k} exceeds 1")
+        elif not resolvable:
+            reasons.append(f"grid_step_power_of_two: step 2^{k} is not resolvable above "
+                           f"FP32 error {max_tol:.3g}")
+
+    residuals = []
+    if step is None:
+        reasons.append("all_gaps_on_grid: not evaluated without a power-of-two step")
+        rec.update(residuals=None, max_residual=None, worst_pair=None)
+    else:
+        worst, worst_ratio = None, -1.0
+        for ta, tb, g, tol in pairs:
+            n = round(g / step)
+            r = g - n * step
+            residuals.append([ta, tb, g, n, r, tol])
+            ratio = abs(r) / tol if tol > 0 else (math.inf if r != 0 else 0.0)
+            if ratio > worst_ratio:
+                worst, worst_ratio = residuals[-1], ratio
+        off = [r for r in residuals if abs(r[4]) > r[5]]
+        clauses["all_gaps_on_grid"] = not off
+        rec.update(residuals=residuals, max_residual=max(abs(r[4]) for r in residuals) if residuals else 0.0,
+                   worst_pair=dict(zip(RESIDUAL_COLUMNS, worst)) if worst else None,
+                   n_off_grid_pairs=len(off))
+        if off:
+            w = worst
+            reasons.append(f"all_gaps_on_grid: {len(off)} of {len(residuals)} gaps off the 2^{rec['step_exponent']} "
+                           f"grid; worst tokens {w[0]},{w[1]} gap {w[2]!r} residual {w[4]:.3g} > tol {w[5]:.3g}")
+    rec["residual_columns"] = RESIDUAL_COLUMNS
+
+    # The compared gap: candidate top value minus the control's token value,
+    # both read from the candidate's own top-20.
+    rec["gap"] = rec["gap_tolerance"] = None
+    rec["candidate_to_top_gap"] = (top_value - value[cand_id]) if cand_id in value else None
+    if ctrl_id in value:
+        gap = top_value - value[ctrl_id]
+        gtol = fp32_gap_tolerance(top_value, value[ctrl_id])
+        rec["gap"], rec["gap_tolerance"] = gap, gtol
+        if step is not None:
+            rec["gap_in_steps"] = gap / step
+            clauses["gap_within_one_step"] = gap <= step + gtol
+            if not clauses["gap_within_one_step"]:
+                reasons.append(f"gap_within_one_step: gap {gap!r} = {gap / step:.4g} steps of {step} "
+                               f"(> 1 step + {gtol:.3g})")
+        else:
+            reasons.append("gap_within_one_step: not evaluated without a step")
+    else:
+        reasons.append(f"gap_within_one_step: not evaluated, control token {ctrl_id} absent")
+    return _finish_probe(rec, clauses, reasons)
+
+
+def _finish_probe(rec: dict, clauses: dict, reasons: list[str]) -> dict:
+    failed = [c for c in PROBE_CLAUSES if clauses[c] is False]
+    unevaluated = [c for c in PROBE_CLAUSES if clauses[c] is None]
+    rec.update(clauses=clauses, failed_clauses=failed, unevaluated_clauses=unevaluated,
+               verdict="PASS" if all(clauses[c] is True for c in PROBE_CLAUSES) else "STOP",
+               reasons=reasons)
+    return rec
+
+
+def grid_tie_v1(probes: Sequence[Mapping[str, Any]], *, max_divergent: int = 3) -> dict:
+    """grid-tie-v1 (seed 000, "pp4-r12-logit-grid-tie") over a dataset's divergences.
+
+    One probe record per divergent greedy prompt::
+
+        {"index": int, "control_token_id": int, "candidate_token_id": int,
+         "candidate_top": [[token_id, logprob], ...],   # <= 20, unrounded FP32
+         "control_top":   [[token_id, logprob], ...],
+         "control_prefix_len": int, "candidate_prefix_len": int}
+
+    Per probe (clause names as recorded):
+
+    - finite_values: both top lists well formed (<= 20 [int, number] pairs,
+      unique ids), every value finite, > -9999 (the server's -inf clamp) and
+      <= 0; token ids and prefix lengths non-negative ints; the two compared
+      ids differ. Malformed evidence stops before anything else is computed.
+    - candidate_token_is_top: the candidate's token carries the maximal value
+      of the candidate's own top list (exact; ties allowed).
+    - both_tokens_present: both compared ids are in the candidate top list.
+    - grid_step_power_of_two: the smallest positive pairwise gap (a gap within
+      FP32 tolerance of 0 is a tie) equals 2^k within its pair's FP32
+      tolerance, k <= 0, and 2^k exceeds twice the largest pairwise tolerance
+      (otherwise the grid test would be vacuous). No positive gap -> fails:
+      no grid is inferred from an all-equal set.
+    - all_gaps_on_grid: every pairwise gap is an integer multiple of the
+      exact 2^k within that pair's tolerance. No finer common divisor is ever
+      searched for.
+    - gap_within_one_step: top value minus the control token's value (both
+      from the candidate top list) <= 2^k + tolerance.
+    - equal_prefix_lengths: the forced prefixes have equal token counts.
+
+    Dataset level: at_most_3_divergent (len(probes) <= max_divergent).
+    Zero probes -> PASS (nothing to explain).
+
+    Tolerance: see fp32_gap_tolerance. Mixed-binade evidence: the step is the
+    finest gap observed across the whole list, so values from a coarser
+    binade are checked against the finer step (they are multiples of it and
+    pass) while a lone value from a finer binade whose gaps are odd multiples
+    of a half coarse step is off the observed grid and STOPs; a control token
+    one coarse step below the top counts as two fine steps and STOPs. This is
+    the conservative direction the seed allows ("may conservatively STOP").
+    """
+    params, dev, reasons = _params({"max_divergent": max_divergent}, GRID_TIE_V1)
+    idx = [p.get("index") for p in probes]
+    dup = sorted({i for i in idx if idx.count(i) > 1}, key=repr)
+    if dup:
+        raise ValueError(f"duplicate probe indices {dup}")
+    results = [grid_tie_probe(p) for p in probes]
+    count_ok = len(probes) <= max_divergent
+    failed: list[str] = []
+    for r in results:
+        if r["verdict"] != "PASS":
+            reasons.append(f"index {r['index']}: STOP on {r['failed_clauses'] or r['unevaluated_clauses']}")
+            reasons += [f"index {r['index']}: {x}" for x in r["reasons"]]
+            failed += [c for c in r["failed_clauses"] + r["unevaluated_clauses"] if c not in failed]
+    if not count_ok:
+        failed.append(COUNT_CLAUSE)
+        reasons.append(f"{COUNT_CLAUSE}: {len(probes)} divergent prompts > {max_divergent}")
+    verdict = "PASS" if not failed else "STOP"
+    if verdict == "PASS":
+        reasons.append("no divergent prompts" if not probes else
+                       f"all {len(probes)} divergences are one-step ties on the FP32-rounded binary grid")
+    return {
+        "rule": "grid-tie-v1",
+        "registered_as": GRID_TIE_REGISTRATION,
+        "verdict": verdict,
+        "reasons": reasons,
+        "params": params,
+        "deviations": dev,
+        "failed_clauses": failed,
+        "clauses": {COUNT_CLAUSE: count_ok},
+        "n_divergent": len(probes),
+        "tolerance_model": "tol(a,b) = 1 * 2^-23 * (|a| + |b|) per pair; exact 2^k step",
+        "probes": results,
+    }
+
+
+# ------------------------------------------------------------ determinism-v1
+
+def determinism_v1(hashes_by_arm: Mapping[str, Sequence[str]]) -> dict:
+    """determinism-v1: per arm, N repeats of one greedy request must hash alike.
+
+    An arm with fewer than two repeats has not shown determinism and STOPs
+    too (one hash proves nothing). Evidence per arm: repeats, distinct hashes.
+    """
+    arms, reasons, flagged = {}, [], []
+    if not hashes_by_arm:
+        reasons.append("no arm was repeated")
+    for arm, hs in hashes_by_arm.items():
+        hs = list(hs)
+        distinct = sorted(set(hs))
+        ok = len(hs) >= 2 and len(distinct) == 1
+        arms[arm] = {"repeats": len(hs), "distinct_hashes": distinct, "deterministic": ok}
+        if len(hs) < 2:
+            flagged.append(arm)
+            reasons.append(f"{arm}: only {len(hs)} repeat(s); determinism not shown")
+        elif not ok:
+            flagged.append(arm)
+            reasons.append(f"{arm}: nondeterministic, {len(distinct)} distinct hashes over {len(hs)} repeats: {distinct}")
+        else:
+            reasons.append(f"{arm}: {len(hs)} identical repeats")
+    verdict = "PASS" if hashes_by_arm and not flagged else "STOP"
+    return {"rule": "determinism-v1", "verdict": verdict, "reasons": reasons,
+            "params": {}, "deviations": {}, "arms": arms, "nondeterministic_arms": flagged}
+
+
+# --------------------------------------------------------------- boundary-v1
+
+def boundary_v1(cases: Sequence[Mapping[str, Any]]) -> dict:
+    """boundary-v1: every candidate case correct with natural EOS.
+
+    cases: ``[{"arm": "control"|"candidate", "case": str, "correct": bool,
+    "finish_reason": str, "expected": str, "text": str}]``. Control failures
+    are listed beside the verdict and never excuse a candidate failure. A set
+    with no candidate case has shown nothing: INCONCLUSIVE.
+    """
+    fails = {"control": [], "candidate": []}
+    seen = {"control": [], "candidate": []}
+    texts: dict[str, dict[str, Any]] = {}
+    for c in cases:
+        arm = c.get("arm")
+        if arm not in fails:
+            raise ValueError(f"unknown arm {arm!r} in boundary case {c.get('case')!r}")
+        seen[arm].append(c["case"])
+        texts.setdefault(c["case"], {})[arm] = c.get("text")
+        ok = bool(c.get("correct")) and c.get("finish_reason") == NATURAL_FINISH
+        if not ok:
+            fails[arm].append({"case": c["case"], "correct": bool(c.get("correct")),
+                               "finish_reason": c.get("finish_reason"),
+                               "expected": c.get("expected"), "text": c.get("text")})
+    reasons = []
+    for f in fails["candidate"]:
+        reasons.append(f"candidate {f['case']}: correct={f['correct']} finish_reason={f['finish_reason']!r} "
+                       f"expected {f['expected']!r} got {f['text']!r}")
+    for f in fails["control"]:
+        reasons.append(f"control {f['case']} also fails (reported beside; excuses nothing): "
+                       f"correct={f['correct']} finish_reason={f['finish_reason']!r}")
+    if not seen["candidate"]:
+        verdict = "INCONCLUSIVE"
+        reasons.append("no candidate boundary case was run")
+    elif fails["candidate"]:
+        verdict = "FAIL"
+    else:
+        verdict = "PASS"
+        reasons.append(f"all {len(seen['candidate'])} candidate cases correct with natural EOS")
+    identical = sorted(k for k, v in texts.items()
+                       if "control" in v and "candidate" in v and v["control"] == v["candidate"])
+    return {"rule": "boundary-v1", "verdict": verdict, "reasons": reasons, "params": {},
+            "deviations": {}, "candidate_failures": fails["candidate"],
+            "control_failures": fails["control"], "candidate_cases": seen["candidate"],
+            "control_cases": seen["control"], "identical_text_cases": identical}
+
+
+# ------------------------------------------------------------------- win2-v1
+
+WIN2_V1 = {"win_pct": 2.0, "level": 0.95, "guard_loss_repeats": 2}
+
+
+def _win2_metric(triples: Sequence[Sequence[float]], lower_is_better: bool,
+                 win_pct: float, level: float) -> dict:
+    t = np.asarray(triples, dtype=float)
+    before, cand, after = t[:, 0], t[:, 1], t[:, 2]
+    control = (before + after) / 2.0
+    spread = np.abs(before - after)
+    sign = -1.0 if lower_is_better else 1.0
+    # "gain" is oriented so that positive always means the candidate is better.
+    gain = sign * (cand - control)
+    c_mean = float(control.mean())
+    gain_pct = 100.0 * float(gain.mean()) / abs(c_mean) if c_mean != 0 else math.nan
+    mean, lo, hi = paired_t_interval(cand - control, level)
+    glo, ghi = sorted((sign * lo, sign * hi))
+    if gain_pct > win_pct and glo > 0:
+        verdict = "WIN"
+    elif gain_pct < -win_pct and ghi < 0:
+        verdict = "LOSS"
+    else:
+        verdict = "NO_WIN"
+    worse_than_spread = [bool(-g > s) for g, s in zip(gain, spread)]
+    spread_pct = [100.0 * float(s) / abs(float(c)) if c != 0 else math.nan
+                  for s, c in zip(spread, control)]
+    return {
+        "lower_is_better": lower_is_better,
+        "control": control.tolist(), "candidate": cand.tolist(),
+        "control_before": before.tolist(), "control_after": after.tolist(),
+        "diff": (cand - control).tolist(),
+        "point_gain_pct": gain_pct,
+        "t_interval": {"mean": mean, "lo": lo, "hi": hi, "level": level},
+        "control_spread": spread.tolist(),
+        "control_spread_pct": spread_pct,
+        "max_control_spread_pct": max(spread_pct),
+        "win_pct": win_pct,
+        "worse_than_spread": worse_than_spread,
+        "verdict": verdict,
+    }
+
+
+def win2_v1(
+    series: Mapping[str, Sequence[Sequence[float]]],
+    *,
+    primary: str,
+    guards: Iterable[str] = (),
+    reported: Iterable[str] = (),
+    win_pct: float = 2.0,
+    level: float = 0.95,
+    clock_caps: Sequence[Any] | None = None,
+    expected_clock_cap: Any = None,
+    throttled: bool = False,
+    lower_is_better: Iterable[str] = (),
+    guard_loss_repeats: int = 2,
+    archive_spread_pct: float | None = None,
+) -> dict:
+    """win2-v1 (seed 004): OFF/ON/OFF speed decision paired by repeat.
+
+    series: metric -> per repeat r a triple (control_before, candidate,
+    control_after). Control_r = mean of the brackets. Per metric: point gain
+    % = 100 * mean oriented (candidate - control) / |mean control|, and the
+    ``level`` paired-t interval of candidate - control over repeats.
+
+    - primary: WIN if gain > win_pct and the interval excludes 0 on the
+      better side; LOSS if the mirror holds (a demonstrated slowdown of more
+      than the bar — our reading; the seed only names WIN); else NO_WIN.
+    - guards: only cause LOSS, when worse than control by more than that
+      repeat's control spread |before - after| in >= guard_loss_repeats
+      repeats (registered: 2 of 3).
+    - reported: same per-metric verdict, recorded, never decides.
+    - INCONCLUSIVE first of all when clock_caps (one per start) are not all
+      equal, differ from expected_clock_cap, or throttled is set: the control
+      must be a same-clock control. Fewer than 2 repeats: INCONCLUSIVE.
+    The in-window control spread (% of control) is reported beside the bar;
+    archive_spread_pct (day-to-day, from the control archive) is passed
+    through when known. The bar is a parameter, never raised silently.
+    """
+    guards, reported = list(guards), list(reported)
+    lib = set(lower_is_better)
+    params, dev, reasons = _params(
+        {"win_pct": win_pct, "level": level, "guard_loss_repeats": guard_loss_repeats}, WIN2_V1)
+    params.update(primary=primary, guards=guards, reported=reported, lower_is_better=sorted(lib))
+    roles = [primary] + guards + reported
+    if len(set(roles)) != len(roles):
+        raise ValueError(f"a metric has more than one role: {roles}")
+    missing = [m for m in roles if m not in series]
+    if missing:
+        raise ValueError(f"metrics {missing} absent from series")
+    lengths = {m: len(series[m]) for m in roles}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"metrics have different repeat counts: {lengths}")
+    for m in roles:
+        for tr in series[m]:
+            if len(tr) != 3 or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in tr):
+                raise ValueError(f"{m}: each repeat must be 3 finite numbers (before, candidate, after), got {tr!r}")
+    n_rep = lengths[primary]
+
+    out: dict[str, Any] = {"rule": "win2-v1", "params": params, "deviations": dev,
+                           "repeats": n_rep, "clock_caps": list(clock_caps) if clock_caps is not None else None,
+                           "expected_clock_cap": expected_clock_cap, "throttled": bool(throttled),
+                           "archive_spread_pct": archive_spread_pct}
+    incon = []
+    if clock_caps is not None and len(set(map(repr, clock_caps))) > 1:
+        incon.append(f"starts ran under different clock caps {list(clock_caps)}")
+    if clock_caps is not None and expected_clock_cap is not None and any(c != expected_clock_cap for c in clock_caps):
+        incon.append(f"clock caps {list(clock_caps)} differ from the configured {expected_clock_cap!r}")
+    if throttled:
+        incon.append("throttling was flagged inside the bracket")
+    if n_rep < 2:
+        incon.append(f"{n_rep} repeat(s): no paired-t interval")
+        out.update(verdict="INCONCLUSIVE", reasons=reasons + incon, primary=None, guards={}, reported={})
+        return out
+
+    prim = _win2_metric(series[primary], primary in lib, win_pct, level)
+    g_res = {}
+    guard_losses = []
+    for g in guards:
+        r = _win2_metric(series[g], g in lib, win_pct, level)
+        n_worse = sum(r["worse_than_spread"])
+        r["repeats_worse_than_spread"] = n_worse
+        r["guard_verdict"] = "LOSS" if n_worse >= guard_loss_repeats else "OK"
+        g_res[g] = r
+        if r["guard_verdict"] == "LOSS":
+            guard_losses.append(f"guard {g}: candidate worse than the control spread in "
+                                f"{n_worse} of {n_rep} repeats (>= {guard_loss_repeats})")
+    rep = {m: _win2_metric(series[m], m in lib, win_pct, level) for m in reported}
+    out.update(primary=prim, guards=g_res, reported=rep)
+
+    ti = prim["t_interval"]
+    summary = (f"primary {primary}: point gain {prim['point_gain_pct']:+.3f} % vs bar {win_pct} %, "
+               f"{int(level * 100)} % paired-t [{ti['lo']:.6g}, {ti['hi']:.6g}] on candidate-control; "
+               f"in-window control/control spread max {prim['max_control_spread_pct']:.3f} %"
+               + (f", archive spread {archive_spread_pct} %" if archive_spread_pct is not None else ""))
+    if incon:
+        verdict = "INCONCLUSIVE"
+        reasons += incon
+    elif guard_losses or prim["verdict"] == "LOSS":
+        verdict = "LOSS"
+        reasons += guard_losses
+        if prim["verdict"] == "LOSS":
+            reasons.append(f"primary {primary} is worse by more than {win_pct} % with the interval excluding 0")
+    elif prim["verdict"] == "WIN":
+        verdict = "WIN"
+    else:
+        verdict = "NO_WIN"
+        reasons.append("speed gain not shown (gain <= bar or interval includes 0)")
+    reasons.append(summary)
+    for m, r in rep.items():
+        reasons.append(f"reported {m}: {r['verdict']} ({r['point_gain_pct']:+.3f} %), does not decide")
+    out.update(verdict=verdict, reasons=reasons)
+    return out
+
+
+# -------------------------------------------------------------- promotion-v1
+
+# How each gate verdict bears on the decision. Unknown verdicts are treated as
+# incomparable evidence, never as a pass.
+_GATE_OUTCOME = {
+    "PASS": "PROMOTE", "WIN": "PROMOTE",
+    "FAIL": "REJECT", "LOSS": "REJECT",
+    "HOLD": "HOLD", "STOP": "HOLD", "NO_WIN": "HOLD",
+    "INVALID": "INCONCLUSIVE", "INCONCLUSIVE": "INCONCLUSIVE",
+}
+_PRECEDENCE = ("REJECT", "HOLD", "INCONCLUSIVE", "PROMOTE")
+
+
+def promotion_v1(gates: Mapping[str, Mapping[str, Any] | None]) -> dict:
+    """promotion-v1: one decision from every gate's rule result.
+
+    gates: name -> rule result (with "verdict") or None (not evaluated).
+    Mapping of gate verdicts:
+
+    - PASS, WIN -> may promote;
+    - FAIL, LOSS -> REJECT;
+    - HOLD, STOP, NO_WIN -> HOLD (NO_WIN: the speed gain is not shown, which
+      is a finding of the measured bracket, not missing evidence);
+    - INVALID, INCONCLUSIVE, None, missing/unknown verdict -> INCONCLUSIVE
+      (incomplete or incomparable evidence).
+
+    Precedence REJECT > HOLD > INCONCLUSIVE > PROMOTE: a failure found
+    anywhere rejects whatever else is missing; a concern found by an
+    evaluated gate stands even if other evidence is incomplete (completing it
+    cannot lift the concern); a missing gate never allows PROMOTE. No gates
+    at all is INCONCLUSIVE. Every gate gets one reason line.
+    """
+    per_gate, reasons, not_evaluated = {}, [], []
+    by_outcome: dict[str, list[str]] = {k: [] for k in _PRECEDENCE}
+    for name, res in gates.items():
+        if res is None:
+            v, rule, outcome = None, None, "INCONCLUSIVE"
+            not_evaluated.append(name)
+            reasons.append(f"{name}: not evaluated")
+        else:
+            v, rule = res.get("verdict"), res.get("rule")
+            outcome = _GATE_OUTCOME.get(v, "INCONCLUSIVE")
+            why = "; ".join(res.get("reasons", [])[:3])
+            reasons.append(f"{name}: {rule or 'rule?'} {v} -> {outcome}" + (f" ({why})" if why else "")
+                           + ("" if v in _GATE_OUTCOME else " [unknown verdict]"))
+        per_gate[name] = {"rule": rule, "verdict": v, "outcome": outcome}
+        by_outcome[outcome].append(name)
+    if not gates:
+        verdict = "INCONCLUSIVE"
+        reasons.append("no gates were given")
+    else:
+        verdict = next(k for k in _PRECEDENCE if by_outcome[k])
+    return {"rule": "promotion-v1", "verdict": verdict, "reasons": reasons, "params": {},
+            "deviations": {}, "gates": per_gate, "not_evaluated": not_evaluated,
+            "rejecting": by_outcome["REJECT"], "holding": by_outcome["HOLD"],
+            "inconclusive": by_outcome["INCONCLUSIVE"]}

@@ -1,0 +1,377 @@
+"""Score one model answer against one dataset item, and every sampled record of a dataset.
+
+Items come from ``pairaudit.datasets`` (``{"index", "id", "format", "question",
+"reference": {...}}``). Every score record says why it scored so, in words a
+reviewer can check against the raw text.
+
+Score record of ``score_item`` (all formats)::
+
+    {"correct": bool,             # the PRIMARY verdict; diagnostics never replace it
+     "extracted": str | None,     # what was read out of the answer (number, boxed latex, code)
+     "reason": str,               # why, e.g. "strict match '#### 72' == gold 72"
+     "method": str,               # how it was judged, e.g. "strict-regex", "math-verify", "sandbox"
+     ...format extras}
+
+Format extras:
+
+- gsm8k: ``gold`` (normalized), ``flexible`` = {"extracted", "correct"} from the
+  lm-eval flexible extractor (last number), recorded beside the strict verdict.
+- math: ``gold``, ``boxed_command`` ("boxed"/"fbox"), ``method`` in
+  {"math-verify", "normalized-string", "none"}; ``math_verify`` = {"equal", "error"}.
+- mbpp / humaneval: ``code_source`` ("fenced-python", "fenced", "unclosed-fence",
+  "raw"), ``tests_total``, ``tests_failed`` (mbpp), ``first_failure`` (str|None),
+  ``sandbox`` = the sandbox result without its output tails (the tails are
+  folded into ``reason``/``first_failure``), ``stderr_tail`` (short).
+
+Score record of ``score_records`` (one per sampled record, same order)::
+
+    {"index": int, "id": str, "correct": bool, "extracted": str | None, "reason": str,
+     "finish_reason": str | None, "answered": bool, ...extras of score_item}
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import threading
+from decimal import Decimal, InvalidOperation
+
+from pairaudit import sandbox
+
+FORMATS = ("gsm8k", "math", "mbpp", "humaneval")
+
+# lm-eval-harness gsm8k filters (strict takes the first match, flexible the last).
+GSM8K_STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
+GSM8K_FLEXIBLE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
+
+DEFAULT_SANDBOX_LIMITS = {"timeout_s": 10, "cpu_s": 10, "memory_mb": 512, "fsize_mb": 16, "nproc": 64}
+
+
+# ---------------------------------------------------------------- gsm8k
+
+def normalize_number(text: str) -> str:
+    """Strip what lm-eval strips before comparing: ``,``, ``$``, surrounding space, a trailing ``.``."""
+    out = text.replace(",", "").replace("$", "").strip()
+    if out.endswith("."):
+        out = out[:-1]
+    return out
+
+
+def numbers_equal(a: str, b: str) -> bool:
+    """Numeric equality of two normalized number strings (72.0 == 72); string equality otherwise."""
+    try:
+        return Decimal(a) == Decimal(b)
+    except (InvalidOperation, ValueError):
+        return a == b
+
+
+def _flexible(text: str) -> str | None:
+    matches = GSM8K_FLEXIBLE.findall(text)
+    if not matches:
+        return None
+    last = matches[-1]
+    return last[0] or last[1]
+
+
+def score_gsm8k(item: dict, text: str) -> dict:
+    gold = normalize_number(item["reference"]["answer"])
+    flex_raw = _flexible(text)
+    flex_norm = normalize_number(flex_raw) if flex_raw is not None else None
+    flexible = {"extracted": flex_norm,
+                "correct": flex_norm is not None and numbers_equal(flex_norm, gold)}
+    m = GSM8K_STRICT.search(text)
+    if m is None:
+        return {"correct": False, "extracted": None, "method": "strict-regex", "gold": gold,
+                "reason": "no '#### N' found", "flexible": flexible}
+    got = normalize_number(m.group(1))
+    ok = numbers_equal(got, gold)
+    reason = (f"strict match '#### {m.group(1)}' == gold {gold}" if ok
+              else f"strict match '#### {m.group(1)}' != gold {gold}")
+    return {"correct": ok, "extracted": got, "method": "strict-regex", "gold": gold,
+            "reason": reason, "flexible": flexible}
+
+
+# ---------------------------------------------------------------- math
+
+def last_boxed(text: str) -> tuple[str, str] | None:
+    """Content of the last ``\\boxed{...}`` / ``\\fbox{...}`` (balanced braces), and which command.
+
+    Also accepts the brace-less ``\\boxed 5`` form. An unbalanced last box
+    (answer cut off) counts as absent rather than guessing its end.
+    """
+    best = None
+    for m in re.finditer(r"\\(boxed|fbox)\b", text):
+        best = m
+    if best is None:
+        return None
+    cmd, pos = best.group(1), best.end()
+    rest = text[pos:]
+    stripped = rest.lstrip()
+    if stripped.startswith("{"):
+        start = pos + (len(rest) - len(stripped)) + 1
+        depth = 1
+        i = start
+        while i < len(text):
+            c = text[i]
+            if c == "\\":
+                i += 2  # an escaped brace \{ or \} never opens or closes the box
+                continue
+            if c == "{":
+                depth += 1
+            elif c == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[start:i], cmd
+            i += 1
+        return None
+    if rest[:1] == " ":
+        m = re.match(r"\s+([^\s$]+)", rest)
+        if m:
+            return m.group(1), cmd
+    return None
+
+
+def normalize_latex(s: str) -> str:
+    """A light, conservative normal form: only rewrites that cannot change the value."""
+    s = s.strip()
+    s = re.sub(r"\\(left|right)(?![a-zA-Z])", "", s)
+    s = re.sub(r"\\[,!;: ]", "", s)
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = re.sub(r"\s+", "", s)
+    s = s.rstrip(".")
+    return s
+
+
+def _math_verify_equal(gold: str, pred: str) -> tuple[bool, str | None]:
+    """Equivalence by math-verify; returns (equal, error). Never raises."""
+    try:
+        from math_verify import parse, verify
+    except ImportError as exc:  # pragma: no cover - math-verify is a pinned dependency
+        return False, f"math-verify unavailable: {exc}"
+    # math-verify's own timeouts use SIGALRM, which only works in the main thread;
+    # elsewhere they must be off (the caller bounds the work instead).
+    main = threading.current_thread() is threading.main_thread()
+    ptimeout = 5 if main else None
+    try:
+        g = parse("\\boxed{" + gold + "}", parsing_timeout=ptimeout)
+        p = parse("\\boxed{" + pred + "}", parsing_timeout=ptimeout)
+        if not g:
+            return False, "math-verify could not parse the gold answer"
+        if not p:
+            return False, "math-verify could not parse the extracted answer"
+        return bool(verify(g, p, timeout_seconds=ptimeout)), None
+    except Exception as exc:  # math-verify/sympy failures must not kill a scoring run
+        return False, f"math-verify error: {type(exc).__name__}: {exc}"
+
+
+def score_math(item: dict, text: str) -> dict:
+    gold = item["reference"]["answer"]
+    box = last_boxed(text)
+    if box is None:
+        return {"correct": False, "extracted": None, "method": "none", "gold": gold,
+                "boxed_command": None, "math_verify": None, "reason": "no \\boxed{} answer found"}
+    pred, cmd = box
+    equal, error = _math_verify_equal(gold, pred)
+    mv = {"equal": equal, "error": error}
+    base = {"extracted": pred, "gold": gold, "boxed_command": cmd, "math_verify": mv}
+    if equal:
+        return {**base, "correct": True, "method": "math-verify",
+                "reason": f"{cmd} '{pred}' equivalent to gold '{gold}' (math-verify)"}
+    # Identical text (up to spacing and \left/\right) is the same answer even
+    # where math-verify cannot parse it (e.g. plain words); say so explicitly.
+    if normalize_latex(pred) == normalize_latex(gold):
+        note = f"; math-verify: {error}" if error else "; math-verify said not equal"
+        return {**base, "correct": True, "method": "normalized-string",
+                "reason": f"{cmd} '{pred}' matches gold '{gold}' as normalized text{note}"}
+    why = f" ({error})" if error else ""
+    return {**base, "correct": False, "method": "math-verify",
+            "reason": f"{cmd} '{pred}' not equivalent to gold '{gold}'{why}"}
+
+
+# ---------------------------------------------------------------- code
+
+_FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.S)
+
+
+def extract_code(text: str) -> tuple[str, str]:
+    """Code from the LAST ```python block, else the last ``` block, else an unclosed fence, else the raw text."""
+    blocks = _FENCE.findall(text)
+    py = [body for lang, body in blocks if lang.lower() in ("python", "py", "python3")]
+    if py:
+        return py[-1], "fenced-python"
+    if blocks:
+        return blocks[-1][1], "fenced"
+    m = None
+    for m in re.finditer(r"```[A-Za-z0-9_+-]*[ \t]*\n", text):
+        pass
+    if m is not None:
+        # Output cut off (or fence never closed): everything after the last opener.
+        return text[m.end():], "unclosed-fence"
+    return text, "raw"
+
+
+def _mbpp_program(code: str, tests: list[str], imports: list[str], nonce: str) -> str:
+    # Each test runs on its own so a report can say how many failed; the nonce
+    # marker proves the harness ran to the end (code that calls exit(0) early
+    # must not pass).
+    harness = f"""
+import json as _pa_json, sys as _pa_sys, traceback as _pa_tb
+_pa_tests = {json.dumps(tests)}
+_pa_fail = []
+for _pa_src in _pa_tests:
+    try:
+        exec(compile(_pa_src, "<test>", "exec"), globals())
+    except BaseException as _pa_e:
+        _pa_fail.append({{"test": _pa_src[:200], "error": (type(_pa_e).__name__ + ": " + str(_pa_e))[:300]}})
+print("\\nPAIRAUDIT-RESULT-{nonce} " + _pa_json.dumps({{"total": len(_pa_tests), "failed": _pa_fail}}))
+_pa_sys.stdout.flush()
+_pa_sys.exit(1 if _pa_fail else 0)
+"""
+    return "\n".join(imports) + "\n" + code + "\n" + harness
+
+
+def _result_line(stdout: str, nonce: str) -> dict | None:
+    tag = f"PAIRAUDIT-RESULT-{nonce} "
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(tag):
+            try:
+                return json.loads(line[len(tag):])
+            except ValueError:
+                return None
+    return None
+
+
+def _last_error_line(stderr: str) -> str | None:
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    return lines[-1].strip()[:300] if lines else None
+
+
+def _sandbox_reason(res: dict, limits: dict) -> str | None:
+    if res["status"] == "timeout":
+        if res.get("timeout_kind") == "cpu":
+            return f"timeout: CPU limit {limits['cpu_s']}s exceeded"
+        return f"timeout after {limits['timeout_s']}s"
+    if res["status"] == "error":
+        return f"sandbox error: {res.get('error')}"
+    return None
+
+
+def _slim(res: dict) -> dict:
+    return {k: v for k, v in res.items() if k not in ("stdout_tail", "stderr_tail")}
+
+
+def score_mbpp(item: dict, text: str, *, sandbox_limits: dict | None = None) -> dict:
+    ref = item["reference"]
+    limits = {**DEFAULT_SANDBOX_LIMITS, **(sandbox_limits or {})}
+    code, source = extract_code(text)
+    nonce = secrets.token_hex(8)
+    tests = list(ref["tests"])
+    res = sandbox.run_python(_mbpp_program(code, tests, list(ref.get("test_imports") or []), nonce),
+                             **limits)
+    out = {"extracted": code, "method": "sandbox", "code_source": source, "tests_total": len(tests),
+           "sandbox": _slim(res), "stderr_tail": res["stderr_tail"][-1000:]}
+    why = _sandbox_reason(res, limits)
+    if why:
+        return {**out, "correct": False, "tests_failed": None, "first_failure": why, "reason": why}
+    summary = _result_line(res["stdout_tail"], nonce)
+    if summary is None:
+        err = _last_error_line(res["stderr_tail"]) or f"exit code {res['returncode']}"
+        why = f"tests did not run to completion: {err}"
+        return {**out, "correct": False, "tests_failed": None, "first_failure": err, "reason": why}
+    failed = summary["failed"]
+    if not failed and res["status"] == "passed":
+        return {**out, "correct": True, "tests_failed": 0, "first_failure": None,
+                "reason": f"{len(tests)}/{len(tests)} tests passed"}
+    first = f"{failed[0]['error']} in {failed[0]['test']!r}" if failed else f"exit code {res['returncode']}"
+    return {**out, "correct": False, "tests_failed": len(failed), "first_failure": first,
+            "reason": f"{len(failed)}/{len(tests)} tests failed: {first}"}
+
+
+def humaneval_program(item: dict, code: str, nonce: str) -> tuple[str, str]:
+    """Program text and its layout: the completion either defines the entry point or continues the prompt."""
+    ref = item["reference"]
+    entry = ref["entry_point"]
+    if re.search(rf"^\s*def\s+{re.escape(entry)}\s*\(", code, re.M):
+        # The prompt stub (signature + docstring) is valid Python on its own;
+        # keeping it first preserves the prompt's imports and helper functions,
+        # and the completion's definition then replaces the stub.
+        body, layout = ref["prompt"] + "\n" + code, "prompt+full-function"
+    else:
+        body, layout = ref["prompt"] + code, "prompt+continuation"
+    tail = f"\n\n{ref['test']}\n\ncheck({entry})\nprint('\\nPAIRAUDIT-RESULT-{nonce} {{}}')\n"
+    return body + tail, layout
+
+
+def score_humaneval(item: dict, text: str, *, sandbox_limits: dict | None = None) -> dict:
+    limits = {**DEFAULT_SANDBOX_LIMITS, **(sandbox_limits or {})}
+    code, source = extract_code(text)
+    nonce = secrets.token_hex(8)
+    program, layout = humaneval_program(item, code, nonce)
+    res = sandbox.run_python(program, **limits)
+    out = {"extracted": code, "method": "sandbox", "code_source": source, "program_layout": layout,
+           "tests_total": 1, "sandbox": _slim(res), "stderr_tail": res["stderr_tail"][-1000:]}
+    why = _sandbox_reason(res, limits)
+    if why:
+        return {**out, "correct": False, "first_failure": why, "reason": why}
+    if res["status"] == "passed" and _result_line(res["stdout_tail"], nonce) is not None:
+        return {**out, "correct": True, "first_failure": None,
+                "reason": f"check({item['reference']['entry_point']}) passed"}
+    err = _last_error_line(res["stderr_tail"]) or f"exit code {res['returncode']} before check() finished"
+    return {**out, "correct": False, "first_failure": err,
+            "reason": f"check({item['reference']['entry_point']}) failed: {err}"}
+
+
+# ---------------------------------------------------------------- dispatch
+
+def score_item(item: dict, text: str, *, sandbox_limits: dict | None = None) -> dict:
+    """Score ``text`` (the model's answer) for ``item``; see the module docstring for the record."""
+    fmt = item.get("format")
+    if fmt == "gsm8k":
+        return score_gsm8k(item, text)
+    if fmt == "math":
+        return score_math(item, text)
+    if fmt == "mbpp":
+        return score_mbpp(item, text, sandbox_limits=sandbox_limits)
+    if fmt == "humaneval":
+        return score_humaneval(item, text, sandbox_limits=sandbox_limits)
+    raise ValueError(f"item format {fmt!r} is not one of {', '.join(FORMATS)}")
+
+
+def response_text(response: dict | None) -> tuple[str | None, str | None]:
+    """(text, finish_reason) of the first choice of a chat or completions response."""
+    if not isinstance(response, dict):
+        return None, None
+    choices = response.get("choices") or []
+    if not choices or not isinstance(choices[0], dict):
+        return None, None
+    ch = choices[0]
+    msg = ch.get("message")
+    if isinstance(msg, dict):
+        text = msg.get("content")
+    else:
+        text = ch.get("text")
+    return (text if isinstance(text, str) else None), ch.get("finish_reason")
+
+
+def score_records(dataset_doc: dict, sampled_records: list[dict], *,
+                  sandbox_limits: dict | None = None) -> list[dict]:
+    """Score every sampled record of one dataset/arm; unknown indices are an error, never skipped."""
+    by_index = {it["index"]: it for it in dataset_doc["items"]}
+    out = []
+    for rec in sampled_records:
+        idx = rec["index"]
+        if idx not in by_index:
+            raise KeyError(f"sampled record index {idx} is not an item of dataset "
+                           f"{dataset_doc.get('name')!r}")
+        item = by_index[idx]
+        text, finish = response_text(rec.get("response"))
+        base = {"index": idx, "id": item["id"], "finish_reason": finish}
+        if rec.get("error") or text is None:
+            err = rec.get("error") or "response has no text"
+            out.append({**base, "correct": False, "extracted": None, "answered": False,
+                        "method": "none", "reason": f"no answer: {err}"})
+            continue
+        scored = score_item(item, text, sandbox_limits=sandbox_limits)
+        out.append({**base, **scored, "answered": True})
+    return out

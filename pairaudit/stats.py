@@ -1,0 +1,225 @@
+"""Paired statistics for the control/candidate audit.
+
+Everything here works on plain JSON-able data (lists, dicts, numbers) and is
+deterministic for a given input (the bootstrap takes an explicit seed).
+
+Input record schemas (one record per dataset item, keyed by ``"index"``):
+
+score record (from the score stage)::
+
+    {"index": int,              # dataset item index, the pairing key
+     "correct": bool,           # the scorer's verdict, never adjusted here
+     "answered": bool,          # the arm produced an answer to score
+     "finish_reason": str|None, # "stop" is a natural finish
+     "text": str|None}          # generated text (exact-match comparison)
+
+sampled record (from the sampled stage)::
+
+    {"index": int,
+     "body_sha256": str,        # sha256 of the exact request body sent
+     "response": object|None,   # full server response
+     "error": object|None}      # transport/HTTP error, None on success
+
+Output of :func:`paired_table` (the quality table)::
+
+    {"n": int,                          # number of paired items
+     "indices": [int, ...],             # sorted item indices
+     "control_correct": int, "candidate_correct": int,
+     "both_correct": int, "neither_correct": int,
+     "control_only": [int, ...],        # items only the control got right (b)
+     "candidate_only": [int, ...],      # items only the candidate got right (c)
+     "net": int,                        # len(candidate_only) - len(control_only)
+     "mcnemar_p": float,                # exact two-sided on (b, c)
+     "exact_text_matches": int, "exact_text_match_indices": [int, ...],
+     "bodies_identical": bool, "body_mismatch_indices": [int, ...],
+     "natural_finish": {"control": int, "candidate": int},
+     "unnatural_finish_indices": {"control": [int, ...], "candidate": [int, ...]},
+     "unanswered_indices": {"control": [int, ...], "candidate": [int, ...]},
+     "error_indices": {"control": [int, ...], "candidate": [int, ...]}}
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+from scipy import stats as _st
+
+NATURAL_FINISH = "stop"
+ARMS = ("control", "candidate")
+
+
+def mcnemar_exact_p(b: int, c: int) -> float:
+    """Exact two-sided McNemar p on the discordant counts b and c.
+
+    Under H0 each discordant pair is equally likely to go either way, so
+    min(b, c) ~ Binomial(b + c, 1/2); doubling the smaller tail and capping at
+    1 gives the two-sided p (FIELD-NOTES, "Paired statistics").
+    """
+    for name, v in (("b", b), ("c", c)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
+    n = int(b) + int(c)
+    if n == 0:
+        return 1.0
+    return float(min(1.0, 2.0 * _st.binom.cdf(min(b, c), n, 0.5)))
+
+
+def _by_index(records: Sequence[dict], what: str) -> dict[int, dict]:
+    out: dict[int, dict] = {}
+    for r in records:
+        if not isinstance(r, dict) or "index" not in r:
+            raise ValueError(f"{what}: record without an 'index': {r!r}")
+        i = r["index"]
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise ValueError(f"{what}: index must be an int, got {i!r}")
+        if i in out:
+            raise ValueError(f"{what}: duplicate index {i}")
+        out[i] = r
+    return out
+
+
+def paired_table(
+    control_scores: Sequence[dict],
+    candidate_scores: Sequence[dict],
+    control_records: Sequence[dict],
+    candidate_records: Sequence[dict],
+) -> dict[str, Any]:
+    """Pair both arms item by item and build the quality table (schema above).
+
+    The four inputs must cover exactly the same item indices: pairing a
+    missing item with nothing would silently change the denominator, so a
+    difference is an error that names the indices. Scores are taken as given:
+    a strict-extractor miss stays a miss.
+    """
+    sets = {
+        "control_scores": _by_index(control_scores, "control_scores"),
+        "candidate_scores": _by_index(candidate_scores, "candidate_scores"),
+        "control_records": _by_index(control_records, "control_records"),
+        "candidate_records": _by_index(candidate_records, "candidate_records"),
+    }
+    union = set().union(*(s.keys() for s in sets.values()))
+    problems = []
+    for name, s in sets.items():
+        missing = sorted(union - s.keys())
+        if missing:
+            problems.append(f"{name} lacks indices {missing}")
+    if problems:
+        raise ValueError("index sets differ between arms: " + "; ".join(problems))
+
+    cs, ks = sets["control_scores"], sets["candidate_scores"]
+    cr, kr = sets["control_records"], sets["candidate_records"]
+    idx = sorted(union)
+
+    control_only, candidate_only, both, neither = [], [], 0, 0
+    text_match, body_mismatch = [], []
+    unnatural = {a: [] for a in ARMS}
+    unanswered = {a: [] for a in ARMS}
+    errors = {a: [] for a in ARMS}
+    for i in idx:
+        a, b = bool(cs[i].get("correct")), bool(ks[i].get("correct"))
+        if a and b:
+            both += 1
+        elif a:
+            control_only.append(i)
+        elif b:
+            candidate_only.append(i)
+        else:
+            neither += 1
+        ta, tb = cs[i].get("text"), ks[i].get("text")
+        if ta is not None and tb is not None and ta == tb:
+            text_match.append(i)
+        ha, hb = cr[i].get("body_sha256"), kr[i].get("body_sha256")
+        # A missing hash cannot prove identity, so it counts as a mismatch.
+        if not ha or not hb or ha != hb:
+            body_mismatch.append(i)
+        for arm, score, rec in (("control", cs[i], cr[i]), ("candidate", ks[i], kr[i])):
+            if score.get("finish_reason") != NATURAL_FINISH:
+                unnatural[arm].append(i)
+            if rec.get("error") is not None:
+                errors[arm].append(i)
+            # A transport error is an unanswered item even if a scorer marked
+            # it otherwise: there is no primary answer behind the score.
+            if not score.get("answered", False) or rec.get("error") is not None:
+                unanswered[arm].append(i)
+
+    n = len(idx)
+    return {
+        "n": n,
+        "indices": idx,
+        "control_correct": both + len(control_only),
+        "candidate_correct": both + len(candidate_only),
+        "both_correct": both,
+        "neither_correct": neither,
+        "control_only": control_only,
+        "candidate_only": candidate_only,
+        "net": len(candidate_only) - len(control_only),
+        "mcnemar_p": mcnemar_exact_p(len(control_only), len(candidate_only)),
+        "exact_text_matches": len(text_match),
+        "exact_text_match_indices": text_match,
+        "bodies_identical": not body_mismatch,
+        "body_mismatch_indices": body_mismatch,
+        "natural_finish": {a: n - len(unnatural[a]) for a in ARMS},
+        "unnatural_finish_indices": unnatural,
+        "unanswered_indices": unanswered,
+        "error_indices": errors,
+    }
+
+
+def paired_bootstrap_ci(
+    control_correct: Sequence[bool],
+    candidate_correct: Sequence[bool],
+    *,
+    n_boot: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict[str, Any]:
+    """Percentile bootstrap CI of accuracy(candidate) - accuracy(control).
+
+    Items are resampled with both arms together, so the pairing (and the
+    correlation between arms) is preserved. Reported only; no rule decides on
+    it. Returns ``{"diff", "lo", "hi", "level", "n", "n_boot", "seed"}``.
+    """
+    a = np.asarray(control_correct, dtype=float)
+    b = np.asarray(candidate_correct, dtype=float)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError("control_correct and candidate_correct must be equal-length lists")
+    if a.size == 0:
+        raise ValueError("no items to bootstrap")
+    if not 0 < level < 1 or n_boot < 1:
+        raise ValueError("need 0 < level < 1 and n_boot >= 1")
+    d = b - a
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, d.size, size=(n_boot, d.size))
+    means = d[draws].mean(axis=1)
+    tail = (1.0 - level) / 2.0
+    lo, hi = np.quantile(means, [tail, 1.0 - tail])
+    return {
+        "diff": float(d.mean()),
+        "lo": float(lo),
+        "hi": float(hi),
+        "level": level,
+        "n": int(d.size),
+        "n_boot": int(n_boot),
+        "seed": int(seed),
+    }
+
+
+def paired_t_interval(diffs: Iterable[float], level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, lo, hi): Student-t interval of the mean of paired differences.
+
+    Needs at least two differences (one gives no spread). Zero spread gives
+    a degenerate interval at the mean.
+    """
+    d = np.asarray(list(diffs), dtype=float)
+    if d.size < 2:
+        raise ValueError("paired_t_interval needs at least 2 differences")
+    if not np.all(np.isfinite(d)):
+        raise ValueError("differences must be finite")
+    if not 0 < level < 1:
+        raise ValueError("need 0 < level < 1")
+    m = float(d.mean())
+    se = float(d.std(ddof=1)) / math.sqrt(d.size)
+    half = float(_st.t.ppf((1.0 + level) / 2.0, d.size - 1)) * se
+    return m, m - half, m + half
