@@ -310,7 +310,11 @@ def check_identity(spec: dict, models_res: dict, version_res: dict | None) -> di
         if isinstance(block, dict):
             sw = block.get("switches")
             out["switches"] = sw
-            out["model_sha256"] = block.get("model_sha256")
+            # Flat key as documented, or nested under "model" as the reference server does.
+            msha = block.get("model_sha256")
+            if msha is None and isinstance(block.get("model"), dict):
+                msha = block["model"].get("weights_sha256") or block["model"].get("sha256")
+            out["model_sha256"] = msha
             if isinstance(sw, dict):
                 for k, v in sorted(spec["env"].items()):
                     if not k.startswith(SWITCH_PREFIX):
@@ -494,8 +498,11 @@ class Server:
                                      preexec_fn=_pdeathsig_preexec if main_thread and sys.platform == "linux" else None)
         _LIVE[self.proc.pid] = self
         self._facts["pid"] = self.proc.pid
-        self._facts["health"] = wait_healthy(self.endpoint, spec["health_timeout_s"], proc=self.proc,
-                                             log_path=self.log_path, log_offset=self._log_offset)
+        try:
+            self._facts["health"] = wait_healthy(self.endpoint, spec["health_timeout_s"], proc=self.proc,
+                                                 log_path=self.log_path, log_offset=self._log_offset)
+        except ServerError as exc:
+            raise self._fail(str(exc)) from None
         self._facts["ready_at"] = utc_now()
         self._facts["ready_s"] = time.monotonic() - t0
         self._check_identity()
@@ -507,7 +514,10 @@ class Server:
                                  api_key=self._api_key)
         self._facts["started_at"] = utc_now()
         t0 = time.monotonic()
-        self._facts["health"] = wait_healthy(self.endpoint, spec["health_timeout_s"])
+        try:
+            self._facts["health"] = wait_healthy(self.endpoint, spec["health_timeout_s"])
+        except ServerError as exc:
+            raise self._fail(str(exc)) from None
         self._facts["ready_at"] = utc_now()
         self._facts["ready_s"] = time.monotonic() - t0
         self._check_identity()

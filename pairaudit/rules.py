@@ -403,15 +403,20 @@ def grid_tie_v1(probes: Sequence[Mapping[str, Any]], *, max_divergent: int = 3) 
     results = [grid_tie_probe(p) for p in probes]
     count_ok = len(probes) <= max_divergent
     failed: list[str] = []
+    unevaluated: list[str] = []
     for r in results:
         if r["verdict"] != "PASS":
-            reasons.append(f"index {r['index']}: STOP on {r['failed_clauses'] or r['unevaluated_clauses']}")
+            # Every STOP has at least one failed clause; unevaluated ones are
+            # consequences (e.g. no step, so no grid check) and listed apart.
+            reasons.append(f"index {r['index']}: STOP on {r['failed_clauses']}")
             reasons += [f"index {r['index']}: {x}" for x in r["reasons"]]
-            failed += [c for c in r["failed_clauses"] + r["unevaluated_clauses"] if c not in failed]
+            failed += [c for c in r["failed_clauses"] if c not in failed]
+            unevaluated += [c for c in r["unevaluated_clauses"] if c not in unevaluated]
     if not count_ok:
         failed.append(COUNT_CLAUSE)
         reasons.append(f"{COUNT_CLAUSE}: {len(probes)} divergent prompts > {max_divergent}")
-    verdict = "PASS" if not failed else "STOP"
+    all_pass = all(r["verdict"] == "PASS" for r in results) and count_ok
+    verdict = "PASS" if all_pass and not failed else "STOP"
     if verdict == "PASS":
         reasons.append("no divergent prompts" if not probes else
                        f"all {len(probes)} divergences are one-step ties on the FP32-rounded binary grid")
@@ -423,6 +428,7 @@ def grid_tie_v1(probes: Sequence[Mapping[str, Any]], *, max_divergent: int = 3) 
         "params": params,
         "deviations": dev,
         "failed_clauses": failed,
+        "unevaluated_clauses": unevaluated,
         "clauses": {COUNT_CLAUSE: count_ok},
         "n_divergent": len(probes),
         "tolerance_model": "tol(a,b) = 1 * 2^-23 * (|a| + |b|) per pair; exact 2^k step",

@@ -186,7 +186,7 @@ def _tail(path: Path, chars: int) -> tuple[str, int]:
     return text[-chars:], size
 
 
-def _sweep_uid(uid: int) -> None:
+def _sweep_uid(uid: int, python: str) -> None:
     """Kill every process still owned by the run's private uid.
 
     ``kill(-1, SIGKILL)`` from a process with that uid reaches exactly the
@@ -196,7 +196,7 @@ def _sweep_uid(uid: int) -> None:
     """
     try:
         subprocess.run(
-            [sys.executable, "-I", "-S", "-c",
+            [python, "-I", "-S", "-c",
              "import os\ntry:\n os.kill(-1, 9)\nexcept OSError:\n pass"],
             user=uid, group=uid, extra_groups=[], env={"PATH": "/usr/bin:/bin"},
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -289,7 +289,7 @@ def _run(program: str, *, layers: tuple[str, ...], python: str, timeout_s: float
                 pass
             proc.wait()
         if uid is not None:
-            _sweep_uid(uid)
+            _sweep_uid(uid, python)
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(io_dir, ignore_errors=True)
 

@@ -465,9 +465,10 @@ def make_handler(api: Api, metrics, started: dict):
                     chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                             "finish_reason": None}])
                 while not done:
-                    done = req.events.get() == "done"
-                    while not req.events.empty() and not done:
-                        done = req.events.get() == "done"
+                    req.events.get()
+                    while not req.events.empty():
+                        req.events.get()
+                    done = req.done
                     if req.error:
                         raise ApiError(req.error, status=500)
                     upto = len(req.output)

@@ -233,6 +233,7 @@ class Engine:
         segments = [Segment(req.cache, req.computed, len(toks)) for req, toks, _ in plan]
         step_start = time.monotonic()
         hidden = self.model.forward(tokens, segments)
+        self.metrics.inc("pairaudit:engine_steps_total")
         rows, off = [], 0
         for req, toks, kind in plan:
             n = len(toks)

@@ -13,6 +13,8 @@ COUNTERS = {
     "vllm:spec_decode_num_drafts_total": "Number of spec decoding drafts.",
     "vllm:spec_decode_num_draft_tokens_total": "Number of draft tokens.",
     "vllm:spec_decode_num_accepted_tokens_total": "Number of accepted tokens.",
+    # not a vLLM metric: lets a test see that concurrent requests shared forwards
+    "pairaudit:engine_steps_total": "Number of engine steps (one batched forward each).",
 }
 HISTOGRAMS = {
     "vllm:time_to_first_token_seconds": "Histogram of time to first token in seconds.",

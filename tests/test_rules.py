@@ -1,0 +1,631 @@
+"""Known-answer tests for pairaudit.rules: each rule on cases built to pass and
+cases built to fail, with the failing clause named."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from pairaudit.rules import (
+    PROBE_CLAUSES,
+    boundary_v1,
+    determinism_v1,
+    fp32_gap_tolerance,
+    grid_tie_probe,
+    grid_tie_v1,
+    promotion_v1,
+    quality_v1,
+    win2_v1,
+)
+from pairaudit.stats import paired_table
+
+
+# ------------------------------------------------------------------ quality-v1
+
+def make_table(control_only, candidate_only, both=10, neither=3, *, body_bad=(),
+               unnatural=None, unanswered=None):
+    """Build a real paired table through stats.paired_table."""
+    unnatural = unnatural or {}
+    unanswered = unanswered or {}
+    n = both + neither + control_only + candidate_only
+    cs, ks, cr, kr = [], [], [], []
+    for i in range(n):
+        if i < both:
+            a, b = True, True
+        elif i < both + neither:
+            a, b = False, False
+        elif i < both + neither + control_only:
+            a, b = True, False
+        else:
+            a, b = False, True
+        for arm, lst, correct in (("control", cs, a), ("candidate", ks, b)):
+            lst.append({"index": i, "correct": correct,
+                        "answered": i not in unanswered.get(arm, ()),
+                        "finish_reason": "length" if i in unnatural.get(arm, ()) else "stop",
+                        "text": "x"})
+        cr.append({"index": i, "body_sha256": f"b{i}", "response": {}, "error": None})
+        kr.append({"index": i, "body_sha256": f"b{i}" + ("!" if i in body_bad else ""),
+                   "response": {}, "error": None})
+    return paired_table(cs, ks, cr, kr)
+
+
+def test_quality_pass_net_zero():
+    r = quality_v1(make_table(control_only=2, candidate_only=2))
+    assert r["rule"] == "quality-v1" and r["verdict"] == "PASS"
+    assert r["net"] == 0 and r["deviations"] == {}
+
+
+def test_quality_pass_when_candidate_better():
+    r = quality_v1(make_table(control_only=0, candidate_only=4))
+    assert r["verdict"] == "PASS" and r["net"] == 4
+
+
+def test_quality_hold_worse_but_unresolved():
+    # b=5, c=0: p = 2 * 0.5^5 = 0.0625 >= 0.05 -> unresolved difference
+    t = make_table(control_only=5, candidate_only=0)
+    r = quality_v1(t)
+    assert r["verdict"] == "HOLD"
+    assert r["mcnemar_p"] == pytest.approx(0.0625)
+    assert "unresolved" in r["reasons"][0]
+    assert str(t["control_only"]) in r["reasons"][0]  # names the indices
+
+
+def test_quality_fail_worse_and_significant():
+    # b=12, c=0: p = 2 * 0.5^12 ~ 4.9e-4
+    r = quality_v1(make_table(control_only=12, candidate_only=0))
+    assert r["verdict"] == "FAIL" and r["net"] == -12
+    assert r["mcnemar_p"] < 0.05
+
+
+def test_quality_fail_just_below_alpha():
+    # b=6, c=0: p = 0.03125 < 0.05
+    assert quality_v1(make_table(control_only=6, candidate_only=0))["verdict"] == "FAIL"
+
+
+def test_quality_max_net_loss_is_recorded_as_deviation():
+    t = make_table(control_only=1, candidate_only=0)
+    assert quality_v1(t)["verdict"] == "HOLD"
+    r = quality_v1(t, max_net_loss=1)
+    assert r["verdict"] == "PASS"
+    assert r["deviations"] == {"max_net_loss": {"registered": 0, "used": 1}}
+    assert any("differs from the registered" in x for x in r["reasons"])
+
+
+def test_quality_invalid_on_body_mismatch_even_if_better():
+    t = make_table(control_only=0, candidate_only=3, body_bad=(4,))
+    r = quality_v1(t)
+    assert r["verdict"] == "INVALID"
+    assert any("[4]" in x and "bodies differ" in x for x in r["reasons"])
+
+
+def test_quality_invalid_on_unnatural_finish_either_arm():
+    r = quality_v1(make_table(1, 1, unnatural={"control": (2,)}))
+    assert r["verdict"] == "INVALID"
+    assert any("control did not finish naturally at indices [2]" in x for x in r["reasons"])
+    r = quality_v1(make_table(1, 1, unnatural={"candidate": (0, 5)}))
+    assert r["verdict"] == "INVALID"
+    assert any("[0, 5]" in x for x in r["reasons"])
+
+
+def test_quality_invalid_on_unanswered():
+    r = quality_v1(make_table(0, 0, unanswered={"candidate": (1,)}))
+    assert r["verdict"] == "INVALID"
+    assert any("candidate unanswered at indices [1]" in x for x in r["reasons"])
+
+
+# ----------------------------------------------------------------- grid-tie-v1
+#
+# Evidence is produced the way a BF16-head server produces it: float32 logits,
+# rounded to bfloat16, then torch's float32 log_softmax over a 1000-token
+# vocabulary, top-20 by torch.topk. The background vocabulary lives in [0, 8)
+# so the planted logits are the top-20.
+
+VOCAB = 1000
+
+
+def served_top(planted: dict[int, float], *, bf16=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(VOCAB, generator=g, dtype=torch.float32) * 8
+    for t, v in planted.items():
+        x[t] = v
+    if bf16:
+        x = x.to(torch.bfloat16).to(torch.float32)
+    lp = torch.log_softmax(x, dim=-1)
+    assert lp.dtype == torch.float32
+    v, i = torch.topk(lp, 20)
+    return [[int(a), float(b)] for a, b in zip(i.tolist(), v.tolist())]
+
+
+def probe(top, cand, ctrl, *, index=0, plen=(12, 12), control_top=None):
+    return {"index": index, "candidate_token_id": cand, "control_token_id": ctrl,
+            "candidate_top": top, "control_top": control_top if control_top is not None else top,
+            "control_prefix_len": plen[0], "candidate_prefix_len": plen[1]}
+
+
+def filler(n, lo, hi, seed=1, start=100):
+    """n random float32 logits in [lo, hi) for token ids start.. (rounded later)."""
+    g = torch.Generator().manual_seed(seed)
+    vals = (torch.rand(n, generator=g) * (hi - lo) + lo).tolist()
+    return {start + k: v for k, v in enumerate(vals)}
+
+
+def one_binade(cand_logit=31.0, ctrl_logit=30.875, seed=1):
+    # [16, 32): BF16 spacing 2^(4-7) = 0.125
+    planted = filler(18, 16.0, 30.0, seed=seed)
+    planted.update({7: cand_logit, 9: ctrl_logit})
+    return planted
+
+
+def test_grid_pass_control_one_step_below():
+    r = grid_tie_probe(probe(served_top(one_binade()), cand=7, ctrl=9))
+    assert r["verdict"] == "PASS", r["reasons"]
+    assert all(r["clauses"][c] is True for c in PROBE_CLAUSES)
+    assert r["step"] == 0.125 and r["step_exponent"] == -3
+    assert r["gap"] == pytest.approx(0.125, abs=1e-6)
+    # the evidence the registration asks for is all there
+    assert len(r["residuals"]) == 20 * 19 // 2
+    assert r["max_residual"] <= r["max_tolerance"]
+    assert r["candidate_prefix_len"] == r["control_prefix_len"] == 12
+    assert r["n_candidate_top"] == 20 and r["all_values_fp32_exact"] is True
+    out = grid_tie_v1([probe(served_top(one_binade()), cand=7, ctrl=9)])
+    assert out["verdict"] == "PASS" and out["failed_clauses"] == []
+    assert out["rule"] == "grid-tie-v1" and out["registered_as"] == "pp4-r12-logit-grid-tie"
+
+
+def test_grid_pass_on_exact_tie():
+    r = grid_tie_probe(probe(served_top(one_binade(31.0, 31.0)), cand=7, ctrl=9))
+    assert r["verdict"] == "PASS", r["reasons"]
+    assert r["gap"] == 0.0 and r["candidate_to_top_gap"] == 0.0
+
+
+def test_grid_seed000_half_and_one_gaps_are_accepted():
+    # [64, 128): BF16 spacing 0.5. The seed reports 0.5 gaps served as
+    # 0.5000000596046448 and 1.0 gaps as 1.0 after FP32 log_softmax.
+    planted = {t: 100.0 - 0.5 * t for t in range(20)}
+    top = served_top(planted)
+    gaps = {abs(a[1] - b[1]) for a, b in itertools.combinations(top, 2)}
+    assert 0.5000000596046448 in gaps and 1.0 in gaps  # the FP noise really is present
+    r = grid_tie_probe(probe(top, cand=0, ctrl=1))
+    assert r["verdict"] == "PASS", r["reasons"]
+    assert r["step"] == 0.5
+    r = grid_tie_probe(probe(top, cand=0, ctrl=2))  # two 0.5 steps = 1.0 gap
+    assert r["verdict"] == "STOP" and r["failed_clauses"] == ["gap_within_one_step"]
+
+
+def test_tolerance_scale_accepts_fp32_noise_rejects_real_offsets():
+    a, b = -0.9327067732810974, -1.4327068328857422  # a served 0.5000000596 gap
+    tol = fp32_gap_tolerance(a, b)
+    assert abs((a - b) - 0.5) <= tol
+    assert 1e-3 > 1000 * tol  # an off-grid offset of 1e-3 is far outside
+
+
+def test_grid_stop_candidate_not_top():
+    r = grid_tie_probe(probe(served_top(one_binade(30.875, 31.0)), cand=7, ctrl=9))
+    assert r["verdict"] == "STOP"
+    assert r["failed_clauses"] == ["candidate_token_is_top"]
+    assert r["candidate_to_top_gap"] == pytest.approx(0.125, abs=1e-6)
+
+
+def test_grid_stop_control_token_absent():
+    planted = one_binade()
+    top = served_top(planted)
+    assert 555 not in planted and 555 not in [t for t, _ in top]
+    r = grid_tie_probe(probe(top, cand=7, ctrl=555))
+    assert r["verdict"] == "STOP"
+    assert r["failed_clauses"] == ["both_tokens_present"]
+    assert "gap_within_one_step" in r["unevaluated_clauses"]
+
+
+def test_grid_stop_off_grid_fp32_logits():
+    # Same construction, but the head is FP32: logits never meet the BF16 grid.
+    planted = filler(18, 16.0, 30.0, seed=5)
+    planted.update({7: 31.0371, 9: 30.9113})
+    r = grid_tie_probe(probe(served_top(planted, bf16=False), cand=7, ctrl=9))
+    assert r["verdict"] == "STOP"
+    assert {"grid_step_power_of_two", "all_gaps_on_grid"} & set(r["failed_clauses"]) or \
+        "all_gaps_on_grid" in r["unevaluated_clauses"]
+
+
+def test_grid_stop_single_off_grid_value_half_step_plus_1e3():
+    # Grid values 31, 30.875, 30.75 and below 30.25 on the 0.125 grid; one
+    # unrounded logit 0.501 below the top, no grid value within 0.125 of it.
+    planted = filler(16, 16.0, 30.25, seed=2)
+    planted.update({7: 31.0, 9: 30.875, 11: 30.75, 13: 31.0 - 0.501})
+    x = torch.tensor(list(planted.values()))
+    rounded = x.to(torch.bfloat16).to(torch.float32).tolist()
+    planted = dict(zip(planted, rounded))
+    planted[13] = 31.0 - 0.501  # this one stays FP32
+    g = torch.Generator().manual_seed(0)
+    bg = torch.rand(VOCAB, generator=g) * 8
+    for t, v in planted.items():
+        bg[t] = v
+    lp = torch.log_softmax(bg, dim=-1)
+    v, i = torch.topk(lp, 20)
+    top = [[int(a), float(b)] for a, b in zip(i.tolist(), v.tolist())]
+    r = grid_tie_probe(probe(top, cand=7, ctrl=9))
+    assert r["clauses"]["grid_step_power_of_two"] is True and r["step"] == 0.125
+    assert r["failed_clauses"] == ["all_gaps_on_grid"]
+    assert r["worst_pair"]["token_a"] == 13 or r["worst_pair"]["token_b"] == 13
+    assert abs(r["worst_pair"]["residual"]) == pytest.approx(1e-3, rel=1e-2)
+
+
+def test_grid_stop_step_not_power_of_two():
+    # All values on a 0.3 grid (an FP32 head with a 0.3 quantizer, say).
+    planted = {t: 30.0 - 0.3 * t for t in range(20)}
+    r = grid_tie_probe(probe(served_top(planted, bf16=False), cand=0, ctrl=1))
+    assert r["verdict"] == "STOP"
+    assert "grid_step_power_of_two" in r["failed_clauses"]
+    assert r["step"] is None and r["min_positive_gap"] == pytest.approx(0.3, abs=1e-5)
+    assert "all_gaps_on_grid" in r["unevaluated_clauses"]
+
+
+def test_grid_stop_step_above_one():
+    # [256, 512): BF16 spacing 2 -- a power of two, but k = 1 > 0.
+    planted = {t: 400.0 - 2.0 * t for t in range(20)}
+    r = grid_tie_probe(probe(served_top(planted), cand=0, ctrl=1))
+    assert r["verdict"] == "STOP"
+    assert r["failed_clauses"] == ["grid_step_power_of_two"]
+    assert r["step"] == 2.0 and r["step_exponent"] == 1
+
+
+def test_grid_stop_all_equal_top20_infers_no_grid():
+    planted = {t: 24.0 for t in range(20)}
+    r = grid_tie_probe(probe(served_top(planted), cand=0, ctrl=1))
+    assert r["verdict"] == "STOP"
+    assert "grid_step_power_of_two" in r["failed_clauses"]
+    assert r["step"] is None and r["min_positive_gap"] is None
+    assert r["clauses"]["candidate_token_is_top"] is True  # a tie for the top is fine
+
+
+def test_grid_stop_gap_two_steps():
+    # 0.125 adjacency exists elsewhere, control token sits 2 steps down.
+    planted = one_binade(31.0, 30.75)
+    planted[8] = 30.0
+    planted[10] = 29.875
+    r = grid_tie_probe(probe(served_top(planted), cand=7, ctrl=9))
+    assert r["step"] == 0.125
+    assert r["verdict"] == "STOP"
+    assert r["failed_clauses"] == ["gap_within_one_step"]
+    assert r["gap_in_steps"] == pytest.approx(2.0, abs=1e-4)
+
+
+def test_grid_stop_unequal_prefix_lengths():
+    r = grid_tie_probe(probe(served_top(one_binade()), cand=7, ctrl=9, plen=(40, 41)))
+    assert r["verdict"] == "STOP"
+    assert r["failed_clauses"] == ["equal_prefix_lengths"]
+
+
+def test_grid_count_clause():
+    three = [probe(served_top(one_binade(seed=s)), cand=7, ctrl=9, index=s) for s in range(3)]
+    assert grid_tie_v1(three)["verdict"] == "PASS"
+    four = three + [probe(served_top(one_binade(seed=9)), cand=7, ctrl=9, index=9)]
+    out = grid_tie_v1(four)
+    assert all(p["verdict"] == "PASS" for p in out["probes"])
+    assert out["verdict"] == "STOP"
+    assert out["failed_clauses"] == ["at_most_3_divergent"]
+    assert out["clauses"]["at_most_3_divergent"] is False
+    # a looser count is allowed only visibly
+    loose = grid_tie_v1(four, max_divergent=4)
+    assert loose["verdict"] == "PASS"
+    assert loose["deviations"] == {"max_divergent": {"registered": 3, "used": 4}}
+
+
+def test_grid_zero_divergent_prompts_pass():
+    out = grid_tie_v1([])
+    assert out["verdict"] == "PASS" and out["n_divergent"] == 0
+
+
+@pytest.mark.parametrize("bad", [-9999.0, float("nan"), float("-inf"), float("inf"), 0.25, "x", None])
+def test_grid_stop_nonfinite_clamped_or_malformed_value(bad):
+    top = served_top(one_binade())
+    top[5] = [top[5][0], bad]
+    r = grid_tie_probe(probe(top, cand=7, ctrl=9, control_top=served_top(one_binade())))
+    assert r["verdict"] == "STOP"
+    assert r["failed_clauses"] == ["finite_values"]
+    out = grid_tie_v1([probe(top, cand=7, ctrl=9)])
+    assert out["verdict"] == "STOP" and out["failed_clauses"] == ["finite_values"]
+    assert "gap_within_one_step" in out["unevaluated_clauses"]
+
+
+def test_grid_stop_malformed_records():
+    good = served_top(one_binade())
+    cases = [
+        probe(good, cand=7, ctrl=7),                          # not a divergence
+        probe(good + good[:1], cand=7, ctrl=9),               # 21 entries + duplicate id
+        probe(good, cand="7", ctrl=9),                        # id not an int
+        probe([], cand=7, ctrl=9),                            # empty top
+        {**probe(good, cand=7, ctrl=9), "control_prefix_len": None},
+        probe(good, cand=7, ctrl=9, control_top=[[1, -9999.0]]),  # clamped control data
+    ]
+    for c in cases:
+        r = grid_tie_probe(c)
+        assert r["verdict"] == "STOP" and r["failed_clauses"] == ["finite_values"], c
+
+
+def test_grid_one_ulp_difference_is_a_tie_not_a_step():
+    # Two values one FP32 ulp apart must not become a 2^-22 "step" (that would
+    # make every gap on grid, a fine-GCD rescue). Hand-built served values.
+    top = [[1, -2.0], [2, -2.0 - 2.0 ** -22], [3, -2.125], [4, -2.25], [5, -2.625]]
+    r = grid_tie_probe(probe(top, cand=1, ctrl=3))
+    assert r["step"] == 0.125
+    assert r["verdict"] == "PASS", r["reasons"]
+    # same set with the last value moved off grid by 1e-3 (smallest gap still
+    # 0.125): STOP
+    top[4] = [5, -2.626]
+    r = grid_tie_probe(probe(top, cand=1, ctrl=3))
+    assert r["verdict"] == "STOP" and "all_gaps_on_grid" in r["failed_clauses"]
+
+
+def test_grid_sparse_set_is_never_rescued_by_a_finer_divisor():
+    # Gaps 0.25 and 0.375: a GCD would be 0.125, but 0.125 is not observed,
+    # so the observable step is 0.25 and 0.375 is off it.
+    top = [[1, -1.0], [2, -1.25], [3, -1.625]]
+    r = grid_tie_probe(probe(top, cand=1, ctrl=2))
+    assert r["step"] == 0.25
+    assert r["verdict"] == "STOP" and r["failed_clauses"] == ["all_gaps_on_grid"]
+
+
+def test_grid_mixed_binade_behaviour():
+    # Values straddling 32: [32, 64) has spacing 0.25, [16, 32) has 0.125.
+    # (a) both binades populated with an adjacent 0.125 pair: the fine step is
+    #     observed and the coarse values are multiples of it -> PASS.
+    #     The control token ties the top (token 50).
+    planted = {t: 40.0 - 0.25 * t for t in range(9)}            # 40 .. 38
+    planted[50] = 40.0
+    planted.update({100 + t: 31.0 - 0.125 * t for t in range(10)})  # 31 .. 29.875
+    r = grid_tie_probe(probe(served_top(planted), cand=0, ctrl=50))
+    assert r["step"] == 0.125
+    assert r["verdict"] == "PASS", r["reasons"]
+    # (b) a lone finer-binade value at an odd multiple of 0.125 while the
+    #     observed step is 0.25: off the observed grid -> STOP.
+    planted = {t: 40.0 - 0.25 * t for t in range(19)}
+    planted[100] = 31.875
+    r = grid_tie_probe(probe(served_top(planted), cand=0, ctrl=1))
+    assert r["step"] == 0.25
+    assert r["verdict"] == "STOP" and r["failed_clauses"] == ["all_gaps_on_grid"]
+
+
+def test_grid_mixed_binade_coarse_step_counts_double():
+    # (c) explicit: top in the coarse binade, control one coarse step below,
+    # fine step observed in the lower binade -> gap is 2 observed steps.
+    planted = {0: 40.0, 1: 39.75}
+    planted.update({100 + t: 31.0 - 0.125 * t for t in range(18)})
+    r = grid_tie_probe(probe(served_top(planted), cand=0, ctrl=1))
+    assert r["step"] == 0.125
+    assert r["failed_clauses"] == ["gap_within_one_step"]
+
+
+def test_grid_overall_lists_every_failing_clause_and_index():
+    ok = probe(served_top(one_binade()), cand=7, ctrl=9, index=3)
+    bad1 = probe(served_top(one_binade(30.875, 31.0)), cand=7, ctrl=9, index=11)
+    bad2 = probe(served_top(one_binade()), cand=7, ctrl=9, index=12, plen=(5, 6))
+    out = grid_tie_v1([ok, bad1, bad2])
+    assert out["verdict"] == "STOP"
+    assert set(out["failed_clauses"]) == {"candidate_token_is_top", "equal_prefix_lengths"}
+    assert [p["verdict"] for p in out["probes"]] == ["PASS", "STOP", "STOP"]
+    assert any(x.startswith("index 11:") and "candidate_token_is_top" in x for x in out["reasons"])
+    assert any(x.startswith("index 12:") and "equal_prefix_lengths" in x for x in out["reasons"])
+
+
+def test_grid_duplicate_probe_index_is_an_error():
+    p = probe(served_top(one_binade()), cand=7, ctrl=9, index=1)
+    with pytest.raises(ValueError):
+        grid_tie_v1([p, dict(p)])
+
+
+# -------------------------------------------------------------- determinism-v1
+
+def test_determinism():
+    r = determinism_v1({"control": ["a"] * 3, "candidate": ["b"] * 3})
+    assert r["verdict"] == "PASS" and r["nondeterministic_arms"] == []
+    r = determinism_v1({"control": ["a"] * 3, "candidate": ["b", "c", "b"]})
+    assert r["verdict"] == "STOP" and r["nondeterministic_arms"] == ["candidate"]
+    assert r["arms"]["candidate"]["distinct_hashes"] == ["b", "c"]
+    assert r["arms"]["control"]["deterministic"] is True
+    assert determinism_v1({"control": ["a"], "candidate": ["b", "b"]})["verdict"] == "STOP"
+    assert determinism_v1({})["verdict"] == "STOP"
+
+
+# ---------------------------------------------------------------- boundary-v1
+
+def case(arm, name, correct=True, finish="stop"):
+    return {"arm": arm, "case": name, "correct": correct, "finish_reason": finish,
+            "expected": "173\n284", "text": "173\n284" if correct else "173\n2849"}
+
+
+def test_boundary_pass():
+    r = boundary_v1([case(a, n) for a in ("control", "candidate") for n in ("32k", "tail-16")])
+    assert r["verdict"] == "PASS" and r["candidate_failures"] == []
+    assert r["identical_text_cases"] == ["32k", "tail-16"]
+
+
+def test_boundary_candidate_failure_fails():
+    r = boundary_v1([case("control", "tail-16"), case("candidate", "tail-16", correct=False)])
+    assert r["verdict"] == "FAIL"
+    assert [f["case"] for f in r["candidate_failures"]] == ["tail-16"]
+
+
+def test_boundary_needs_natural_eos():
+    r = boundary_v1([case("candidate", "tail-16", finish="length")])
+    assert r["verdict"] == "FAIL"
+
+
+def test_boundary_control_failure_never_excuses_candidate():
+    # both fail the same case (seed 003's capacity tail): still FAIL
+    r = boundary_v1([case("control", "tail-16", correct=False),
+                     case("candidate", "tail-16", correct=False)])
+    assert r["verdict"] == "FAIL"
+    assert len(r["control_failures"]) == 1
+    # control alone failing: candidate passes, control failure reported beside
+    r = boundary_v1([case("control", "tail-16", correct=False), case("candidate", "tail-16")])
+    assert r["verdict"] == "PASS"
+    assert [f["case"] for f in r["control_failures"]] == ["tail-16"]
+    assert any("control tail-16" in x for x in r["reasons"])
+
+
+def test_boundary_no_candidate_cases_is_inconclusive():
+    assert boundary_v1([case("control", "x")])["verdict"] == "INCONCLUSIVE"
+
+
+# ------------------------------------------------------------------- win2-v1
+
+def series(primary, guard=None, reported=None):
+    s = {"rate": primary}
+    if guard is not None:
+        s["decode_tps"] = guard
+    if reported is not None:
+        s["ttft_s"] = reported
+    return s
+
+
+STEADY_GUARD = [(50.0, 50.0, 50.2), (50.1, 50.1, 50.0), (50.0, 50.05, 50.1)]
+
+
+def test_win2_win():
+    s = series([(100, 110, 100), (101, 112, 99), (99, 109, 101)], STEADY_GUARD)
+    r = win2_v1(s, primary="rate", guards=["decode_tps"], reported=[])
+    assert r["rule"] == "win2-v1" and r["verdict"] == "WIN", r["reasons"]
+    assert r["primary"]["point_gain_pct"] == pytest.approx(100 * (331 / 3 - 100) / 100)
+    assert r["primary"]["t_interval"]["lo"] > 0
+    # spread beside the bar: repeat 2 has |101-99| / 100 = 2 %
+    assert r["primary"]["max_control_spread_pct"] == pytest.approx(2.0)
+    assert any("2.0 %" in x and "spread" in x for x in r["reasons"])
+
+
+def test_win2_no_win_interval_includes_zero():
+    s = series([(100, 130, 100), (100, 80, 100), (100, 112, 100)])
+    r = win2_v1(s, primary="rate")
+    assert r["primary"]["point_gain_pct"] > 2.0  # gain above the bar...
+    assert r["primary"]["t_interval"]["lo"] < 0 < r["primary"]["t_interval"]["hi"]  # ...but not shown
+    assert r["verdict"] == "NO_WIN"
+
+
+def test_win2_no_win_significant_but_below_bar():
+    s = series([(100, 101, 100), (100, 101.1, 100), (100, 100.9, 100)])
+    r = win2_v1(s, primary="rate")
+    assert r["primary"]["t_interval"]["lo"] > 0
+    assert r["verdict"] == "NO_WIN"
+
+
+def test_win2_guard_loss_overrides_primary_win():
+    guard = [(50.0, 48.0, 50.2), (50.1, 48.5, 50.0), (50.0, 50.05, 50.1)]  # worse in 2 of 3
+    s = series([(100, 110, 100), (101, 112, 99), (99, 109, 101)], guard)
+    r = win2_v1(s, primary="rate", guards=["decode_tps"])
+    assert r["verdict"] == "LOSS"
+    assert r["guards"]["decode_tps"]["repeats_worse_than_spread"] == 2
+    assert any("guard decode_tps" in x for x in r["reasons"])
+
+
+def test_win2_guard_worse_once_is_not_loss():
+    guard = [(50.0, 48.0, 50.2), (50.1, 50.1, 50.0), (50.0, 50.05, 50.1)]
+    s = series([(100, 110, 100), (101, 112, 99), (99, 109, 101)], guard)
+    r = win2_v1(s, primary="rate", guards=["decode_tps"])
+    assert r["verdict"] == "WIN"
+    assert r["guards"]["decode_tps"]["guard_verdict"] == "OK"
+
+
+def test_win2_guard_cannot_cause_win():
+    guard = [(50.0, 60.0, 50.0)] * 3  # hugely better guard, flat primary
+    s = series([(100, 100, 100), (100, 100.5, 100), (100, 99.5, 100)], guard)
+    assert win2_v1(s, primary="rate", guards=["decode_tps"])["verdict"] == "NO_WIN"
+
+
+def test_win2_reported_never_decides():
+    reported = [(1.0, 2.0, 1.0), (1.0, 2.1, 1.0), (1.0, 1.9, 1.0)]  # ttft doubled
+    s = series([(100, 110, 100), (101, 112, 99), (99, 109, 101)], reported=reported)
+    r = win2_v1(s, primary="rate", reported=["ttft_s"], lower_is_better={"ttft_s"})
+    assert r["verdict"] == "WIN"
+    assert r["reported"]["ttft_s"]["verdict"] == "LOSS"
+
+
+def test_win2_lower_is_better_primary():
+    s = {"ms_per_round": [(10.0, 9.0, 10.0), (10.1, 9.1, 9.9), (9.9, 8.9, 10.1)]}
+    r = win2_v1(s, primary="ms_per_round", lower_is_better={"ms_per_round"})
+    assert r["verdict"] == "WIN"
+    assert r["primary"]["point_gain_pct"] == pytest.approx(10.0)
+    r = win2_v1(s, primary="ms_per_round")  # read as higher-is-better it is a 10 % loss
+    assert r["verdict"] == "LOSS"
+
+
+def test_win2_inconclusive_on_clock_caps_or_throttle():
+    s = series([(100, 110, 100), (101, 112, 99), (99, 109, 101)])
+    assert win2_v1(s, primary="rate", clock_caps=[2300, 2300, 2300])["verdict"] == "WIN"
+    r = win2_v1(s, primary="rate", clock_caps=[2300, 2150, 2300])
+    assert r["verdict"] == "INCONCLUSIVE"
+    assert any("clock caps" in x for x in r["reasons"])
+    assert win2_v1(s, primary="rate", clock_caps=[2150] * 3,
+                   expected_clock_cap=2300)["verdict"] == "INCONCLUSIVE"
+    assert win2_v1(s, primary="rate", throttled=True)["verdict"] == "INCONCLUSIVE"
+
+
+def test_win2_bar_change_is_visible_and_input_checked():
+    s = series([(100, 101, 100), (100, 101.1, 100), (100, 100.9, 100)])
+    r = win2_v1(s, primary="rate", win_pct=0.5)
+    assert r["verdict"] == "WIN"
+    assert r["deviations"] == {"win_pct": {"registered": 2.0, "used": 0.5}}
+    with pytest.raises(ValueError):
+        win2_v1({"rate": [(1, 2)]}, primary="rate")
+    with pytest.raises(ValueError):
+        win2_v1({"rate": [(1, 2, 3)]}, primary="rate", guards=["missing"])
+    assert win2_v1({"rate": [(1, 2, 1)]}, primary="rate")["verdict"] == "INCONCLUSIVE"
+
+
+# -------------------------------------------------------------- promotion-v1
+
+def g(v):
+    return {"rule": "x", "verdict": v, "reasons": [f"because {v}"]}
+
+
+def test_promotion_all_pass():
+    r = promotion_v1({"quality_gsm8k": g("PASS"), "grid": g("PASS"), "boundary": g("PASS"),
+                      "speed": g("WIN")})
+    assert r["verdict"] == "PROMOTE" and r["not_evaluated"] == []
+    assert len(r["reasons"]) == 4
+
+
+@pytest.mark.parametrize("bad", ["FAIL", "LOSS"])
+def test_promotion_fail_rejects_even_with_missing_and_hold(bad):
+    r = promotion_v1({"a": g("PASS"), "b": None, "c": g("HOLD"), "d": g(bad), "e": g("INVALID")})
+    assert r["verdict"] == "REJECT"
+    assert r["rejecting"] == ["d"] and r["not_evaluated"] == ["b"]
+    assert len(r["reasons"]) == 5
+
+
+@pytest.mark.parametrize("v", ["HOLD", "STOP", "NO_WIN"])
+def test_promotion_hold(v):
+    r = promotion_v1({"a": g("PASS"), "b": g(v)})
+    assert r["verdict"] == "HOLD" and r["holding"] == ["b"]
+    # a HOLD finding stands even if another gate is missing
+    assert promotion_v1({"a": None, "b": g(v)})["verdict"] == "HOLD"
+
+
+@pytest.mark.parametrize("gates", [
+    {"a": g("PASS"), "b": None},
+    {"a": g("PASS"), "b": g("INVALID")},
+    {"a": g("WIN"), "b": g("INCONCLUSIVE")},
+    {"a": g("PASS"), "b": {"rule": "x"}},            # no verdict at all
+    {"a": g("PASS"), "b": g("MAYBE")},               # unknown verdict
+    {},
+])
+def test_promotion_incomplete_is_inconclusive_never_promote(gates):
+    r = promotion_v1(gates)
+    assert r["verdict"] == "INCONCLUSIVE"
+
+
+def test_promotion_names_missing_gates():
+    r = promotion_v1({"quality": g("PASS"), "speed": None, "boundary": None})
+    assert r["not_evaluated"] == ["speed", "boundary"]
+    assert "speed: not evaluated" in r["reasons"]
+
+
+def test_grid_step_inside_fp32_noise_is_not_a_grid():
+    # Near-zero values have tiny FP32 tolerances, so a 2^-20 gap there is
+    # "positive"; but the -20.x values carry ~5e-6 of FP32 error, so with a
+    # 2^-20 step every gap (even the 0.3 one) would look on grid. The step
+    # must stand clear of the noise, else it is a fine-GCD rescue in disguise.
+    top = [[1, -2.0 ** -10], [2, -2.0 ** -10 - 2.0 ** -20], [3, -20.0], [4, -20.3]]
+    r = grid_tie_probe(probe(top, cand=1, ctrl=2))
+    assert r["min_positive_gap"] == 2.0 ** -20 and r["step_resolvable"] is False
+    assert r["verdict"] == "STOP"
+    assert "grid_step_power_of_two" in r["failed_clauses"]

