@@ -42,9 +42,10 @@ Receipt (``receipt``)::
      "machine": {"hostname", "platform", "cpu_count", "accelerators": [str]},
      "identity": {...the hashed fields...}, "spec_sha256": str}
 
-Running facts (``Server.facts()``), volatile and kept out of the hash::
+Running facts (``Server.facts()``), volatile and kept out of the hash; the
+launch stage's record (``launch_record``) is the receipt plus ``"run"``: these::
 
-    {"arm", "mode", "url", "pid": int | None, "port", "log_path",
+    {"arm", "mode", "url", "pid": int | None, "port", "command" (with the real port), "log_path",
      "started_at", "ready_at", "ready_s", "health": HealthResult,
      "identity_check": IdentityCheck, "stop": StopRecord | None}
 
@@ -80,7 +81,7 @@ from typing import Any
 from .client import Endpoint, ServerError, sha256_json, tail_lines, utc_now, wait_healthy
 
 __all__ = ["ConfigError", "ServerError", "resolve_spec", "receipt", "check_identity",
-           "Server", "start_server", "stop_all", "pick_free_port"]
+           "Server", "start_server", "launch_record", "stop_all", "pick_free_port"]
 
 RECEIPT_SCHEMA = "pairaudit.launch/v1"
 MODES = ("launch", "attach")
@@ -359,11 +360,18 @@ def _on_signal(signum, frame):
     os.kill(os.getpid(), signum)
 
 
+_ATEXIT_REGISTERED = False
+
+
 def _install_handlers() -> None:
-    global _HANDLERS_INSTALLED
+    global _HANDLERS_INSTALLED, _ATEXIT_REGISTERED
+    if not _ATEXIT_REGISTERED:
+        atexit.register(stop_all)
+        _ATEXIT_REGISTERED = True
+    # Signal handlers can only be set from the main thread; a server started
+    # from a worker thread still gets atexit and the per-context stop.
     if _HANDLERS_INSTALLED or threading.current_thread() is not threading.main_thread():
         return
-    atexit.register(stop_all)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         try:
             _PREV_HANDLERS[sig] = signal.getsignal(sig)
@@ -460,10 +468,10 @@ class Server:
         self._started = True
         spec = self.spec
         if self.receipt is not None:
-            want = receipt_hash = self.receipt.get("spec_sha256")
+            want = self.receipt.get("spec_sha256")
             have = sha256_json(identity_fields(spec))
             if want != have:
-                raise self._fail(f"spec does not match the launch receipt (receipt {receipt_hash}, "
+                raise self._fail(f"spec does not match the launch receipt (receipt {want}, "
                                  f"spec {have}); rerun the launch stage")
         try:
             if spec["mode"] == "launch":
@@ -586,6 +594,20 @@ class Server:
                 pass
             self._log_file = None
         return rec
+
+
+def launch_record(spec: dict, *, log_path=None) -> dict:
+    """The launch stage's artifact: the receipt plus one real start's facts.
+
+    Starts the server once (or checks the attached one), proves it healthy and
+    the right server, stops it, and returns ``{**receipt(spec), "run": facts}``.
+    ``run`` is volatile (times, pid, port); ``spec_sha256`` is not affected.
+    """
+    rec = receipt(spec)
+    with Server(spec, log_path=log_path, receipt=rec) as srv:
+        pass
+    rec["run"] = srv.facts()
+    return rec
 
 
 def start_server(spec: dict, *, log_path=None, receipt: dict | None = None, **kw) -> Server:

@@ -3,9 +3,9 @@
 This module keeps honest-but-buggy generated code (infinite loops, memory
 blow-ups, runaway output, stray forks, accidental network use) from disturbing
 the audit or the host. It does not stop a program written to escape: the
-program still sees the host's file system read-only-by-permission, the same
-kernel, and (without a network namespace) the network. A later issue hardens
-it (e.g. bubblewrap with a private mount namespace and seccomp).
+program can still read every file its uid may read, shares the host kernel,
+and (without a network namespace) the network. A later issue hardens it (e.g.
+bubblewrap with a private mount namespace and seccomp).
 
 Layers, each recorded in the result's ``isolation`` list only when it was
 actually applied:
@@ -27,7 +27,8 @@ namespace when that is available, so its exit tears the namespace down.
 Result record (plain dict)::
 
     {"status": "passed" | "failed" | "timeout" | "error",
-     "returncode": int | None,      # exit code as the launcher saw it; 128+N = killed by signal N
+     "returncode": int | None,      # the program's exit code; 128+N = it died of signal N;
+                                    # negative = the sandbox itself was killed (wall timeout)
      "signal": str | None,          # e.g. "SIGXCPU", "SIGKILL" when the program died of a signal
      "timeout_kind": "wall" | "cpu" | None,
      "wall_s": float,

@@ -32,6 +32,7 @@ Score record of ``score_records`` (one per sampled record, same order)::
 from __future__ import annotations
 
 import json
+import logging
 import re
 import secrets
 import threading
@@ -143,26 +144,56 @@ def normalize_latex(s: str) -> str:
     return s
 
 
+MATH_VERIFY_TIMEOUT_S = 5
+# math-verify has no timeout off the main thread; very long answers are where
+# sympy can stall, so they are judged by text only (and the record says so).
+MAX_MATH_ANSWER_CHARS = 1000
+
+
+class _TimeoutLog(logging.Handler):
+    """Collects math-verify's own timeout warnings (it returns False on timeout and only logs)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        msg = record.getMessage()
+        if msg.startswith("Timeout during"):
+            self.messages.append(msg.split(":")[0])
+
+
 def _math_verify_equal(gold: str, pred: str) -> tuple[bool, str | None]:
     """Equivalence by math-verify; returns (equal, error). Never raises."""
+    if len(pred) > MAX_MATH_ANSWER_CHARS:
+        return False, f"answer longer than {MAX_MATH_ANSWER_CHARS} chars, not parsed"
     try:
         from math_verify import parse, verify
     except ImportError as exc:  # pragma: no cover - math-verify is a pinned dependency
         return False, f"math-verify unavailable: {exc}"
     # math-verify's own timeouts use SIGALRM, which only works in the main thread;
-    # elsewhere they must be off (the caller bounds the work instead).
+    # elsewhere they must be off.
     main = threading.current_thread() is threading.main_thread()
-    ptimeout = 5 if main else None
+    limit = MATH_VERIFY_TIMEOUT_S if main else None
+    watch = _TimeoutLog()
+    mv_logger = logging.getLogger("math_verify")
+    mv_logger.addHandler(watch)
     try:
-        g = parse("\\boxed{" + gold + "}", parsing_timeout=ptimeout)
-        p = parse("\\boxed{" + pred + "}", parsing_timeout=ptimeout)
+        g = parse("\\boxed{" + gold + "}", parsing_timeout=limit)
+        p = parse("\\boxed{" + pred + "}", parsing_timeout=limit)
+        timed_out = f"math-verify timeout ({limit}s): {watch.messages[0]}" if watch.messages else None
         if not g:
-            return False, "math-verify could not parse the gold answer"
+            return False, timed_out or "math-verify could not parse the gold answer"
         if not p:
-            return False, "math-verify could not parse the extracted answer"
-        return bool(verify(g, p, timeout_seconds=ptimeout)), None
+            return False, timed_out or "math-verify could not parse the extracted answer"
+        equal = bool(verify(g, p, timeout_seconds=limit))
+        if not equal and watch.messages:
+            return False, f"math-verify timeout ({limit}s): {watch.messages[0]}"
+        return equal, None
     except Exception as exc:  # math-verify/sympy failures must not kill a scoring run
         return False, f"math-verify error: {type(exc).__name__}: {exc}"
+    finally:
+        mv_logger.removeHandler(watch)
 
 
 def score_math(item: dict, text: str) -> dict:

@@ -1,7 +1,6 @@
 """pairaudit.client: pure helpers, plus error paths against the fake server."""
 
 import hashlib
-import json
 import math
 import socket
 import subprocess

@@ -5,7 +5,6 @@ is that no server outlives its context, whatever happens to the job.
 """
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -313,6 +312,16 @@ def test_no_server_outlives_a_killed_parent(tmp_path, sig):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_launch_record_starts_once_and_stops(tmp_path):
+    spec = resolve_spec("control", fake_cfg())
+    rec = launch.launch_record(spec, log_path=tmp_path / "s.log")
+    assert rec["spec_sha256"] == receipt(spec)["spec_sha256"]
+    run = rec["run"]
+    assert run["identity_check"]["ok"] and run["ready_at"] and run["stop"]["signal"] == "SIGTERM"
+    assert not alive(run["pid"])
+    json.dumps(rec)
 
 
 def test_attach_mode_checks_health_and_identity():

@@ -133,6 +133,20 @@ def test_math_string_fallback_only_for_identical_text(monkeypatch):
     assert other["correct"] is False
 
 
+def test_math_verify_timeout_is_reported_not_silent(monkeypatch):
+    monkeypatch.setattr(scoring, "MATH_VERIFY_TIMEOUT_S", 1)
+    rec = score_item(mth("5"), r"\boxed{9^{9^{9^{9}}}}")
+    assert rec["correct"] is False
+    assert "math-verify timeout (1s)" in rec["reason"]
+    assert rec["math_verify"]["error"].startswith("math-verify timeout")
+
+
+def test_math_overlong_answer_is_not_parsed():
+    rec = score_item(mth("5"), "\\boxed{" + "1+" * 600 + "1}")
+    assert rec["correct"] is False
+    assert "longer than 1000 chars" in rec["reason"]
+
+
 def test_math_scoring_works_off_the_main_thread():
     # math-verify's SIGALRM timeouts would raise in a worker thread.
     with ThreadPoolExecutor(2) as ex:
