@@ -445,3 +445,25 @@ def prepare_dataset(cfg: dict, *, cache_dir: Path, base_dir: Path, where: str | 
         selected.append({**items[i], "messages": messages})
     return {"schema": SCHEMA, "name": name, "format": fmt, "prompt_template": template,
             "source": prov, "select": cfg["select"], "indices": indices, "items": selected}
+
+
+def source_fingerprint(source: dict, *, base_dir: Path) -> str | None:
+    """sha256 of a dataset's source file as it is now, for the workflow's rerun decision.
+
+    The workflow reruns a dataset's jobs when this changes (a touch does not
+    change it).  Generated and pinned hub sources are fully named by their
+    config, which is already a parameter; they need no fingerprint.
+    """
+    if not isinstance(source, dict):
+        return None
+    if "local" in source:
+        path = Path(source["local"])
+        path = path if path.is_absolute() else Path(base_dir) / path
+        return sha256_file(path) if path.is_file() else None
+    if "package" in source:
+        try:
+            path, _ = _package_file(source["package"], "source")
+        except DatasetError:
+            return None
+        return sha256_file(path)
+    return None

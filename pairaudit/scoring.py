@@ -397,7 +397,8 @@ def score_records(dataset_doc: dict, sampled_records: list[dict], *,
                            f"{dataset_doc.get('name')!r}")
         item = by_index[idx]
         text, finish = response_text(rec.get("response"))
-        base = {"index": idx, "id": item["id"], "finish_reason": finish}
+        # the text rides along so the paired stage can count exact-text matches
+        base = {"index": idx, "id": item["id"], "finish_reason": finish, "text": text}
         if rec.get("error") or text is None:
             err = rec.get("error") or "response has no text"
             out.append({**base, "correct": False, "extracted": None, "answered": False,

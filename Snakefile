@@ -1,0 +1,24 @@
+# pairaudit: decide whether a change to an LLM inference server may be promoted.
+#   snakemake --cores 4 promotion          the whole audit (config/config.yaml)
+#   snakemake --cores 4 <output path>      one stage or one dataset (see README)
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+validate(config, "config/schema.yaml")
+
+
+include: "rules/common.smk"
+include: "rules/launch.smk"
+include: "rules/quality.smk"
+include: "rules/promotion.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        rules.promotion.output,

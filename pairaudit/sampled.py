@@ -1,0 +1,234 @@
+"""Sampled runs: the same request bodies in both arms, journaled so nothing answered is redone or lost.
+
+Request body per item (``request_body``): every sampling field explicit (a
+server's defaults differ between builds and arms), ``seed = base_seed +
+index``, and one ``cache_salt`` per item that is identical in both arms and
+derived from the audit name, so a new audit never reuses an old prefix cache.
+``body_sha256`` hashes the body without ``model``: the two arms may serve
+different model ids; the pairing is about what was asked.
+
+Journal (``results/<audit>/journal/sampled/<dataset>/<arm>.jsonl``, outside the
+job's declared outputs so a failed job does not delete it) — append-only, one
+line per attempt, fsynced::
+
+    {"index", "attempt", "body_sha256", "body", "status": int | None,
+     "response": dict | None, "error": str | None, "finish_reason": str | None,
+     "usage": dict | None, "timings": {"started_at", "elapsed_s"}, "server": {"url", "pid"}}
+
+An attempt with an HTTP status is *final*: the server answered (a 400 is an
+answer too). Only a transport error (no status) or a 5xx leaves the item open;
+a rerun asks again and appends the new attempt beside the old one — no retry
+ever replaces an answer.  Records whose body hash no longer matches (the
+sampling config changed) stay in the journal as evidence and are not used.
+
+Output (``results/<audit>/sampled/<dataset>/<arm>.jsonl``): an
+:mod:`~pairaudit.artifacts` JSONL with header ``{"schema": "pairaudit.sampled/v1",
+"dataset", "arm", "n", "server": launch facts, "provenance"}`` and one record
+per selected item, in index order: the final attempt plus
+``"prior_attempts": [...]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from . import artifacts
+from .client import Endpoint
+from .launch import Server, resolve_spec
+
+SCHEMA = "pairaudit.sampled/v1"
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "max_tokens")
+
+
+class SampledError(RuntimeError):
+    pass
+
+
+def item_salt(audit: str, dataset: str, index: int) -> str:
+    return artifacts.sha256_text(f"pairaudit-salt/{audit}/{dataset}/{index}")[:32]
+
+
+def request_body(item: dict, sampling: dict, *, model: str, audit: str, dataset: str) -> dict:
+    """The chat request for one item; identical in both arms but for ``model``."""
+    return {
+        "model": model,
+        "messages": item["messages"],
+        "temperature": sampling["temperature"],
+        "top_p": sampling["top_p"],
+        "top_k": sampling["top_k"],
+        "min_p": sampling["min_p"],
+        "seed": sampling["base_seed"] + item["index"],
+        "max_tokens": sampling["max_tokens"],
+        "min_tokens": 0,
+        "n": 1,
+        "stop": [],
+        "ignore_eos": False,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "repetition_penalty": 1.0,
+        "skip_special_tokens": True,
+        "chat_template_kwargs": dict(sampling.get("chat_template_kwargs") or {}),
+        "cache_salt": item_salt(audit, dataset, item["index"]),
+        "stream": False,
+    }
+
+
+def body_sha256(body: dict) -> str:
+    return artifacts.sha256_obj({k: v for k, v in body.items() if k != "model"})
+
+
+def is_final(attempt: dict) -> bool:
+    status = attempt.get("status")
+    return status is not None and status < 500
+
+
+def read_journal(path: Path) -> list[dict]:
+    """Every parseable attempt; a line cut short by a crash is skipped, never repaired in place."""
+    if not path.exists():
+        return []
+    attempts = []
+    with open(path) as f:
+        for line in f:
+            try:
+                attempts.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return attempts
+
+
+class Journal:
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.lock = threading.Lock()
+        self.f = open(path, "a+")
+        self.f.seek(0, os.SEEK_END)
+        if self.f.tell() > 0:
+            self.f.seek(self.f.tell() - 1)
+            if self.f.read(1) != "\n":  # a crash cut the last line: start a fresh one
+                self.f.write("\n")
+
+    def append(self, attempt: dict) -> None:
+        line = json.dumps(attempt, ensure_ascii=False) + "\n"
+        with self.lock:
+            self.f.write(line)
+            self.f.flush()
+            os.fsync(self.f.fileno())
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def ask(endpoint: Endpoint, index: int, body: dict, attempt: int, server: dict, timeout_s: float) -> dict:
+    res = endpoint.post_json("/v1/chat/completions", body, timeout_s=timeout_s)
+    response = res["body"] if res["status"] == 200 and isinstance(res["body"], dict) else None
+    choice = (response or {}).get("choices", [{}])[0] if response else {}
+    return {
+        "index": index,
+        "attempt": attempt,
+        "body_sha256": body_sha256(body),
+        "body": body,
+        "status": res["status"],
+        "response": response,
+        "error_body": res["body"] if res["status"] != 200 else None,
+        "error": res["error"],
+        "finish_reason": choice.get("finish_reason"),
+        "usage": (response or {}).get("usage"),
+        "timings": {"started_at": res["started_at"], "elapsed_s": res["elapsed_s"]},
+        "server": server,
+    }
+
+
+def pending_items(bodies: dict[int, dict], attempts: list[dict]) -> tuple[dict[int, list], set[int]]:
+    """(attempts per index that match the current body, indices already answered)."""
+    by_index: dict[int, list] = {i: [] for i in bodies}
+    for a in attempts:
+        i = a.get("index")
+        if i in bodies and a.get("body_sha256") == body_sha256(bodies[i]):
+            by_index[i].append(a)
+    done = {i for i, atts in by_index.items() if any(is_final(a) for a in atts)}
+    return by_index, done
+
+
+def run_items(endpoint: Endpoint, bodies: dict[int, dict], journal: Journal, *, concurrency: int,
+              server: dict, timeout_s: float, prior: dict[int, list], alive=None) -> None:
+    """Ask every open item once, ``concurrency`` at a time, journaling each answer as it arrives."""
+
+    def one(index: int) -> None:
+        if alive is not None:
+            alive()
+        attempt = ask(endpoint, index, bodies[index], len(prior[index]) + 1, server, timeout_s)
+        journal.append(attempt)
+        prior[index].append(attempt)
+
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        for fut in [pool.submit(one, i) for i in sorted(bodies)]:
+            fut.result()
+
+
+def collect(bodies: dict[int, dict], by_index: dict[int, list]) -> tuple[list[dict], list[int]]:
+    records, open_items = [], []
+    for i in sorted(bodies):
+        atts = by_index[i]
+        final = next((a for a in atts if is_final(a)), None)
+        if final is None:
+            open_items.append(i)
+            continue
+        prior = [a for a in atts if a is not final and a["attempt"] < final["attempt"]]
+        records.append({**final, "prior_attempts": prior})
+    return records, open_items
+
+
+def sampled_stage(*, dataset_path: str, launch_path: str, preflight_path: str, out_path: str, journal_path: str,
+                  arm: str, arm_cfg: dict, sampling: dict, audit: str, server_log: str) -> dict:
+    """Run (or resume) one dataset on one arm; write the output artifact; return its header."""
+    dataset = artifacts.check_schema(artifacts.read_json(dataset_path), "pairaudit.dataset/v1", dataset_path)
+    receipt = artifacts.read_json(launch_path)
+    preflight = artifacts.read_json(preflight_path)
+    if preflight.get("verdict") != "PASS":
+        raise SampledError(f"{preflight_path}: preflight of arm {arm} is {preflight.get('verdict')} "
+                           f"(failed probe: {preflight.get('failed_probe')}); not sampling")
+    spec = resolve_spec(arm, arm_cfg)  # the Server checks it against the receipt's identity hash
+    model = spec["served_model_name"]
+    name = dataset["name"]
+    bodies = {it["index"]: request_body(it, sampling, model=model, audit=audit, dataset=name)
+              for it in dataset["items"]}
+    jpath = Path(journal_path)
+    by_index, done = pending_items(bodies, read_journal(jpath))
+    todo = {i: b for i, b in bodies.items() if i not in done}
+    facts = None
+    if todo:
+        journal = Journal(jpath)
+        try:
+            with Server(spec, log_path=server_log, receipt=receipt) as srv:
+                facts = srv.facts()
+                server = {"url": facts["url"], "pid": facts["pid"]}
+                run_items(srv.endpoint, todo, journal, concurrency=int(sampling.get("concurrency", 4)),
+                          server=server, timeout_s=float(sampling.get("request_timeout_s", 900)),
+                          prior=by_index, alive=srv.assert_alive)
+                srv.assert_alive()  # a server that died mid-run fails the job with its log tail
+        finally:
+            journal.close()
+    records, open_items = collect(bodies, by_index)
+    if open_items:
+        last = {i: by_index[i][-1].get("error") for i in open_items if by_index[i]}
+        raise SampledError(
+            f"{name}/{arm}: {len(open_items)} item(s) have no answer yet {open_items[:20]} (last errors: "
+            f"{json.dumps(last)[:500]}); answered items are kept in {jpath} — rerun to ask only the open ones"
+        )
+    header = {
+        "schema": SCHEMA,
+        "dataset": name,
+        "arm": arm,
+        "n": len(records),
+        "resumed_answers": len(done),
+        "server": facts,
+        "provenance": artifacts.provenance([dataset_path, launch_path, preflight_path],
+                                           {"sampling": sampling, "audit": audit, "journal": str(jpath)}),
+    }
+    artifacts.write_jsonl(out_path, header, records)
+    return header

@@ -1,0 +1,391 @@
+"""Greedy runs, divergence, forced-prefix probes and determinism (DESIGN stage 6, seed 000)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pairaudit import greedy as g
+from pairaudit import rules
+from pairaudit.client import sha256_json
+
+MODEL = "SmolLM2-135M-Instruct"
+SAMPLING = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "seed": 0, "n": 1, "min_tokens": 0,
+            "ignore_eos": False, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+            "logprobs": 20, "return_tokens_as_token_ids": True, "stop": [], "stop_token_ids": [],
+            "stream": False, "echo": False, "skip_special_tokens": True}
+
+
+# ------------------------------------------------------------------ helpers
+
+def completion_body(ids, tops, *, prompt_tokens=10, finish="stop", text="x"):
+    """A vLLM-shaped completions body with token-id keys."""
+    return {"choices": [{"index": 0, "text": text, "finish_reason": finish,
+                         "logprobs": {"tokens": [f"token_id:{t}" for t in ids],
+                                      "token_logprobs": [0.0] * len(ids),
+                                      "top_logprobs": [{f"token_id:{t}": v for t, v in top} for top in tops],
+                                      "text_offset": [0] * len(ids)}}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(ids),
+                      "total_tokens": prompt_tokens + len(ids)}}
+
+
+class StubEndpoint:
+    """Duck-typed Endpoint: answers post_json from a function and records each call."""
+
+    base_url = "http://stub"
+
+    def __init__(self, answer):
+        self.answer, self.calls = answer, []
+
+    def post_json(self, path, body, **kw):
+        self.calls.append((path, json.loads(json.dumps(body))))
+        status, resp = self.answer(path, body)
+        err = None if 200 <= status < 300 else f"http {status}: {resp}"
+        return {"method": "POST", "path": path, "status": status, "body": resp, "error": err,
+                "elapsed_s": 0.0, "started_at": "t"}
+
+
+def grid_top(top_id, other_ids, base=-0.75, step=0.125):
+    """A synthetic BF16-grid top list: the first two tie at the top, the rest whole steps below."""
+    vals = [base, base] + [base - step * (3 + i) for i in range(len(other_ids) - 1)]
+    return [[t, v] for t, v in zip([top_id] + list(other_ids), vals)]
+
+
+# --------------------------------------------------------------- unit tests
+
+def test_first_divergence_on_ids():
+    assert g.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert g.first_divergence([], []) is None
+    assert g.first_divergence([1, 2, 3], [1, 9, 3]) == 1
+    assert g.first_divergence([5], [6]) == 0
+    # one output a strict prefix of the other: they part where the shorter ends
+    assert g.first_divergence([1, 2], [1, 2, 3]) == 2
+    assert g.first_divergence([1, 2, 3], [1, 2]) == 2
+
+
+def test_prefix_equal():
+    assert g.prefix_equal([1, 2, 3], [1, 2, 4], 2)
+    assert not g.prefix_equal([1, 2, 3], [1, 5, 4], 2)
+    assert not g.prefix_equal([1], [1, 2], 2)  # too short to hold the prefix
+    assert g.prefix_equal([1], [2], 0)
+
+
+def test_bodies_every_field_explicit_and_salts_differ():
+    s1, s2 = g.fresh_salt(), g.fresh_salt()
+    assert s1 != s2 and 1 <= len(s1) <= 1024
+    body = g.greedy_body(MODEL, [1, 2, 3], max_tokens=48, salt=s1)
+    for k, v in SAMPLING.items():
+        assert body[k] == v and type(body[k]) is type(v), k
+    assert body["prompt"] == [1, 2, 3] and body["max_tokens"] == 48 and body["cache_salt"] == s1
+    assert body["model"] == MODEL
+    probe = g.probe_body(MODEL, [1, 2, 3, 4], s2)
+    for k, v in SAMPLING.items():
+        assert probe[k] == v, k
+    assert probe["max_tokens"] == 1 and probe["prompt"] == [1, 2, 3, 4] and probe["cache_salt"] == s2
+    # only the salt (and model) is outside the cross-arm request identity
+    other = g.greedy_body("other-name", [1, 2, 3], max_tokens=48, salt=s2)
+    assert g.request_sha256(body) == g.request_sha256(other)
+    assert sha256_json(body) != sha256_json(other)
+
+
+def test_parse_token_keys_strict():
+    assert g.parse_token_key("token_id:42") == 42
+    for bad in ("42", "hello", "token_id:", "token_id:-1", "token_id:4x"):
+        with pytest.raises(ValueError):
+            g.parse_token_key(bad)
+    assert g.parse_top({"token_id:7": -0.5, "token_id:3": -0.625}) == [[7, -0.5], [3, -0.625]]
+
+
+def test_run_greedy_record_schema_and_fresh_salts():
+    tops = [grid_top(11, range(100, 119)), grid_top(12, range(200, 219)), grid_top(2, range(300, 319))]
+
+    def answer(path, body):
+        assert path == "/v1/completions"
+        return 200, completion_body([11, 12, 2], tops, prompt_tokens=len(body["prompt"]))
+
+    ep = StubEndpoint(answer)
+    recs = g.run_greedy(ep, MODEL, [{"index": 3, "prompt_ids": [1, 2]}, {"index": 5, "prompt_ids": [1, 4]}],
+                        max_tokens=8)
+    assert [r["index"] for r in recs] == [3, 5]
+    r = recs[0]
+    assert set(r) >= {"index", "body", "body_sha256", "status", "error", "token_ids", "text", "finish_reason",
+                      "top20", "usage", "salt", "output_sha256"}
+    assert r["status"] == 200 and r["error"] is None
+    assert r["token_ids"] == [11, 12, 2] and r["finish_reason"] == "stop"
+    assert r["output_sha256"] == sha256_json([11, 12, 2])
+    assert r["body_sha256"] == sha256_json(r["body"]) and r["body"]["cache_salt"] == r["salt"]
+    assert len(r["top20"]) == 3 and r["top20"][0] == tops[0] and len(r["top20"][0]) == 20
+    assert recs[0]["salt"] != recs[1]["salt"]
+    assert [c[1]["prompt"] for c in ep.calls] == [[1, 2], [1, 4]]
+
+
+def test_run_greedy_keeps_server_error_and_malformed_logprobs():
+    ep = StubEndpoint(lambda p, b: (400, {"error": {"message": "maximum context length is 512"}}))
+    r = g.run_greedy(ep, MODEL, [{"index": 0, "prompt_ids": [1]}], max_tokens=4)[0]
+    assert r["status"] == 400 and "maximum context length" in r["error"]
+    assert r["response_body"]["error"]["message"].startswith("maximum")
+    assert r["token_ids"] == [] and r["output_sha256"] is None
+
+    # keys by decoded string: the server ignored return_tokens_as_token_ids
+    body = completion_body([1], [[[1, -0.1]]])
+    body["choices"][0]["logprobs"]["tokens"] = ["hello"]
+    r = g.run_greedy(StubEndpoint(lambda p, b: (200, body)), MODEL, [{"index": 0, "prompt_ids": [1]}],
+                     max_tokens=4)[0]
+    assert r["error"].startswith("malformed completion") and r["output_sha256"] is None
+
+    # logprobs must cover every generated token
+    body = completion_body([1, 2], [[[1, -0.1]], [[2, -0.1]]])
+    body["usage"]["completion_tokens"] = 3
+    r = g.run_greedy(StubEndpoint(lambda p, b: (200, body)), MODEL, [{"index": 0, "prompt_ids": [1]}],
+                     max_tokens=4)[0]
+    assert "completion_tokens=3" in r["error"]
+
+
+def test_prompt_ids_error_keeps_server_body():
+    ep = StubEndpoint(lambda p, b: (404, {"error": {"message": "The model `nope` does not exist."}}))
+    with pytest.raises(g.GreedyError, match="does not exist"):
+        g.prompt_ids(ep, "nope", [{"role": "user", "content": "hi"}])
+    ep = StubEndpoint(lambda p, b: (200, {"count": 3, "tokens": [1, 2, 3]}))
+    assert g.prompt_ids(ep, MODEL, [{"role": "user", "content": "hi"}], {"enable_thinking": False}) == [1, 2, 3]
+    assert ep.calls[0][0] == "/tokenize" and ep.calls[0][1]["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def _rec(index, ids, tops=None, error=None):
+    return {"index": index, "token_ids": ids, "top20": tops if tops is not None else [[[t, 0.0]] for t in ids],
+            "error": error}
+
+
+def test_divergence_records():
+    ctrl = [_rec(0, [1, 2, 3]), _rec(1, [1, 2, 3]), _rec(2, [4, 5]), _rec(3, [7]), _rec(4, [1, 2, 3])]
+    cand = [_rec(0, [1, 2, 3]), _rec(1, [1, 9, 8]), _rec(2, [4, 5, 6]), _rec(3, [7]), _rec(4, [], error="http 500: x")]
+    recs = g.divergence_records(ctrl, cand)
+    by = {r["index"]: r for r in recs}
+    assert [r["index"] for r in recs] == [0, 1, 2, 3, 4]
+    assert by[0]["diverged"] is False and by[0]["first_divergence"] is None and by[0]["prefix_equal"]
+    d = by[1]
+    assert d["diverged"] is True and d["first_divergence"] == 1
+    assert (d["control_token_id"], d["candidate_token_id"]) == (2, 9)
+    assert d["shared_prefix"] == [1] and d["prefix_equal"] is True
+    assert (d["control_len"], d["candidate_len"]) == (3, 3)
+    assert d["control_greedy_top"] == [[2, 0.0]] and d["candidate_greedy_top"] == [[9, 0.0]]
+    assert by[2]["first_divergence"] == 2 and by[2]["control_token_id"] is None and by[2]["candidate_token_id"] == 6
+    assert by[3]["diverged"] is False
+    # a failed arm is an unknown, never "no divergence"
+    assert by[4]["diverged"] is None and "candidate: http 500" in by[4]["error"]
+    with pytest.raises(ValueError, match="different items"):
+        g.divergence_records(ctrl, cand[:2])
+    json.dumps(recs)
+
+
+def _probe(index, top, prompt_tokens, error=None):
+    return {"index": index, "top20": top, "prompt_tokens": prompt_tokens, "error": error, "salt": "s"}
+
+
+def test_grid_tie_inputs_match_rule_and_pass_on_a_grid_tie():
+    divs = g.divergence_records([_rec(0, [1, 2, 3]), _rec(1, [5, 6])], [_rec(0, [1, 9, 3]), _rec(1, [5, 6])])
+    ctop = grid_top(2, [9] + list(range(100, 118)))
+    ktop = grid_top(9, [2] + list(range(100, 118)))
+    inputs = g.grid_tie_inputs(divs, [_probe(0, ctop, 12)], [_probe(0, ktop, 12)])
+    assert inputs == [{"index": 0, "control_token_id": 2, "candidate_token_id": 9, "candidate_top": ktop,
+                       "control_top": ctop, "control_prefix_len": 12, "candidate_prefix_len": 12}]
+    v = rules.grid_tie_v1(inputs)
+    assert v["verdict"] == "PASS", v["reasons"]
+    # probes keyed by index after a JSON round trip (string keys) are found too
+    keyed = json.loads(json.dumps({0: _probe(0, ctop, 12)}))
+    assert g.grid_tie_inputs(divs, keyed, {"0": _probe(0, ktop, 12)}) == inputs
+
+
+def test_grid_tie_inputs_missing_or_failed_probe_stops():
+    divs = g.divergence_records([_rec(0, [1, 2])], [_rec(0, [1, 3])])
+    ktop = grid_top(3, [2] + list(range(100, 118)))
+    inputs = g.grid_tie_inputs(divs, [], [_probe(0, ktop, 11, error="http 400: bad")])
+    assert inputs[0]["control_top"] is None and inputs[0]["candidate_top"] is None
+    assert inputs[0]["control_prefix_len"] is None
+    v = rules.grid_tie_v1(inputs)
+    assert v["verdict"] == "STOP" and "finite_values" in v["failed_clauses"]
+    # unequal forced-prefix token counts are carried through to their clause
+    inputs = g.grid_tie_inputs(divs, [_probe(0, ktop, 11)], [_probe(0, ktop, 12)])
+    v = rules.grid_tie_v1(inputs)
+    assert v["verdict"] == "STOP" and v["failed_clauses"] == ["equal_prefix_lengths"]
+
+
+def test_probes_for_arm_forces_shared_prefix_with_own_salt():
+    divs = g.divergence_records([_rec(0, [1, 2, 3]), _rec(1, [5])], [_rec(0, [1, 2, 9]), _rec(1, [5])])
+    top = grid_top(3, [9] + list(range(100, 118)))
+
+    def answer(path, body):
+        return 200, completion_body([3], [top], prompt_tokens=len(body["prompt"]), finish="length")
+
+    ep = StubEndpoint(answer)
+    probes = g.probes_for_arm(ep, MODEL, divs, {"0": [40, 41], "1": [50]})
+    assert len(probes) == 1 and len(ep.calls) == 1
+    p = probes[0]
+    assert ep.calls[0][1]["prompt"] == [40, 41, 1, 2] and ep.calls[0][1]["max_tokens"] == 1
+    assert p["index"] == 0 and p["top20"] == top and p["token_id"] == 3
+    assert p["prompt_tokens"] == 4 == p["sent_prompt_len"]
+    assert p["salt"] == ep.calls[0][1]["cache_salt"] and p["body_sha256"] == sha256_json(p["body"])
+
+
+def test_determinism_run_hashes_and_error_pseudo_hash():
+    calls = iter([(200, completion_body([1, 2], [[[1, -0.1]], [[2, -0.1]]])),
+                  (200, completion_body([1, 2], [[[1, -0.1]], [[2, -0.1]]])),
+                  (503, "overloaded")])
+    ep = StubEndpoint(lambda p, b: next(calls))
+    out = g.determinism_run(ep, MODEL, [7, 8], repeats=3, max_tokens=2)
+    assert out["hashes"][0] == out["hashes"][1] == sha256_json([1, 2])
+    assert out["hashes"][2].startswith("error:")
+    assert len({c[1]["cache_salt"] for c in ep.calls}) == 3
+    assert rules.determinism_v1({"arm": out["hashes"]})["verdict"] == "STOP"
+    assert rules.determinism_v1({"arm": out["hashes"][:2]})["verdict"] == "PASS"
+
+
+# ------------------------------------------------------- real-server tests
+# Prompts picked once by running both arms at 48 tokens (outputs are
+# deterministic): with the BF16 head, "17 times 23" flips at token 0 and
+# "sky is blue" at token 16; "water cycle" and "octopuses" agree for 48.
+
+DIVERGE_PROMPTS = ["What is 17 times 23? Show your work.",
+                   "Explain why the sky is blue in two sentences.",
+                   "Describe the water cycle."]
+AGREE_PROMPTS = ["Describe the water cycle.", "Tell me a fun fact about octopuses."]
+DIVERGE_TOKENS = 24
+SHORT_TOKENS = 16
+
+
+def _messages(text):
+    return [{"role": "user", "content": text}]
+
+
+@pytest.fixture(scope="module")
+def control(tmp_path_factory):
+    from refserver_fixture import RefServer
+
+    s = RefServer(max_model_len=512, log_dir=tmp_path_factory.mktemp("logs"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def candidate_bf16(tmp_path_factory):
+    from refserver_fixture import RefServer
+
+    s = RefServer({"PAIRAUDIT_REF_LM_HEAD_BF16": "1"}, max_model_len=512, log_dir=tmp_path_factory.mktemp("logs"))
+    yield s
+    s.stop()
+
+
+def _ep(server):
+    from pairaudit.client import Endpoint
+
+    return Endpoint(server.url, model=MODEL, timeout_s=300)
+
+
+@pytest.mark.server
+def test_prompt_ids_real_server_error_keeps_body(control):
+    with pytest.raises(g.GreedyError, match="does not exist"):
+        g.prompt_ids(_ep(control), "no-such-model", _messages("hi"))
+
+
+@pytest.mark.server
+def test_identical_fp32_arms_do_not_diverge(control):
+    ep = _ep(control)
+    items = [{"index": i, "prompt_ids": g.prompt_ids(ep, MODEL, _messages(p))} for i, p in enumerate(AGREE_PROMPTS)]
+    # the same server twice, each generation with its own salt: no shared cache
+    a = g.run_greedy(ep, MODEL, items, max_tokens=SHORT_TOKENS)
+    b = g.run_greedy(ep, MODEL, items, max_tokens=SHORT_TOKENS)
+    assert all(r["error"] is None and r["status"] == 200 for r in a + b)
+    assert all(len(r["top20"]) == len(r["token_ids"]) and len(r["top20"][0]) == 20 for r in a)
+    assert {r["salt"] for r in a}.isdisjoint({r["salt"] for r in b})
+    assert [r["request_sha256"] for r in a] == [r["request_sha256"] for r in b]
+    divs = g.divergence_records(a, b)
+    assert [d["diverged"] for d in divs] == [False, False]
+    assert g.grid_tie_inputs(divs, [], []) == []
+    assert rules.grid_tie_v1([])["verdict"] == "PASS"
+
+
+def _on_bf16_grid(top):
+    """Every top-20 gap an integer multiple of one power-of-two step (independent of rules.py)."""
+    vals = np.array([v for _, v in top], dtype=np.float64)
+    gaps = np.abs(vals[:, None] - vals[None, :])
+    pos = gaps[gaps > 1e-5]
+    step = 2.0 ** round(float(np.log2(pos.min())))
+    return bool(np.all(np.abs(gaps / step - np.round(gaps / step)) < 1e-4))
+
+
+@pytest.mark.server
+def test_bf16_head_divergence_probes_and_grid_tie(control, candidate_bf16):
+    cep, kep = _ep(control), _ep(candidate_bf16)
+    ids_c = {i: g.prompt_ids(cep, MODEL, _messages(p)) for i, p in enumerate(DIVERGE_PROMPTS)}
+    ids_k = {i: g.prompt_ids(kep, MODEL, _messages(p)) for i, p in enumerate(DIVERGE_PROMPTS)}
+    assert ids_c == ids_k  # both arms get the identical token prompt
+    items = [{"index": i, "prompt_ids": ids} for i, ids in ids_c.items()]
+    gc = g.run_greedy(cep, MODEL, items, max_tokens=DIVERGE_TOKENS)
+    gk = g.run_greedy(kep, MODEL, items, max_tokens=DIVERGE_TOKENS)
+    assert all(r["error"] is None for r in gc + gk)
+
+    divs = g.divergence_records(gc, gk)
+    found = [d for d in divs if d["diverged"]]
+    assert found, [(d["index"], d["control_len"], d["candidate_len"]) for d in divs]
+    for d in found:
+        k = d["first_divergence"]
+        assert d["prefix_equal"] and d["shared_prefix"] == gc[d["index"]]["token_ids"][:k]
+        assert d["control_token_id"] != d["candidate_token_id"]
+
+    # the split flow: one arm's server at a time, then combine
+    cp = g.probes_for_arm(cep, MODEL, divs, ids_c)
+    kp = g.probes_for_arm(kep, MODEL, divs, ids_c)
+    assert [p["index"] for p in cp] == [p["index"] for p in kp] == [d["index"] for d in found]
+    for d, p, q in zip(found, cp, kp):
+        assert p["error"] is None and q["error"] is None
+        assert p["salt"] != q["salt"]
+        gen_salts = {gc[d["index"]]["salt"], gk[d["index"]]["salt"]}
+        assert p["salt"] not in gen_salts and q["salt"] not in gen_salts
+        expected = len(ids_c[d["index"]]) + d["first_divergence"]
+        assert p["prompt_tokens"] == q["prompt_tokens"] == expected
+        assert len(p["top20"]) == len(q["top20"]) == 20
+    inputs = g.grid_tie_inputs(divs, cp, kp)
+    assert [x["index"] for x in inputs] == [d["index"] for d in found]
+    assert set(inputs[0]) == {"index", "control_token_id", "candidate_token_id", "candidate_top", "control_top",
+                              "control_prefix_len", "candidate_prefix_len"}
+
+    verdict = rules.grid_tie_v1(inputs)
+    assert verdict["verdict"] in ("PASS", "STOP") and verdict["rule"] == "grid-tie-v1"
+    assert len(verdict["probes"]) == len(found)
+    for probe, x in zip(verdict["probes"], inputs):
+        c = probe["clauses"]
+        assert set(c) == set(rules.PROBE_CLAUSES)
+        # the BF16 head puts the candidate's top-20 on the binary grid
+        assert c["finite_values"] and c["grid_step_power_of_two"] and c["all_gaps_on_grid"], probe["reasons"]
+        assert c["equal_prefix_lengths"]
+        assert probe["step"] is not None and probe["residuals"]
+        assert _on_bf16_grid(x["candidate_top"])
+        # ... and the fp32 control's is not (the contrast the rule relies on)
+        assert not _on_bf16_grid(x["control_top"])
+
+    # the all-at-once composition gives the same structure
+    both = g.run_divergence(cep, kep, {"control": MODEL, "candidate": MODEL}, gc, gk, ids_c)
+    assert both["divergences"] == divs
+    assert [x["candidate_top"] for x in both["grid_tie_inputs"]] == [x["candidate_top"] for x in inputs]
+    json.dumps(both)
+
+
+@pytest.mark.server
+def test_determinism_plain_vs_fault_noise(control, tmp_path):
+    from refserver_fixture import RefServer
+
+    ids = g.prompt_ids(_ep(control), MODEL, _messages("The three primary colors are"))
+    plain = g.determinism_run(_ep(control), MODEL, ids, repeats=3, max_tokens=SHORT_TOKENS)
+    assert len(set(plain["hashes"])) == 1 and all(r["error"] is None for r in plain["records"])
+    assert len({r["salt"] for r in plain["records"]}) == 3
+    noisy_server = RefServer({"PAIRAUDIT_REF_FAULT_NOISE": "2.0"}, max_model_len=512, log_dir=tmp_path)
+    try:
+        noisy = g.determinism_run(_ep(noisy_server), MODEL, ids, repeats=3, max_tokens=SHORT_TOKENS)
+    finally:
+        noisy_server.stop()
+    assert all(r["error"] is None for r in noisy["records"])
+    assert len(set(noisy["hashes"])) > 1
+    verdict = rules.determinism_v1({"control": plain["hashes"], "candidate": noisy["hashes"]})
+    assert verdict["verdict"] == "STOP" and verdict["nondeterministic_arms"] == ["candidate"]
+    assert verdict["arms"]["control"]["deterministic"] is True

@@ -1,0 +1,381 @@
+"""Tests for pairaudit.report: the promotion decision, the report, the manifest.
+
+Paired docs are built through the real stats.paired_table and rules.quality_v1,
+later gates through the real rules, so the decision is exercised on the same
+shapes the workflow produces.
+"""
+
+import copy
+import hashlib
+import json
+
+import pytest
+
+from pairaudit import report
+from pairaudit.artifacts import ArtifactError, read_json, sha256_file, write_json
+from pairaudit.rules import boundary_v1, determinism_v1, grid_tie_v1, quality_v1, win2_v1
+from pairaudit.stats import paired_bootstrap_ci, paired_table
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------ builders
+
+def paired_doc(name, *, control_only=(), candidate_only=(), both=(), neither=(), fmt="gsm8k",
+               body_bad=(), unnatural_candidate=(), same_text=()):
+    """A pairaudit.paired/v1 doc whose items have exactly the given outcomes."""
+    groups = [set(control_only), set(candidate_only), set(both), set(neither)]
+    assert sum(map(len, groups)) == len(set().union(*groups)), "an item has two outcomes"
+    idx = sorted(set().union(*groups))
+    cs, ks, cr, kr = [], [], [], []
+    for i in idx:
+        a = i in control_only or i in both
+        b = i in candidate_only or i in both
+        text_c = f"answer {i}"
+        text_k = text_c if i in same_text else f"other {i}"
+        cs.append({"index": i, "correct": a, "answered": True, "finish_reason": "stop", "text": text_c})
+        ks.append({"index": i, "correct": b, "answered": True,
+                   "finish_reason": "length" if i in unnatural_candidate else "stop", "text": text_k})
+        cr.append({"index": i, "body_sha256": f"h{i}", "response": {}, "error": None})
+        kr.append({"index": i, "body_sha256": f"x{i}" if i in body_bad else f"h{i}", "response": {}, "error": None})
+    table = paired_table(cs, ks, cr, kr)
+    return {"schema": "pairaudit.paired/v1", "dataset": name, "format": fmt, "table": table,
+            "quality": quality_v1(table),
+            "bootstrap": paired_bootstrap_ci([c["correct"] for c in cs], [k["correct"] for k in ks],
+                                             n_boot=200, seed=1),
+            "provenance": {}}
+
+
+def passing_pair():
+    return {
+        "gsm8k": paired_doc("gsm8k", both=range(0, 28), neither=(28, 29), same_text=(0, 1, 2)),
+        "mbpp": paired_doc("mbpp", fmt="mbpp", both=range(100, 120), control_only=(211,),
+                           candidate_only=(273,), neither=(230,)),
+    }
+
+
+def launch_rec(arm, env, *, model="tiny-instruct", spec=None):
+    return {"schema": "pairaudit.launch/v1", "arm": arm, "mode": "launch",
+            "command": ["{python}", "-m", "pairaudit.refserver", "--port", "{port}"],
+            "command_identity": ["{python}", "-m", "pairaudit.refserver", "--port", "{port}"],
+            "env": env, "model": model, "served_model_name": model, "max_model_len": 2048,
+            "host": "127.0.0.1", "port": 0, "url": None, "speculative": False,
+            "model_sha256": "ab" * 32, "packages": {"python": "3.12"},
+            "machine": {"hostname": "node1", "platform": "linux", "cpu_count": 4, "accelerators": []},
+            "identity": {}, "spec_sha256": spec or hashlib.sha256(arm.encode()).hexdigest(),
+            "run": {"pid": 1, "port": 1234}}
+
+
+def launches():
+    return {"control": launch_rec("control", {"PAIRAUDIT_REF_BF16_HEAD": "0", "PAIRAUDIT_REF_NGRAM": "0",
+                                              "SHARED": "1"}),
+            "candidate": launch_rec("candidate", {"SHARED": "1"})}
+
+
+def preflight_doc(arm, verdict="PASS"):
+    probes = [{"name": "health", "pass": True, "reason": "ok"},
+              {"name": "completion_logprobs20", "pass": verdict == "PASS",
+               "reason": "ok" if verdict == "PASS" else "only 5 logprobs returned"}]
+    return {"schema": "pairaudit.preflight/v1", "arm": arm, "verdict": verdict,
+            "failed_probe": None if verdict == "PASS" else "completion_logprobs20", "probes": probes}
+
+
+def preflights(control="PASS", candidate="PASS"):
+    return {"control": preflight_doc("control", control), "candidate": preflight_doc("candidate", candidate)}
+
+
+def passing_later(datasets):
+    return {
+        "divergence": {ds: grid_tie_v1([]) for ds in datasets},
+        "determinism": {ds: determinism_v1({"control": ["a", "a", "a"], "candidate": ["b", "b", "b"]})
+                        for ds in datasets},
+        "boundary": boundary_v1([
+            {"arm": arm, "case": case, "correct": True, "finish_reason": "stop", "expected": "173", "text": "173"}
+            for arm in ("control", "candidate") for case in ("frac0.5", "tail16", "tail32")]),
+        "speed": win2_v1({"output_tok_s": [[100.0, 110.0, 100.0], [101.0, 111.5, 100.0], [100.0, 110.2, 101.0]]},
+                         primary="output_tok_s"),
+    }
+
+
+# ------------------------------------------------------------------ gates
+
+def test_gates_from_lists_unbuilt_gates_as_none():
+    g = report.gates_from(passing_pair())
+    assert list(g) == ["quality:gsm8k", "quality:mbpp", "grid_tie:gsm8k", "grid_tie:mbpp",
+                       "determinism", "boundary", "speed"]
+    assert g["quality:gsm8k"]["verdict"] == "PASS"
+    assert all(g[k] is None for k in ("grid_tie:gsm8k", "grid_tie:mbpp", "determinism", "boundary", "speed"))
+
+
+def test_gates_from_per_dataset_determinism_and_missing_divergence():
+    later = passing_later(["gsm8k"])  # mbpp's divergence never ran
+    g = report.gates_from(passing_pair(), **later)
+    assert g["grid_tie:gsm8k"]["verdict"] == "PASS"
+    assert g["grid_tie:mbpp"] is None
+    assert g["determinism:gsm8k"]["verdict"] == "PASS" and g["determinism:mbpp"] is None
+    assert "determinism" not in g
+
+
+def test_gates_from_rejects_wrong_rule_and_unknown_dataset():
+    later = passing_later(["gsm8k", "mbpp"])
+    with pytest.raises(ValueError, match="boundary-v1"):
+        report.gates_from(passing_pair(), boundary=later["speed"])
+    with pytest.raises(ValueError, match="without a paired result"):
+        report.gates_from(passing_pair(), divergence={"math": grid_tie_v1([])})
+
+
+def test_tampered_quality_verdict_is_an_error():
+    pair = passing_pair()
+    pair["mbpp"] = paired_doc("mbpp", both=range(10), control_only=range(20, 28))  # a real FAIL
+    assert pair["mbpp"]["quality"]["verdict"] == "FAIL"
+    pair["mbpp"]["quality"]["verdict"] = "PASS"
+    with pytest.raises(ValueError, match="disagrees"):
+        report.gates_from(pair)
+
+
+def test_quality_with_registered_deviation_is_recomputed_with_its_params():
+    doc = paired_doc("mbpp", both=range(10), control_only=(20,))
+    doc["quality"] = quality_v1(doc["table"], max_net_loss=1)  # a declared, visible deviation
+    g = report.gates_from({"mbpp": doc})
+    assert g["quality:mbpp"]["verdict"] == "PASS"
+    d = report.decide({"mbpp": doc}, launches(), preflights())
+    assert d["gates"]["quality:mbpp"]["deviations"] == {"max_net_loss": {"registered": 0, "used": 1}}
+
+
+# ------------------------------------------------------------------ decide
+
+def test_all_quality_pass_without_later_gates_is_inconclusive_never_promote():
+    d = report.decide(passing_pair(), launches(), preflights())
+    assert d["schema"] == "pairaudit.decision/v1" and d["rule"] == "promotion-v1"
+    assert d["decision"] == "INCONCLUSIVE"
+    assert d["not_evaluated"] == ["grid_tie:gsm8k", "grid_tie:mbpp", "determinism", "boundary", "speed"]
+    assert set(d["deciding_gates"]) == set(d["not_evaluated"])
+    assert any(r == "speed: not evaluated" for r in d["reasons"])
+    json.dumps(d)  # plain JSON
+
+
+def test_every_gate_passing_promotes():
+    pair = passing_pair()
+    d = report.decide(pair, launches(), preflights(), **passing_later(pair))
+    assert d["decision"] == "PROMOTE", d["reasons"]
+    assert d["not_evaluated"] == []
+    assert d["gates"]["speed"]["verdict"] == "WIN" and d["gates"]["speed"]["point_gain_pct"] > 2
+    assert d["gates"]["preflight:candidate"]["outcome"] == "PROMOTE"
+
+
+def test_one_fail_rejects_even_with_a_failed_preflight():
+    pair = passing_pair()
+    pair["mbpp"] = paired_doc("mbpp", both=range(10), control_only=range(20, 28))  # p = 2/256
+    d = report.decide(pair, launches(), preflights(candidate="FAIL"), **passing_later(pair))
+    assert d["decision"] == "REJECT"
+    assert d["deciding_gates"] == ["quality:mbpp"]
+    assert d["datasets"]["mbpp"]["verdict"] == "FAIL"
+    assert d["datasets"]["mbpp"]["control_only"] == list(range(20, 28))
+    assert d["datasets"]["mbpp"]["mcnemar_p"] == pytest.approx(2 / 256)
+
+
+def test_hold_holds():
+    pair = passing_pair()
+    pair["mbpp"] = paired_doc("mbpp", both=range(10), control_only=(20, 21))  # p = 0.5
+    d = report.decide(pair, launches(), preflights(), **passing_later(pair))
+    assert d["decision"] == "HOLD"
+    assert d["deciding_gates"] == ["quality:mbpp"]
+
+
+def test_invalid_is_inconclusive_even_when_everything_else_passes():
+    pair = passing_pair()
+    pair["gsm8k"] = paired_doc("gsm8k", both=range(10), body_bad=(3,))
+    d = report.decide(pair, launches(), preflights(), **passing_later(pair))
+    assert d["datasets"]["gsm8k"]["verdict"] == "INVALID"
+    assert d["decision"] == "INCONCLUSIVE"
+    assert d["deciding_gates"] == ["quality:gsm8k"]
+
+
+def test_failed_preflight_makes_otherwise_passing_evidence_inconclusive():
+    pair = passing_pair()
+    d = report.decide(pair, launches(), preflights(control="FAIL"), **passing_later(pair))
+    assert d["decision"] == "INCONCLUSIVE"
+    assert d["deciding_gates"] == ["preflight:control"]
+    assert d["preflight"] == {"control": "FAIL", "candidate": "PASS"}
+    g = d["gates"]["preflight:control"]
+    assert g["stage_verdict"] == "FAIL" and g["failed_probe"] == "completion_logprobs20"
+    assert "only 5 logprobs" in g["reasons"][0]
+
+
+def test_missing_preflight_is_not_evaluated():
+    pair = passing_pair()
+    d = report.decide(pair, launches(), {"control": preflight_doc("control")}, **passing_later(pair))
+    assert d["decision"] == "INCONCLUSIVE"
+    assert d["not_evaluated"] == ["preflight:candidate"]
+
+
+def test_decide_needs_both_launch_receipts():
+    with pytest.raises(ValueError, match="launch receipts"):
+        report.decide(passing_pair(), {"control": launches()["control"]}, preflights())
+
+
+def test_arms_and_switch_diff():
+    d = report.decide(passing_pair(), launches(), preflights())
+    assert d["switch_diff"] == [{"name": "PAIRAUDIT_REF_BF16_HEAD", "control": "0", "candidate": None},
+                                {"name": "PAIRAUDIT_REF_NGRAM", "control": "0", "candidate": None}]
+    assert d["arms"]["control"]["spec_sha256"] == launches()["control"]["spec_sha256"]
+    assert d["arms"]["candidate"]["preflight"] == "PASS"
+    assert d["notes"] == []
+
+
+def test_notes_flag_different_models_and_identical_specs():
+    la = launches()
+    la["candidate"] = launch_rec("candidate", {}, model="other-model", spec=la["control"]["spec_sha256"])
+    d = report.decide(passing_pair(), la, preflights())
+    assert any("model differs" in n for n in d["notes"])
+    assert any("same spec_sha256" in n for n in d["notes"])
+
+
+# ------------------------------------------------------------------ markdown
+
+def test_render_markdown_has_decision_reasons_indices_and_switches():
+    pair = passing_pair()
+    pair["mbpp"] = paired_doc("mbpp", fmt="mbpp", both=range(100, 120), control_only=(211, 244),
+                              candidate_only=(273,), neither=(230,), unnatural_candidate=(230,))
+    d = report.decide(pair, launches(), preflights())
+    md = report.render_markdown(d, pair, launches(), preflights())
+    assert md.startswith("# pairaudit decision: INCONCLUSIVE")
+    for r in d["reasons"]:
+        assert r.replace("|", "\\|") in md
+    # Seed-003-style row: counts, discordant indices, McNemar p, verdict.
+    assert "| mbpp | 22/24 | 21/24 | indices 211, 244 | index 273 |" in md
+    assert "candidate did not finish naturally: index 230" in md
+    assert "`PAIRAUDIT_REF_BF16_HEAD` | `0` | (unset: server default)" in md
+    assert "- grid_tie:mbpp" in md and "- speed" in md  # not evaluated list
+    assert "strict-extractor miss stays a miss" in md
+    assert "**Total** | 50/54 | 49/54 | 2 | 1" in md
+
+
+def test_render_markdown_keeps_outranked_gates_visible():
+    # REJECT outranks a failed preflight, but the report must still show it.
+    pair = passing_pair()
+    pair["mbpp"] = paired_doc("mbpp", both=range(10), control_only=range(20, 28))
+    pre = preflights(candidate="FAIL")
+    d = report.decide(pair, launches(), pre, **passing_later(pair))
+    md = report.render_markdown(d, pair, launches(), pre)
+    assert md.startswith("# pairaudit decision: REJECT")
+    assert "Deciding gates: quality:mbpp." in md
+    assert "Also short of PROMOTE: preflight:candidate (INCONCLUSIVE)." in md
+    assert "| candidate | FAIL | completion_logprobs20 | 1/2 | only 5 logprobs returned |" in md
+
+
+def test_render_markdown_lists_provenance_when_present():
+    pair = passing_pair()
+    d = report.decide(pair, launches(), preflights())
+    d["provenance"] = {"consumed": {"results/a/paired/gsm8k.json": "f" * 64}, "code_version": "c" * 64,
+                       "created_at": "2026-01-01T00:00:00+00:00"}
+    md = report.render_markdown(d, pair, launches(), preflights())
+    assert "`results/a/paired/gsm8k.json` | `" + "f" * 64 + "`" in md
+
+
+# ------------------------------------------------------------------ manifest, plot
+
+def test_manifest_hashes_sizes_and_order(tmp_path):
+    b, a = tmp_path / "b.json", tmp_path / "a.txt"
+    b.write_bytes(b'{"x": 1}\n')
+    a.write_bytes(b"hello")
+    m = report.manifest([str(b), str(a), str(b)])
+    assert m["schema"] == "pairaudit.manifest/v1"
+    assert [e["path"] for e in m["artifacts"]] == [str(a), str(b)]
+    assert m["artifacts"][0] == {"path": str(a), "sha256": hashlib.sha256(b"hello").hexdigest(), "bytes": 5}
+    a.write_bytes(b"hellO")
+    m2 = report.manifest([str(a), str(b)])
+    assert m2["artifacts"][0]["sha256"] != m["artifacts"][0]["sha256"]
+    assert m2["artifacts"][1] == m["artifacts"][1]
+
+
+def test_plot_is_a_png(tmp_path):
+    out = tmp_path / "plots" / "paired.png"
+    report.plot_paired(passing_pair(), out)
+    data = out.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 1000
+
+
+def test_paired_counts_sum_to_n():
+    t = passing_pair()["mbpp"]["table"]
+    c = report.paired_counts(t)
+    assert c == {"both correct": 20, "control only": 1, "candidate only": 1, "neither": 1}
+    assert sum(c.values()) == t["n"]
+
+
+# ------------------------------------------------------------------ stage end to end
+
+def _write_inputs(root, pair, la, pre):
+    paths = {"paired": [], "launch": [], "preflight": []}
+    for ds, doc in pair.items():
+        p = root / "paired" / f"{ds}.json"
+        write_json(p, doc)
+        paths["paired"].append(str(p))
+    for kind, docs in (("launch", la), ("preflight", pre)):
+        for arm, doc in docs.items():
+            p = root / kind / f"{arm}.json"
+            write_json(p, doc)
+            paths[kind].append(str(p))
+    return paths
+
+
+def test_promotion_stage_end_to_end(tmp_path):
+    pair = passing_pair()
+    ins = _write_inputs(tmp_path / "in", pair, launches(), preflights())
+    out = tmp_path / "out"
+    outs = {k: str(out / n) for k, n in (("out_decision", "decision.json"), ("out_report", "report.md"),
+                                         ("out_manifest", "manifest.json"), ("out_plot", "paired.png"))}
+    report.promotion_stage(ins["paired"], ins["launch"], ins["preflight"], **outs)
+
+    d = read_json(outs["out_decision"])
+    assert d["decision"] == "INCONCLUSIVE"
+    inputs = ins["paired"] + ins["launch"] + ins["preflight"]
+    assert d["provenance"]["consumed"] == {p: sha256_file(p) for p in inputs}
+    md = (out / "report.md").read_text()
+    assert "# pairaudit decision: INCONCLUSIVE" in md and "index 273" in md
+    assert (out / "paired.png").read_bytes()[:8] == PNG_MAGIC
+
+    m = read_json(outs["out_manifest"])
+    listed = [e["path"] for e in m["artifacts"]]
+    assert listed == sorted(inputs + [outs["out_decision"], outs["out_report"], outs["out_plot"]])
+    assert outs["out_manifest"] not in listed
+    for e in m["artifacts"]:
+        assert e["sha256"] == sha256_file(e["path"])
+
+
+def test_promotion_stage_reads_later_stages_and_promotes(tmp_path):
+    pair = passing_pair()
+    ins = _write_inputs(tmp_path / "in", pair, launches(), preflights())
+    lg = passing_later(pair)
+    div = []
+    for ds in pair:
+        p = tmp_path / "in" / "divergence" / f"{ds}.json"
+        write_json(p, {"schema": "pairaudit.divergence/v1", "dataset": ds,
+                       "grid_tie": lg["divergence"][ds], "determinism": lg["determinism"][ds]})
+        div.append(str(p))
+    bp, sp = tmp_path / "in" / "boundary_gate.json", tmp_path / "in" / "speed_decision.json"
+    write_json(bp, {"schema": "pairaudit.boundary_gate/v1", "gate": lg["boundary"]})
+    write_json(sp, {"schema": "pairaudit.speed_decision/v1", "gate": lg["speed"]})
+    out = tmp_path / "out"
+    report.promotion_stage(ins["paired"], ins["launch"], ins["preflight"], out / "d.json", out / "r.md",
+                           out / "m.json", out / "p.png",
+                           later={"divergence": div, "boundary": str(bp), "speed": str(sp)})
+    d = read_json(out / "d.json")
+    assert d["decision"] == "PROMOTE", d["reasons"]
+    assert str(bp) in d["provenance"]["consumed"] and div[0] in d["provenance"]["consumed"]
+    assert str(sp) in [e["path"] for e in read_json(out / "m.json")["artifacts"]]
+
+
+def test_promotion_stage_checks_schemas_and_duplicates(tmp_path):
+    pair = passing_pair()
+    ins = _write_inputs(tmp_path / "in", pair, launches(), preflights())
+    outs = [tmp_path / "o" / n for n in ("d.json", "r.md", "m.json", "p.png")]
+    bad = copy.deepcopy(pair["gsm8k"])
+    bad["schema"] = "pairaudit.paired/v0"
+    write_json(ins["paired"][0], bad)
+    with pytest.raises(ArtifactError, match="expected 'pairaudit.paired/v1'"):
+        report.promotion_stage(ins["paired"], ins["launch"], ins["preflight"], *outs)
+    write_json(ins["paired"][0], pair["gsm8k"])
+    with pytest.raises(ArtifactError, match="second artifact"):
+        report.promotion_stage(ins["paired"] + ins["paired"][:1], ins["launch"], ins["preflight"], *outs)
+    assert not (tmp_path / "o" / "d.json").exists()  # nothing written on a bad input

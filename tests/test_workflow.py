@@ -1,0 +1,229 @@
+"""The real Snakemake DAG on a tiny config against the real reference server.
+
+The workflow runs in a scratch copy of the project (its Snakefile, rules,
+scripts, library and profile) so the tests never touch the checkout's
+results/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+TINY = REPO / "tests" / "data" / "tiny_config.yaml"
+COPY = ["Snakefile", "rules", "scripts", "config", "profiles", "envs", "pairaudit"]
+
+pytestmark = pytest.mark.workflow
+
+
+def make_project(root: Path, config: dict) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for name in COPY:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, root / name)
+    (root / "config" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return root
+
+
+def snake(project: Path, *args, timeout=1200, check=True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([SNAKEMAKE, "--cores", "2", *args], cwd=project, capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n"
+                             f"{proc.stderr[-3000:]}")
+    return proc
+
+
+def planned_jobs(project: Path, *args) -> list[tuple[str, dict]]:
+    """(rule, wildcards) of every job a dry run would execute."""
+    out = snake(project, "-n", *args).stdout
+    jobs = []
+    for block in re.split(r"\n(?=(?:local)?rule \w+:)", out):
+        m = re.match(r"(?:local)?rule (\w+):", block.strip())
+        if not m:
+            continue
+        wc = re.search(r"wildcards: (.*)", block)
+        wildcards = dict(kv.split("=", 1) for kv in wc.group(1).split(", ")) if wc else {}
+        jobs.append((m.group(1), wildcards))
+    return jobs
+
+
+def refserver_pids(project: Path) -> list[int]:
+    """Reference servers started from ``project`` (their working directory is inside it)."""
+    out = subprocess.run(["pgrep", "-f", "pairaudit.refserver"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split() if _cwd(int(p)).startswith(str(project))]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    config = yaml.safe_load(TINY.read_text())
+    project = make_project(tmp_path_factory.mktemp("wf") / "project", config)
+    snake(project, "promotion")
+    assert refserver_pids(project) == [], "a server outlived the workflow"
+    return project, config
+
+
+def test_identical_arms_give_identical_answers_and_pass(tiny):
+    project, config = tiny
+    res = project / "results" / "tiny"
+    for ds in ("arith", "algebra"):
+        control = read_jsonl(res / "sampled" / ds / "control.jsonl")[1:]
+        candidate = read_jsonl(res / "sampled" / ds / "candidate.jsonl")[1:]
+        assert [r["body_sha256"] for r in control] == [r["body_sha256"] for r in candidate]
+        texts = [[r["response"]["choices"][0]["message"]["content"] for r in arm] for arm in (control, candidate)]
+        assert texts[0] == texts[1]
+        paired = json.loads((res / "paired" / f"{ds}.json").read_text())
+        assert paired["table"]["exact_text_matches"] == paired["table"]["n"]
+        assert paired["table"]["bodies_identical"] is True
+        assert paired["quality"]["verdict"] in ("PASS", "INVALID")
+        if paired["quality"]["verdict"] == "INVALID":  # only an unnatural finish may make it so
+            assert paired["table"]["unnatural_finish_indices"]["control"]
+        else:
+            assert paired["table"]["control_only"] == [] and paired["table"]["candidate_only"] == []
+    decision = json.loads((res / "promotion" / "decision.json").read_text())
+    assert decision["decision"] in ("INCONCLUSIVE",)  # gates not built yet are never a PROMOTE
+    assert decision["not_evaluated"]
+    manifest = json.loads((res / "promotion" / "manifest.json").read_text())
+    paths = {a["path"] for a in manifest["artifacts"]}
+    assert any(p.endswith("paired/arith.json") for p in paths)
+    assert (res / "promotion" / "report.md").read_text().count("arith") >= 1
+
+
+def test_rerun_same_config_runs_nothing_even_after_touch(tiny):
+    project, _ = tiny
+    assert planned_jobs(project, "promotion") == []
+    now = time.time() + 5
+    for path in project.rglob("*"):
+        if path.is_file() and ".snakemake" not in path.parts:
+            os.utime(path, (now, now))
+    assert planned_jobs(project, "promotion") == []
+
+
+def test_changing_one_dataset_reruns_only_that_dataset(tiny, tmp_path):
+    project, config = tiny
+    changed = json.loads(json.dumps(config))
+    changed["datasets"][1]["select"]["seed"] = 99
+    cfg = tmp_path / "changed.yaml"
+    cfg.write_text(yaml.safe_dump(changed, sort_keys=False))
+    jobs = planned_jobs(project, "promotion", "--configfile", str(cfg))
+    rules = sorted(r for r, _ in jobs)
+    assert rules == sorted(["dataset", "sampled", "sampled", "score", "score", "paired", "promotion"])
+    assert all(w.get("dataset", "algebra") == "algebra" for _, w in jobs)
+
+
+def test_changing_the_candidate_reuses_the_control(tiny, tmp_path):
+    project, config = tiny
+    changed = json.loads(json.dumps(config))
+    changed["arms"]["candidate"]["env"]["PAIRAUDIT_REF_LM_HEAD_BF16"] = "1"
+    cfg = tmp_path / "changed.yaml"
+    cfg.write_text(yaml.safe_dump(changed, sort_keys=False))
+    jobs = planned_jobs(project, "promotion", "--configfile", str(cfg))
+    assert jobs, "a changed candidate must rerun something"
+    assert all(w.get("arm") != "control" for _, w in jobs)
+    assert ("launch", {"arm": "candidate"}) in jobs
+    assert sorted(r for r, _ in jobs if r == "sampled") == ["sampled", "sampled"]
+
+
+def test_bad_config_key_fails_naming_it(tmp_path):
+    config = yaml.safe_load(TINY.read_text())
+    config["sampling"]["temprature"] = 0.5
+    project = make_project(tmp_path / "p", config)
+    proc = snake(project, "-n", "promotion", check=False)
+    assert proc.returncode != 0
+    assert "temprature" in proc.stdout + proc.stderr
+
+
+def test_bad_config_value_names_key_and_allowed_values(tmp_path):
+    config = yaml.safe_load(TINY.read_text())
+    config["datasets"][0]["format"] = "gsm9k"
+    project = make_project(tmp_path / "p", config)
+    proc = snake(project, "-n", "promotion", check=False)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "gsm9k" in text and "format" in text and "gsm8k" in text and "humaneval" in text
+
+
+def _start_and_wait_for_answers(project: Path, target: str, journal: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([SNAKEMAKE, "--cores", "2", target], cwd=project, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        if journal.exists() and any(r["status"] == 200 for r in read_jsonl(journal)):
+            return proc
+        time.sleep(0.05)
+    raise AssertionError("the run finished before it could be killed; make the dataset larger")
+
+
+def _check_resumed(project: Path, journal: Path, output: Path, answered_before: dict, n: int) -> None:
+    after = read_jsonl(journal)
+    final = read_jsonl(output)[1:]
+    assert sorted(r["index"] for r in final) == sorted({r["index"] for r in after})
+    assert len(final) == n
+    for r in final:  # every answer from before the crash is the one kept, not asked again
+        if r["index"] in answered_before:
+            assert r["response"]["id"] == answered_before[r["index"]]["response"]["id"]
+            assert r["attempt"] == answered_before[r["index"]]["attempt"]
+    assert sum(1 for r in after if r["status"] == 200) == n  # nothing answered twice
+    assert refserver_pids(project) == []
+
+
+def test_resume_after_server_dies_and_after_the_job_is_killed(tmp_path):
+    config = yaml.safe_load(TINY.read_text())
+    config["audit"] = "resume"
+    config["datasets"] = [config["datasets"][0]]
+    config["datasets"][0]["select"] = {"count": 4, "seed": 5}
+    project = make_project(tmp_path / "p", config)
+    res = project / "results" / "resume"
+
+    # 1. the server dies mid-run: the job fails with the server's log tail
+    journal = res / "journal" / "sampled" / "arith" / "control.jsonl"
+    target = "results/resume/sampled/arith/control.jsonl"
+    proc = _start_and_wait_for_answers(project, target, journal)
+    for pid in refserver_pids(project):
+        os.kill(pid, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    assert "server process exited" in out and "last lines of" in out
+    before = {r["index"]: r for r in read_jsonl(journal) if r["status"] == 200}
+    assert 1 <= len(before) < 4
+    snake(project, target)
+    _check_resumed(project, journal, project / target, before, 4)
+
+    # 2. the whole Snakemake process group is killed (a crash): unlock, rerun, nothing lost or redone
+    journal = res / "journal" / "sampled" / "arith" / "candidate.jsonl"
+    target = "results/resume/sampled/arith/candidate.jsonl"
+    proc = _start_and_wait_for_answers(project, target, journal)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    time.sleep(1.0)  # a launched server dies with its parent (PR_SET_PDEATHSIG)
+    before = {r["index"]: r for r in read_jsonl(journal) if r["status"] == 200}
+    assert 1 <= len(before) < 4
+    snake(project, "--unlock")
+    snake(project, "--rerun-incomplete", target)
+    _check_resumed(project, journal, project / target, before, 4)
+
+
+def _cwd(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return ""
