@@ -15,6 +15,7 @@ validate(config, "config/schema.yaml")
 include: "rules/common.smk"
 include: "rules/launch.smk"
 include: "rules/quality.smk"
+include: "rules/diagnostics.smk"
 include: "rules/promotion.smk"
 
 

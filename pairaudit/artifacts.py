@@ -106,7 +106,12 @@ def read_jsonl(path: str | os.PathLike) -> tuple[dict, list[dict]]:
             for n, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
-                obj = json.loads(line)
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ArtifactError(f"{path}:{n}: malformed JSON line: {exc}") from None
+                if not isinstance(obj, dict):
+                    raise ArtifactError(f"{path}:{n}: line is not a JSON object")
                 kind = obj.pop("kind", None)
                 if kind == "header" and header is None and n == 1:
                     header = obj
@@ -114,7 +119,7 @@ def read_jsonl(path: str | os.PathLike) -> tuple[dict, list[dict]]:
                     records.append(obj)
                 else:
                     raise ArtifactError(f"{path}:{n}: unexpected line kind {kind!r}")
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise ArtifactError(f"{path}: cannot read JSONL artifact: {exc}") from None
     if header is None:
         raise ArtifactError(f"{path}: no header line")

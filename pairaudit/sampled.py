@@ -16,7 +16,7 @@ line per attempt, fsynced::
      "usage": dict | None, "timings": {"started_at", "elapsed_s"}, "server": {"url", "pid"}}
 
 An attempt with an HTTP status is *final*: the server answered (a 400 is an
-answer too). Only a transport error (no status) or a 5xx leaves the item open;
+answer too). Only a transport error (no status), a 429 or a 5xx leaves the item open;
 a rerun asks again and appends the new attempt beside the old one — no retry
 ever replaces an answer.  Records whose body hash no longer matches (the
 sampling config changed) stay in the journal as evidence and are not used.
@@ -82,8 +82,9 @@ def body_sha256(body: dict) -> str:
 
 
 def is_final(attempt: dict) -> bool:
+    # 429 is "not now", not an answer: like a transport error, the item stays open
     status = attempt.get("status")
-    return status is not None and status < 500
+    return status is not None and status < 500 and status != 429
 
 
 def read_journal(path: Path) -> list[dict]:
@@ -91,7 +92,9 @@ def read_journal(path: Path) -> list[dict]:
     if not path.exists():
         return []
     attempts = []
-    with open(path) as f:
+    # errors="replace": a crash can cut a line inside a multi-byte character; that line then
+    # fails to parse and is skipped instead of making the whole journal unreadable.
+    with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             try:
                 attempts.append(json.loads(line))
@@ -105,12 +108,14 @@ class Journal:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self.lock = threading.Lock()
-        self.f = open(path, "a+")
-        self.f.seek(0, os.SEEK_END)
-        if self.f.tell() > 0:
-            self.f.seek(self.f.tell() - 1)
-            if self.f.read(1) != "\n":  # a crash cut the last line: start a fresh one
-                self.f.write("\n")
+        self.f = open(path, "a", encoding="utf-8")
+        # Look at the last byte in binary: a cut line may end inside a multi-byte character.
+        with open(path, "rb") as fb:
+            fb.seek(0, os.SEEK_END)
+            if fb.tell() > 0:
+                fb.seek(-1, os.SEEK_END)
+                if fb.read(1) != b"\n":  # a crash cut the last line: start a fresh one
+                    self.f.write("\n")
 
     def append(self, attempt: dict) -> None:
         line = json.dumps(attempt, ensure_ascii=False) + "\n"
@@ -126,7 +131,8 @@ class Journal:
 def ask(endpoint: Endpoint, index: int, body: dict, attempt: int, server: dict, timeout_s: float) -> dict:
     res = endpoint.post_json("/v1/chat/completions", body, timeout_s=timeout_s)
     response = res["body"] if res["status"] == 200 and isinstance(res["body"], dict) else None
-    choice = (response or {}).get("choices", [{}])[0] if response else {}
+    choices = (response or {}).get("choices") or [{}]
+    choice = choices[0] if isinstance(choices[0], dict) else {}
     return {
         "index": index,
         "attempt": attempt,

@@ -101,3 +101,146 @@ def paired_stage(*, dataset_path: str, sampled_paths: dict, score_paths: dict, o
     }
     artifacts.write_json(out_path, doc)
     return doc
+
+
+# --- greedy diagnostics (seed 000) ---------------------------------------------
+GREEDY_DEFAULTS = {"items": "discordant", "concordant": 2, "seed": 0, "max_tokens": 256, "determinism_repeats": 3}
+
+
+def greedy_selection(paired: dict, cfg: dict) -> dict:
+    """Which items get greedy runs: every discordant item plus a few concordant ones as a control (or all)."""
+    table = paired["table"]
+    indices = list(table["indices"])
+    if cfg["items"] == "all":
+        return {"mode": "all", "discordant": sorted(table["control_only"] + table["candidate_only"]),
+                "concordant": [], "indices": sorted(indices)}
+    discordant = sorted(table["control_only"] + table["candidate_only"])
+    rest = sorted(set(indices) - set(discordant))
+    import random
+
+    concordant = sorted(random.Random(cfg["seed"]).sample(rest, min(cfg["concordant"], len(rest))))
+    return {"mode": "discordant", "discordant": discordant, "concordant": concordant,
+            "indices": sorted(discordant + concordant)}
+
+
+def greedy_stage(*, dataset_path: str, paired_path: str, launch_path: str, preflight_path: str, out_path: str,
+                 journal_path: str, arm: str, arm_cfg: dict, greedy_cfg: dict, chat_template_kwargs: dict,
+                 server_log: str) -> dict:
+    """Greedy generations (concurrency 1, fresh salt each, top-20) and the determinism repeats of one arm.
+
+    Journaled like the sampled stage: items already generated are kept, not
+    generated again, when the job reruns (e.g. the selection grew).
+    """
+    from . import greedy
+    from .sampled import Journal, is_final, read_journal
+
+    cfg = {**GREEDY_DEFAULTS, **(greedy_cfg or {})}
+    dataset = artifacts.read_json(dataset_path)
+    paired = artifacts.check_schema(artifacts.read_json(paired_path), "pairaudit.paired/v1", paired_path)
+    if artifacts.read_json(preflight_path).get("verdict") != "PASS":
+        raise RuntimeError(f"{preflight_path}: preflight of arm {arm} did not pass; no greedy runs")
+    selection = greedy_selection(paired, cfg)
+    items = {it["index"]: it for it in dataset["items"]}
+    det_index = selection["indices"][0] if selection["indices"] else dataset["items"][0]["index"]
+    want = [("greedy", i) for i in selection["indices"]] + [("determinism", r) for r in
+                                                           range(cfg["determinism_repeats"])]
+    key = {"max_tokens": cfg["max_tokens"], "determinism_index": det_index,
+           "chat_template_kwargs": chat_template_kwargs}
+    jpath = Path(journal_path)
+    done = {}
+    for rec in read_journal(jpath):
+        if rec.get("key") == key and is_final(rec):
+            done.setdefault((rec["kind"], rec["slot"]), rec)
+    todo = [w for w in want if w not in done]
+    spec = launch.resolve_spec(arm, arm_cfg)
+    if todo:
+        receipt = artifacts.read_json(launch_path)
+        journal = Journal(jpath)
+        try:
+            with launch.Server(spec, log_path=server_log, receipt=receipt) as srv:
+                model = spec["served_model_name"]
+                prompts = {}
+                for kind, slot in todo:
+                    index = slot if kind == "greedy" else det_index
+                    if index not in prompts:
+                        prompts[index] = greedy.prompt_ids(srv.endpoint, model, items[index]["messages"],
+                                                           chat_template_kwargs)
+                    rec = greedy.greedy_one(srv.endpoint, model, prompts[index], max_tokens=cfg["max_tokens"],
+                                            index=index)
+                    rec.update(kind=kind, slot=slot, key=key, prompt_ids=prompts[index])
+                    journal.append(rec)
+                    done[(kind, slot)] = rec
+                    srv.assert_alive()
+        finally:
+            journal.close()
+    missing = [w for w in want if w not in done or not is_final(done[w])]
+    if missing:
+        raise RuntimeError(f"{dataset['name']}/{arm}: greedy runs without an answer: {missing}; rerun to resume")
+    records = [done[w] for w in want if w[0] == "greedy"]
+    repeats = [done[w] for w in want if w[0] == "determinism"]
+    header = {
+        "schema": "pairaudit.greedy/v1",
+        "dataset": dataset["name"],
+        "arm": arm,
+        "selection": selection,
+        "max_tokens": cfg["max_tokens"],
+        "determinism": {"index": det_index, "hashes": [r["output_sha256"] or f"error:{r['error']}" for r in repeats],
+                        "records": repeats},
+        "provenance": artifacts.provenance([dataset_path, paired_path, launch_path, preflight_path],
+                                           {"greedy": cfg, "journal": str(jpath)}),
+    }
+    artifacts.write_jsonl(out_path, header, records)
+    return header
+
+
+def divergence_stage(*, dataset_path: str, greedy_paths: dict, launch_paths: dict, arm_cfgs: dict, out_path: str,
+                     server_logs: dict, max_divergent: int = 3) -> dict:
+    """First divergences, then both arms probed on the shared prefix -- one server after the other in this job."""
+    from . import greedy
+
+    headers, records = {}, {}
+    for arm in ARMS:
+        headers[arm], records[arm] = artifacts.read_jsonl(greedy_paths[arm])
+        artifacts.check_schema(headers[arm], "pairaudit.greedy/v1", greedy_paths[arm])
+        artifacts.check_consumed(headers[arm], [dataset_path, launch_paths[arm]], where=greedy_paths[arm])
+    by_arm = {arm: {r["index"]: r for r in records[arm]} for arm in ARMS}
+    if sorted(by_arm["control"]) != sorted(by_arm["candidate"]):
+        raise artifacts.ArtifactError(f"greedy item sets differ between arms: {sorted(by_arm['control'])} vs "
+                                      f"{sorted(by_arm['candidate'])}")
+    order = sorted(by_arm["control"])
+    divergences = greedy.divergence_records([by_arm["control"][i] for i in order],
+                                            [by_arm["candidate"][i] for i in order])
+    prompt_ids = {}
+    for d in divergences:
+        a, b = by_arm["control"][d["index"]]["prompt_ids"], by_arm["candidate"][d["index"]]["prompt_ids"]
+        d["prompt_ids_equal"] = a == b
+        if a != b:  # two templates rendered differently: the flip may come from the prompt, not the change
+            d["diverged"], d["error"] = None, "the arms tokenized the chat prompt differently"
+        prompt_ids[d["index"]] = a
+    probed = [d for d in divergences if d["diverged"]]
+    probes = {arm: [] for arm in ARMS}
+    if probed:
+        for arm in ARMS:
+            spec = launch.resolve_spec(arm, arm_cfgs[arm])
+            receipt = artifacts.read_json(launch_paths[arm])
+            with launch.Server(spec, log_path=server_logs[arm], receipt=receipt) as srv:
+                probes[arm] = greedy.probes_for_arm(srv.endpoint, spec["served_model_name"], probed, prompt_ids)
+    # an item whose divergence could not be established stays in the rule with no evidence, so it STOPs
+    unresolved = [{"index": d["index"], "control_token_id": None, "candidate_token_id": None, "candidate_top": None,
+                   "control_top": None, "control_prefix_len": None, "candidate_prefix_len": None}
+                  for d in divergences if d["diverged"] is None]
+    grid_inputs = greedy.grid_tie_inputs(probed, probes["control"], probes["candidate"]) + unresolved
+    doc = {
+        "schema": "pairaudit.divergence/v1",
+        "dataset": headers["control"]["dataset"],
+        "items": order,
+        "divergences": divergences,
+        "probes": probes,
+        "grid_tie_inputs": grid_inputs,
+        "grid_tie": rules.grid_tie_v1(grid_inputs, max_divergent=max_divergent),
+        "determinism": rules.determinism_v1({arm: headers[arm]["determinism"]["hashes"] for arm in ARMS}),
+        "provenance": artifacts.provenance([dataset_path, *greedy_paths.values(), *launch_paths.values()],
+                                           {"max_divergent": max_divergent}),
+    }
+    artifacts.write_json(out_path, doc)
+    return doc

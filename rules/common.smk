@@ -13,12 +13,19 @@ CACHE = str(Path(workflow.basedir) / ".cache")
 # so an edit reruns the stage while a `touch` does not (the profile turns the
 # mtime and code triggers off: see profiles/default/config.yaml).
 STAGE_CODE = {
-    "launch": ["pairaudit/launch.py", "pairaudit/client.py", "pairaudit/modelstore.py", "pairaudit/refserver"],
+    "launch": [
+        "pairaudit/launch.py",
+        "pairaudit/client.py",
+        "pairaudit/modelstore.py",
+        "pairaudit/refserver",
+    ],
     "preflight": ["pairaudit/preflight.py", "pairaudit/client.py"],
     "dataset": ["pairaudit/datasets.py", "pairaudit/suites.py"],
     "sampled": ["pairaudit/sampled.py", "pairaudit/client.py"],
     "score": ["pairaudit/scoring.py", "pairaudit/sandbox.py"],
     "paired": ["pairaudit/stats.py", "pairaudit/rules.py"],
+    "greedy": ["pairaudit/greedy.py", "pairaudit/client.py", "pairaudit/sampled.py"],
+    "divergence": ["pairaudit/greedy.py", "pairaudit/rules.py", "pairaudit/launch.py"],
     "promotion": ["pairaudit/report.py", "pairaudit/rules.py"],
 }
 
@@ -26,7 +33,11 @@ STAGE_CODE = {
 def code_hash(stage):
     h = hashlib.sha256()
     files = []
-    for rel in STAGE_CODE[stage] + ["pairaudit/stages.py", "pairaudit/artifacts.py", f"scripts/{stage}.py"]:
+    for rel in STAGE_CODE[stage] + [
+        "pairaudit/stages.py",
+        "pairaudit/artifacts.py",
+        f"scripts/{stage}.py",
+    ]:
         p = BASE / rel
         files += sorted(p.rglob("*.py")) if p.is_dir() else [p]
     for f in files:

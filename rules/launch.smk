@@ -9,14 +9,14 @@ rule launch:
     log:
         f"{R}/logs/launch/{{arm}}.log",
         server=f"{R}/logs/servers/launch-{{arm}}.log",
-    params:
-        arm=arm_config,
-        code=CODE["launch"],
+    conda:
+        "../envs/serving.yaml"
     threads: 2
     resources:
         server_slots=1,
-    conda:
-        "../envs/serving.yaml"
+    params:
+        arm=arm_config,
+        code=CODE["launch"],
     script:
         "../scripts/launch.py"
 
@@ -29,14 +29,14 @@ rule preflight:
     log:
         f"{R}/logs/preflight/{{arm}}.log",
         server=f"{R}/logs/servers/preflight-{{arm}}.log",
+    conda:
+        "../envs/serving.yaml"
+    threads: 2
+    resources:
+        server_slots=1,
     params:
         arm=arm_config,
         sampling=config["sampling"],
         code=CODE["preflight"],
-    threads: 2
-    resources:
-        server_slots=1,
-    conda:
-        "../envs/serving.yaml"
     script:
         "../scripts/preflight.py"

@@ -8,6 +8,7 @@ rule promotion:
         paired=expand(f"{R}/paired/{{dataset}}.json", dataset=DATASETS),
         launch=expand(f"{R}/launch/{{arm}}.json", arm=ARMS),
         preflight=expand(f"{R}/preflight/{{arm}}.json", arm=ARMS),
+        divergence=expand(f"{R}/divergence/{{dataset}}.json", dataset=DATASETS),
     output:
         decision=f"{R}/promotion/decision.json",
         report=report(f"{R}/promotion/report.md", category="Decision"),
@@ -15,9 +16,9 @@ rule promotion:
         plot=report(f"{R}/promotion/paired.png", category="Paired outcomes"),
     log:
         f"{R}/logs/promotion.log",
-    params:
-        code=CODE["promotion"],
     conda:
         "../envs/analysis.yaml"
+    params:
+        code=CODE["promotion"],
     script:
         "../scripts/promotion.py"

@@ -6,6 +6,8 @@ rule dataset:
         f"{R}/datasets/{{dataset}}.json",
     log:
         f"{R}/logs/dataset/{{dataset}}.log",
+    conda:
+        "../envs/scoring.yaml"
     params:
         cfg=dataset_config,
         where=dataset_where,
@@ -13,8 +15,6 @@ rule dataset:
         cache_dir=CACHE,
         base_dir=str(BASE),
         code=CODE["dataset"],
-    conda:
-        "../envs/scoring.yaml"
     script:
         "../scripts/dataset.py"
 
@@ -29,6 +29,11 @@ rule sampled:
     log:
         f"{R}/logs/sampled/{{dataset}}-{{arm}}.log",
         server=f"{R}/logs/servers/sampled-{{dataset}}-{{arm}}.log",
+    conda:
+        "../envs/serving.yaml"
+    threads: 2
+    resources:
+        server_slots=1,
     params:
         arm=arm_config,
         sampling=config["sampling"],
@@ -36,11 +41,6 @@ rule sampled:
         # outside the outputs: a failed job's outputs are deleted, answered items must not be
         journal=f"{R}/journal/sampled/{{dataset}}/{{arm}}.jsonl",
         code=CODE["sampled"],
-    threads: 2
-    resources:
-        server_slots=1,
-    conda:
-        "../envs/serving.yaml"
     script:
         "../scripts/sampled.py"
 
@@ -53,11 +53,11 @@ rule score:
         f"{R}/scores/{{dataset}}/{{arm}}.jsonl",
     log:
         f"{R}/logs/score/{{dataset}}-{{arm}}.log",
+    conda:
+        "../envs/scoring.yaml"
     params:
         sandbox=config.get("scoring", {}).get("sandbox", {}),
         code=CODE["score"],
-    conda:
-        "../envs/scoring.yaml"
     script:
         "../scripts/score.py"
 
@@ -69,10 +69,10 @@ rule paired:
         f"{R}/paired/{{dataset}}.json",
     log:
         f"{R}/logs/paired/{{dataset}}.log",
+    conda:
+        "../envs/analysis.yaml"
     params:
         quality=config.get("rules", {}).get("quality", {}),
         code=CODE["paired"],
-    conda:
-        "../envs/analysis.yaml"
     script:
         "../scripts/paired.py"

@@ -1,0 +1,194 @@
+"""pairaudit.artifacts: JSON/JSONL artifacts that say what they consumed, and the checks on them."""
+
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+import shutil
+
+import pytest
+
+from pairaudit import artifacts
+from pairaudit.artifacts import ArtifactError
+
+
+# ---------------------------------------------------------------- JSON / JSONL round trips
+
+def test_json_round_trip(tmp_path):
+    doc = {"schema": "pairaudit.x/v1", "text": "café ×÷ 😀", "n": 3, "nested": {"a": [1, 2.5, None, True]}}
+    path = tmp_path / "sub" / "doc.json"  # parent created on write
+    artifacts.write_json(path, doc)
+    assert artifacts.read_json(path) == doc
+    # no temp file left behind by the atomic write
+    assert [p.name for p in path.parent.iterdir()] == ["doc.json"]
+
+
+def test_read_json_errors_name_the_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": ')
+    with pytest.raises(ArtifactError, match=re.escape(str(bad))):
+        artifacts.read_json(bad)
+    missing = tmp_path / "missing.json"
+    with pytest.raises(ArtifactError, match=re.escape(str(missing))):
+        artifacts.read_json(missing)
+
+
+def test_jsonl_round_trip(tmp_path):
+    path = tmp_path / "t.jsonl"
+    header = {"schema": "pairaudit.t/v1", "n": 2}
+    records = [{"index": 0, "text": "é"}, {"index": 1, "text": None}]
+    artifacts.write_jsonl(path, header, records)
+    lines = path.read_text().splitlines()
+    assert json.loads(lines[0])["kind"] == "header"
+    assert [json.loads(ln)["kind"] for ln in lines[1:]] == ["record", "record"]
+    h, recs = artifacts.read_jsonl(path)
+    assert h == header  # "kind" is stripped on read
+    assert recs == records
+
+
+def test_jsonl_empty_records(tmp_path):
+    path = tmp_path / "t.jsonl"
+    artifacts.write_jsonl(path, {"schema": "s"}, [])
+    assert artifacts.read_jsonl(path) == ({"schema": "s"}, [])
+
+
+def test_jsonl_header_required(tmp_path):
+    path = tmp_path / "noheader.jsonl"
+    path.write_text('{"kind": "record", "index": 0}\n')
+    with pytest.raises(ArtifactError, match="no header line") as ei:
+        artifacts.read_jsonl(path)
+    assert str(path) in str(ei.value)
+
+
+def test_jsonl_header_must_be_first_line(tmp_path):
+    path = tmp_path / "late.jsonl"
+    path.write_text('{"kind": "record", "index": 0}\n{"kind": "header", "schema": "s"}\n')
+    with pytest.raises(ArtifactError, match=re.escape(f"{path}:2: unexpected line kind 'header'")):
+        artifacts.read_jsonl(path)
+
+
+def test_jsonl_unknown_kind_names_line(tmp_path):
+    path = tmp_path / "k.jsonl"
+    path.write_text('{"kind": "header", "schema": "s"}\n{"index": 0}\n')
+    with pytest.raises(ArtifactError, match=re.escape(f"{path}:2: unexpected line kind None")):
+        artifacts.read_jsonl(path)
+
+
+def test_jsonl_malformed_line_names_file_and_line(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"kind": "header", "schema": "s"}\n{"kind": "record", "index": 0}\n'
+                    '{"kind": "record", "ind\n{"kind": "record", "index": 2}\n')
+    with pytest.raises(ArtifactError) as ei:
+        artifacts.read_jsonl(path)
+    assert f"{path}:3:" in str(ei.value)
+
+
+def test_jsonl_non_object_line_is_an_artifact_error(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"kind": "header", "schema": "s"}\n[1, 2]\n')
+    with pytest.raises(ArtifactError, match=re.escape(f"{path}:2:")):
+        artifacts.read_jsonl(path)
+
+
+def test_jsonl_missing_file(tmp_path):
+    with pytest.raises(ArtifactError, match="nope.jsonl"):
+        artifacts.read_jsonl(tmp_path / "nope.jsonl")
+
+
+# ---------------------------------------------------------------- provenance and checks
+
+def _inputs(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.jsonl"
+    a.write_text('{"x": 1}\n')
+    b.write_bytes(b"line one\nline two \xc3\xa9\n")
+    return a, b
+
+
+def test_provenance_records_sha256_of_each_input(tmp_path):
+    a, b = _inputs(tmp_path)
+    prov = artifacts.provenance([a, str(b)], {"k": [1, 2]})
+    assert prov["consumed"] == {str(a): hashlib.sha256(a.read_bytes()).hexdigest(),
+                                str(b): hashlib.sha256(b.read_bytes()).hexdigest()}
+    assert prov["params"] == {"k": [1, 2]}
+    assert prov["code_version"] == artifacts.code_version()
+    created = dt.datetime.fromisoformat(prov["created_at"])
+    assert created.tzinfo is not None and created.utcoffset() == dt.timedelta(0)
+    assert artifacts.provenance([])["params"] == {}
+
+
+def test_check_consumed_passes_on_unchanged_input_and_touch(tmp_path):
+    a, b = _inputs(tmp_path)
+    doc = {"provenance": artifacts.provenance([a, b])}
+    artifacts.check_consumed(doc, [a, b], where="out.json")
+    st = a.stat()
+    os.utime(a, (st.st_atime + 100, st.st_mtime + 100))  # a touch is not a change
+    artifacts.check_consumed(doc, [a, b], where="out.json")
+
+
+def test_check_consumed_raises_naming_the_changed_file(tmp_path):
+    a, b = _inputs(tmp_path)
+    doc = {"provenance": artifacts.provenance([a, b])}
+    b.write_bytes(b.read_bytes() + b"edited\n")
+    with pytest.raises(ArtifactError) as ei:
+        artifacts.check_consumed(doc, [a, b], where="results/out.json")
+    msg = str(ei.value)
+    assert str(b) in msg and "results/out.json" in msg and "changed" in msg
+    assert str(a) not in msg.replace(str(b), "")  # the unchanged input is not blamed
+
+
+def test_check_consumed_ignores_inputs_the_doc_did_not_record(tmp_path):
+    a, b = _inputs(tmp_path)
+    doc = {"provenance": artifacts.provenance([a])}
+    b.write_text("anything")
+    artifacts.check_consumed(doc, [a, b], where="x")  # b was never consumed by doc
+    artifacts.check_consumed({}, [a, b], where="x")  # no provenance at all: nothing to compare
+
+
+def test_check_schema(tmp_path):
+    doc = {"schema": "pairaudit.scores/v1", "n": 1}
+    assert artifacts.check_schema(doc, "pairaudit.scores/v1", "p.jsonl") is doc
+    with pytest.raises(ArtifactError) as ei:
+        artifacts.check_schema(doc, "pairaudit.sampled/v1", "some/p.jsonl")
+    msg = str(ei.value)
+    assert "some/p.jsonl" in msg and "pairaudit.scores/v1" in msg and "pairaudit.sampled/v1" in msg
+    with pytest.raises(ArtifactError, match="None"):
+        artifacts.check_schema({}, "pairaudit.sampled/v1", "p")
+
+
+def test_hash_helpers(tmp_path):
+    assert artifacts.sha256_text("abc") == hashlib.sha256(b"abc").hexdigest()
+    # key order does not change an object's hash; a value does
+    assert artifacts.sha256_obj({"a": 1, "b": 2}) == artifacts.sha256_obj({"b": 2, "a": 1})
+    assert artifacts.sha256_obj({"a": 1}) != artifacts.sha256_obj({"a": 2})
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(3 * (1 << 20) + 17))  # more than one read block
+    assert artifacts.sha256_file(big) == hashlib.sha256(big.read_bytes()).hexdigest()
+
+
+# ---------------------------------------------------------------- code version
+
+def test_code_version_follows_content_not_mtime(tmp_path, monkeypatch):
+    pkg = tmp_path / "pairaudit"
+    shutil.copytree(artifacts.PACKAGE_DIR, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(artifacts, "PACKAGE_DIR", pkg)
+    v0 = artifacts.code_version()
+    assert len(v0) == 64
+
+    target = pkg / "stats.py"
+    st = target.stat()
+    os.utime(target, ns=(st.st_atime_ns + 10**10, st.st_mtime_ns + 10**10))  # touch
+    assert artifacts.code_version() == v0
+
+    original = target.read_bytes()
+    target.write_bytes(original + b"\n# a real change\n")
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))  # same mtime as before the edit
+    assert target.stat().st_mtime_ns == st.st_mtime_ns
+    v1 = artifacts.code_version()
+    assert v1 != v0
+
+    target.write_bytes(original)
+    assert artifacts.code_version() == v0
+
+    (pkg / "refserver" / "extra.py").write_text("X = 1\n")  # a new source file counts too
+    assert artifacts.code_version() != v0
