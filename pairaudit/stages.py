@@ -150,7 +150,7 @@ def greedy_stage(*, dataset_path: str, paired_path: str, launch_path: str, prefl
     done = {}
     for rec in read_journal(jpath):
         if rec.get("key") == key and is_final(rec):
-            done.setdefault((rec["kind"], rec["slot"]), rec)
+            done.setdefault((rec["run"], rec["slot"]), rec)
     todo = [w for w in want if w not in done]
     spec = launch.resolve_spec(arm, arm_cfg)
     if todo:
@@ -167,7 +167,7 @@ def greedy_stage(*, dataset_path: str, paired_path: str, launch_path: str, prefl
                                                            chat_template_kwargs)
                     rec = greedy.greedy_one(srv.endpoint, model, prompts[index], max_tokens=cfg["max_tokens"],
                                             index=index)
-                    rec.update(kind=kind, slot=slot, key=key, prompt_ids=prompts[index])
+                    rec.update(run=kind, slot=slot, key=key, prompt_ids=prompts[index])
                     journal.append(rec)
                     done[(kind, slot)] = rec
                     srv.assert_alive()

@@ -99,6 +99,9 @@ def test_identical_arms_give_identical_answers_and_pass(tiny):
             assert paired["table"]["unnatural_finish_indices"]["control"]
         else:
             assert paired["table"]["control_only"] == [] and paired["table"]["candidate_only"] == []
+        divergence = json.loads((res / "divergence" / f"{ds}.json").read_text())
+        assert divergence["items"] and not any(d["diverged"] for d in divergence["divergences"])
+        assert divergence["grid_tie"]["verdict"] == "PASS" and divergence["determinism"]["verdict"] == "PASS"
     decision = json.loads((res / "promotion" / "decision.json").read_text())
     assert decision["decision"] in ("INCONCLUSIVE",)  # gates not built yet are never a PROMOTE
     assert decision["not_evaluated"]
@@ -126,7 +129,8 @@ def test_changing_one_dataset_reruns_only_that_dataset(tiny, tmp_path):
     cfg.write_text(yaml.safe_dump(changed, sort_keys=False))
     jobs = planned_jobs(project, "promotion", "--configfile", str(cfg))
     rules = sorted(r for r, _ in jobs)
-    assert rules == sorted(["dataset", "sampled", "sampled", "score", "score", "paired", "promotion"])
+    assert rules == sorted(["dataset", "sampled", "sampled", "score", "score", "paired", "greedy", "greedy",
+                            "divergence", "promotion"])
     assert all(w.get("dataset", "algebra") == "algebra" for _, w in jobs)
 
 
@@ -138,7 +142,9 @@ def test_changing_the_candidate_reuses_the_control(tiny, tmp_path):
     cfg.write_text(yaml.safe_dump(changed, sort_keys=False))
     jobs = planned_jobs(project, "promotion", "--configfile", str(cfg))
     assert jobs, "a changed candidate must rerun something"
-    assert all(w.get("arm") != "control" for _, w in jobs)
+    # the control's server, rehearsal, answers and scores are reused; only its greedy selection
+    # depends on the pairing (and its journal keeps every generation already made)
+    assert all(w.get("arm") != "control" for r, w in jobs if r != "greedy")
     assert ("launch", {"arm": "candidate"}) in jobs
     assert sorted(r for r, _ in jobs if r == "sampled") == ["sampled", "sampled"]
 
