@@ -4,27 +4,16 @@ import gzip
 import hashlib
 import http.server
 import json
-import os
 import threading
 from pathlib import Path
 
 import pytest
 
 from pairaudit import datasets as ds
+from shared_data import shared_file
+
 from pairaudit.datasets import (DatasetError, build_messages, load_source, normalize, prepare_dataset,
                                 select_items)
-
-
-def shared_datasets() -> Path:
-    env = os.environ.get("PAIRAUDIT_SHARED_DATASETS")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "datasets"
-
-
-def shared_file(rel: str) -> Path:
-    path = shared_datasets() / rel
-    if not path.is_file():
-        pytest.skip(f"shared datasets absent: {path}")
-    return path
 
 
 GSM_ROWS = [{"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i:,}"}

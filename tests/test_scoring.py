@@ -1,28 +1,21 @@
 """Scorers: synthetic cases built to pass and to fail, then every gold answer of the real benchmarks."""
 
 import json
-import os
 import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from shared_data import shared_file
+
 from pairaudit import scoring
 from pairaudit.datasets import load_source, normalize
 from pairaudit.scoring import extract_code, last_boxed, score_item, score_records
 
 
-def shared_datasets() -> Path:
-    env = os.environ.get("PAIRAUDIT_SHARED_DATASETS")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "datasets"
-
-
 def real_items(fmt: str, rel: str) -> list[dict]:
-    path = shared_datasets() / rel
-    if not path.is_file():
-        pytest.skip(f"shared datasets absent: {path}")
-    rows, _ = load_source({"local": str(path)}, cache_dir=Path("/nonexistent"))
+    rows, _ = load_source({"local": str(shared_file(rel))}, cache_dir=Path("/nonexistent"))
     return normalize(fmt, rows)
 
 
@@ -258,7 +251,8 @@ def test_score_records_chat_completions_and_errors():
     assert [o["index"] for o in out] == [4, 9, 9]
     assert out[0]["correct"] is True and out[0]["answered"] is True and out[0]["finish_reason"] == "stop"
     assert out[1]["correct"] is False and out[1]["finish_reason"] == "length"
-    assert out[2] == {"index": 9, "id": "b", "finish_reason": None, "correct": False, "extracted": None,
+    assert out[0]["text"] == "#### 72" and out[1]["text"] == "#### 6"
+    assert out[2] == {"index": 9, "id": "b", "finish_reason": None, "text": None, "correct": False, "extracted": None,
                       "answered": False, "method": "none", "reason": "no answer: ConnectionError: refused"}
     json.dumps(out)
 
