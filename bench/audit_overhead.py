@@ -31,6 +31,7 @@ COPY = ["Snakefile", "rules", "scripts", "config", "profiles", "envs", "pairaudi
 
 
 def scratch_project(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
     for name in COPY:
         src = REPO / name
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, root / name)

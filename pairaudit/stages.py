@@ -15,6 +15,7 @@ tested without Snakemake.  Artifact schemas: launch receipt
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from . import artifacts, datasets, launch, preflight, rules, scoring, stats
@@ -42,6 +43,11 @@ def preflight_stage(*, arm: str, arm_cfg: dict, launch_path: str, out_path: str,
         result = preflight.run_preflight(srv.endpoint, spec, primary=primary)
     result["provenance"] = artifacts.provenance([launch_path], {"primary": primary})
     artifacts.write_json(out_path, result)
+    if result.get("verdict") != "PASS":
+        # Snakemake deletes a failed job's outputs; the failing probe's evidence is kept beside the server log
+        kept = f"{server_log}.preflight.json"
+        artifacts.write_json(kept, result)
+        logging.getLogger("pairaudit").error("preflight evidence kept in %s", kept)
     preflight.require_pass(result)
     return result
 
