@@ -45,19 +45,31 @@ def run(project: Path, *args) -> float:
     return time.perf_counter() - t0
 
 
+def _interval(timings: dict | None) -> tuple[float, float] | None:
+    try:
+        start = dt.datetime.fromisoformat(timings["started_at"]).timestamp()
+        return start, start + float(timings["elapsed_s"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def request_intervals(results: Path) -> list[tuple[float, float]]:
-    out = []
+    """Every request a server answered: sampled and greedy journals, preflight calls, divergence probes."""
+    timings = []
     for journal in results.glob("journal/**/*.jsonl"):
         for line in journal.read_text().splitlines():
             try:
-                rec = json.loads(line)
-                start = dt.datetime.fromisoformat(rec["timings"]["started_at"]).timestamp() if "timings" in rec \
-                    else None
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                timings.append(json.loads(line).get("timings"))
+            except json.JSONDecodeError:
                 continue
-            if start is not None and rec["timings"].get("elapsed_s") is not None:
-                out.append((start, start + rec["timings"]["elapsed_s"]))
-    return out
+    for pre in results.glob("preflight/*.json"):
+        for probe in json.loads(pre.read_text()).get("probes", []):
+            timings += [{"started_at": c.get("started_at"), "elapsed_s": c.get("elapsed_s")}
+                        for c in probe.get("calls", [])]
+    for div in results.glob("divergence/*.json"):
+        for probes in json.loads(div.read_text()).get("probes", {}).values():
+            timings += [p.get("timings") for p in probes]
+    return [iv for iv in map(_interval, timings) if iv is not None]
 
 
 def union_length(intervals: list[tuple[float, float]]) -> float:

@@ -27,7 +27,8 @@ GreedyRecord (``run_greedy``; ``determinism_run`` records too)::
      "token_ids": [int],                    # generated ids incl. a final EOS, from logprobs
      "text", "finish_reason", "usage",
      "top20": [[[id, logprob], ...] per generated position],   # as served, unrounded
-     "salt", "output_sha256"}               # sha256 of canonical JSON of token_ids (None on error)
+     "salt", "output_sha256",               # sha256 of canonical JSON of token_ids (None on error)
+     "timings": {"started_at", "elapsed_s"}}
 
 ProbeResult (``run_probe``; ``probes_for_arm`` adds "index")::
 
@@ -216,6 +217,7 @@ def greedy_one(endpoint: Endpoint, model: str, ids: list[int], *, max_tokens: in
         "usage": parsed.get("usage"),
         "salt": salt,
         "output_sha256": sha256_json(token_ids) if res["error"] is None else None,
+        "timings": {"started_at": res.get("started_at"), "elapsed_s": res.get("elapsed_s")},
     }
 
 
@@ -312,6 +314,7 @@ def run_probe(endpoint: Endpoint, model: str, prompt_ids: Sequence[int], prefix:
         "response_body": res["body"] if res["error"] is not None else None,
         "prompt_tokens": usage.get("prompt_tokens"),
         "sent_prompt_len": len(forced),
+        "timings": {"started_at": res.get("started_at"), "elapsed_s": res.get("elapsed_s")},
     }
 
 
