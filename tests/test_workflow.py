@@ -134,6 +134,16 @@ def test_changing_one_dataset_reruns_only_that_dataset(tiny, tmp_path):
     assert all(w.get("dataset", "algebra") == "algebra" for _, w in jobs)
 
 
+def test_readme_one_liner_reruns_one_dataset(tiny):
+    project, _ = tiny
+    readme = (REPO / "README.md").read_text()
+    assert "promotion --forcerun results/default/datasets/arith.json" in readme
+    jobs = planned_jobs(project, "promotion", "--forcerun", "results/tiny/datasets/arith.json")
+    assert sorted(r for r, _ in jobs) == sorted(["dataset", "sampled", "sampled", "score", "score", "paired",
+                                                 "greedy", "greedy", "divergence", "promotion"])
+    assert all(w.get("dataset", "arith") == "arith" for _, w in jobs)
+
+
 def test_changing_the_candidate_reuses_the_control(tiny, tmp_path):
     project, config = tiny
     changed = json.loads(json.dumps(config))

@@ -34,20 +34,20 @@ def main(argv=None) -> int:
     log = logging.getLogger("refserver")
     try:
         import torch
-        from transformers import AutoTokenizer
 
         from ..modelstore import resolve_model
         from .api import Api, serve
         from .engine import Engine, Switches
         from .metrics import Metrics
         from .model import LlamaModel
+        from .tokenizer import ChatTokenizer
 
         switches = Switches.from_env()
         if args.threads:
             torch.set_num_threads(args.threads)
         t0 = time.monotonic()
         path, identity = resolve_model(args.model)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = ChatTokenizer(path)
         model = LlamaModel(path, lm_head_bf16=switches.lm_head_bf16)
         limit = model.cfg.max_positions
         if args.max_model_len > limit:
