@@ -11,14 +11,22 @@ tested without Snakemake.  Artifact schemas: launch receipt
     paired  results/<audit>/paired/<dataset>.json  {"schema": "pairaudit.paired/v1", "dataset", "format",
             "table": stats.paired_table, "quality": rules.quality_v1, "bootstrap": stats.paired_bootstrap_ci,
             "provenance"}
+    greedy  results/<audit>/greedy/<dataset>/<arm>.jsonl  header {"schema": "pairaudit.greedy/v1", "dataset",
+            "arm", "selection": {mode, discordant, concordant, indices}, "max_tokens", "determinism": {"index",
+            "hashes", "records"}, "provenance"}; records: greedy.greedy_one's record + prompt_ids, run, slot, key
+    divergence  results/<audit>/divergence/<dataset>.json  {"schema": "pairaudit.divergence/v1", "dataset",
+            "items", "divergences", "probes": {arm: [...]}, "grid_tie_inputs", "grid_tie": rules.grid_tie_v1,
+            "determinism": rules.determinism_v1, "provenance"}
 """
 
 from __future__ import annotations
 
 import logging
+import random
 from pathlib import Path
 
-from . import artifacts, datasets, launch, preflight, rules, scoring, stats
+from . import artifacts, datasets, greedy, launch, preflight, rules, scoring, stats
+from .sampled import Journal, is_final, read_journal
 from .sampled import sampled_stage  # noqa: F401  (re-exported: the sampled script's entry point)
 
 ARMS = ("control", "candidate")
@@ -122,8 +130,6 @@ def greedy_selection(paired: dict, cfg: dict) -> dict:
                 "concordant": [], "indices": sorted(indices)}
     discordant = sorted(table["control_only"] + table["candidate_only"])
     rest = sorted(set(indices) - set(discordant))
-    import random
-
     concordant = sorted(random.Random(cfg["seed"]).sample(rest, min(cfg["concordant"], len(rest))))
     return {"mode": "discordant", "discordant": discordant, "concordant": concordant,
             "indices": sorted(discordant + concordant)}
@@ -137,9 +143,6 @@ def greedy_stage(*, dataset_path: str, paired_path: str, launch_path: str, prefl
     Journaled like the sampled stage: items already generated are kept, not
     generated again, when the job reruns (e.g. the selection grew).
     """
-    from . import greedy
-    from .sampled import Journal, is_final, read_journal
-
     cfg = {**GREEDY_DEFAULTS, **(greedy_cfg or {})}
     dataset = artifacts.read_json(dataset_path)
     paired = artifacts.check_schema(artifacts.read_json(paired_path), "pairaudit.paired/v1", paired_path)
@@ -202,8 +205,6 @@ def greedy_stage(*, dataset_path: str, paired_path: str, launch_path: str, prefl
 def divergence_stage(*, dataset_path: str, greedy_paths: dict, launch_paths: dict, arm_cfgs: dict, out_path: str,
                      server_logs: dict, max_divergent: int = 3) -> dict:
     """First divergences, then both arms probed on the shared prefix -- one server after the other in this job."""
-    from . import greedy
-
     headers, records = {}, {}
     for arm in ARMS:
         headers[arm], records[arm] = artifacts.read_jsonl(greedy_paths[arm])
