@@ -7,6 +7,7 @@ import logging
 import platform
 import signal
 import sys
+import threading
 import time
 
 from .. import __version__
@@ -80,20 +81,23 @@ def main(argv=None) -> int:
     except OSError as exc:
         print(f"ERROR: refserver cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr, flush=True)
         return 1
-    engine.start()
 
     def stop(signum, frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
+    # the engine owns the main thread (its matmuls are slower from any other); HTTP gets a background one
+    http = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="http", daemon=True)
+    http.start()
     log.info("serving %s on http://%s:%d (max_model_len %d)", name, args.host, server.server_port,
              args.max_model_len)
     try:
-        server.serve_forever(poll_interval=0.2)
+        engine.run()
     except KeyboardInterrupt:
         log.info("shutting down")
     finally:
         engine.stopped = True
+        server.shutdown()
         server.server_close()
     return 0
 

@@ -356,7 +356,7 @@ def make_handler(api: Api, metrics, started: dict):
                 self.guarded(fn)
 
         def health(self):
-            ok = api.engine.thread.is_alive()
+            ok = api.engine.alive
             self.send_response(200 if ok else 503)
             self.send_header("Content-Length", "0")
             self.end_headers()
