@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import requests
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,3 +82,15 @@ class RefServer:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.log.close()
+
+
+def module_server(env: dict | None = None, max_model_len: int = 512):
+    """A module-scoped fixture serving the real model with ``env`` switches."""
+
+    @pytest.fixture(scope="module")
+    def fixture(tmp_path_factory):
+        server = RefServer(env, max_model_len=max_model_len, log_dir=tmp_path_factory.mktemp("logs"))
+        yield server
+        server.stop()
+
+    return fixture

@@ -5,30 +5,11 @@ import math
 import socket
 import subprocess
 import sys
-import threading
 
 import pytest
 
-import fake_server
 from pairaudit.client import (Endpoint, ServerError, error_message, metrics, metrics_delta, sha256_json,
                               tail_lines, wait_healthy)
-
-
-@pytest.fixture
-def fake():
-    """Factory: an in-process fake server with the given faults; yields an Endpoint."""
-    servers = []
-
-    def make(*faults, **kw):
-        srv = fake_server.make_server(faults=faults, **kw)
-        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        servers.append(srv)
-        return Endpoint(f"http://127.0.0.1:{srv.server_address[1]}", model="fake-model", timeout_s=10)
-
-    yield make
-    for s in servers:
-        s.shutdown()
-        s.server_close()
 
 
 def closed_port() -> int:

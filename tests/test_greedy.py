@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from refserver_fixture import module_server
 
 from pairaudit import greedy as g
 from pairaudit import rules
@@ -258,22 +259,8 @@ def _messages(text):
     return [{"role": "user", "content": text}]
 
 
-@pytest.fixture(scope="module")
-def control(tmp_path_factory):
-    from refserver_fixture import RefServer
-
-    s = RefServer(max_model_len=512, log_dir=tmp_path_factory.mktemp("logs"))
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def candidate_bf16(tmp_path_factory):
-    from refserver_fixture import RefServer
-
-    s = RefServer({"PAIRAUDIT_REF_LM_HEAD_BF16": "1"}, max_model_len=512, log_dir=tmp_path_factory.mktemp("logs"))
-    yield s
-    s.stop()
+control = module_server()
+candidate_bf16 = module_server({"PAIRAUDIT_REF_LM_HEAD_BF16": "1"})
 
 
 def _ep(server):

@@ -5,30 +5,12 @@ should.
 
 import importlib.util
 import socket
-import threading
 
 import pytest
 
-import fake_server
 from pairaudit.client import Endpoint
 from pairaudit.launch import resolve_spec
 from pairaudit.preflight import PreflightError, probe_names, require_pass, run_preflight
-
-
-@pytest.fixture
-def fake():
-    servers = []
-
-    def make(*faults, spec=False, **kw):
-        srv = fake_server.make_server(faults=faults, spec=spec, **kw)
-        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        servers.append(srv)
-        return Endpoint(f"http://127.0.0.1:{srv.server_address[1]}", model="fake-model", timeout_s=10)
-
-    yield make
-    for s in servers:
-        s.shutdown()
-        s.server_close()
 
 
 def arm(speculative=False, max_model_len=256):

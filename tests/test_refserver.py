@@ -12,7 +12,7 @@ import pytest
 import requests
 import torch
 
-from refserver_fixture import REPO, RefServer
+from refserver_fixture import REPO, RefServer, module_server
 
 pytestmark = pytest.mark.server
 MODEL = "SmolLM2-135M-Instruct"
@@ -20,25 +20,9 @@ PROMPT = "The three primary colors are"
 REPETITIVE = "Repeat after me five times: the cat sat on the mat. the cat sat on the mat. the cat sat on the mat."
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    s = RefServer(max_model_len=512, log_dir=tmp_path_factory.mktemp("logs"))
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def bf16_server(tmp_path_factory):
-    s = RefServer({"PAIRAUDIT_REF_LM_HEAD_BF16": "1"}, max_model_len=512, log_dir=tmp_path_factory.mktemp("logs"))
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def spec_server(tmp_path_factory):
-    s = RefServer({"PAIRAUDIT_REF_SPEC_NGRAM": "4"}, max_model_len=512, log_dir=tmp_path_factory.mktemp("logs"))
-    yield s
-    s.stop()
+server = module_server()
+bf16_server = module_server({"PAIRAUDIT_REF_LM_HEAD_BF16": "1"})
+spec_server = module_server({"PAIRAUDIT_REF_SPEC_NGRAM": "4"})
 
 
 def greedy(server, prompt, n=16, **extra):

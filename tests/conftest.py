@@ -1,0 +1,25 @@
+"""Shared fixtures."""
+
+import threading
+
+import pytest
+
+import fake_server
+from pairaudit.client import Endpoint
+
+
+@pytest.fixture
+def fake():
+    """Factory: an in-process fake server with the given faults (error paths only); yields an Endpoint."""
+    servers = []
+
+    def make(*faults, **kw):
+        srv = fake_server.make_server(faults=faults, **kw)
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        servers.append(srv)
+        return Endpoint(f"http://127.0.0.1:{srv.server_address[1]}", model="fake-model", timeout_s=10)
+
+    yield make
+    for s in servers:
+        s.shutdown()
+        s.server_close()
