@@ -5,6 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
+# bubblewrap isolates model-written code when it is scored (see README,
+# "The sandbox").  Installed where we can (root with apt-get); elsewhere the
+# sandbox falls back to namespaces + rlimits and every score record says so.
+if ! command -v bwrap >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get install -y -q --no-install-recommends bubblewrap >/dev/null 2>&1 ||
+        { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends bubblewrap >/dev/null; } ||
+        echo "install.sh: could not install bubblewrap; the sandbox will use its fallback" >&2
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 # torch 2.13.0 CPU: on this machine kind pip takes the wheel on disk; elsewhere

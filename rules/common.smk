@@ -58,6 +58,15 @@ def arm_config(wildcards):
     return config["arms"][wildcards.arm]
 
 
+def arm_gpus(wildcards):
+    return int(config["arms"][wildcards.arm].get("gpus", 0))
+
+
+# Jobs that run both arms' servers one after the other (divergence, boundary
+# gate, speed bracket) need the larger of the two arms' accelerator counts.
+BOTH_ARMS_GPUS = max(int(a.get("gpus", 0)) for a in config["arms"].values())
+
+
 def dataset_config(wildcards):
     return DATASETS[wildcards.dataset]
 
