@@ -1,28 +1,56 @@
-"""Run model-written Python under resource limits: a guard, NOT a security boundary.
+"""Run model-written Python in a sandbox meant to hold against deliberately hostile code.
 
-This module keeps honest-but-buggy generated code (infinite loops, memory
-blow-ups, runaway output, stray forks, accidental network use) from disturbing
-the audit or the host. It does not stop a program written to escape: the
-program can still read every file its uid may read, shares the host kernel,
-and (without a network namespace) the network. A later issue hardens it (e.g.
-bubblewrap with a private mount namespace and seccomp).
+Two mechanisms; every result says which one ran (``mechanism``) and, when the
+stronger one could not, why (``fallback_reason``).
 
-Layers, each recorded in the result's ``isolation`` list only when it was
-actually applied:
+**bubblewrap** (primary; ``/usr/bin/bwrap``, no setuid bit needed): the program
+runs in new PID, network, IPC, UTS and mount namespaces (plus a user namespace
+when we are not root). Its file system is a fresh root holding only read-only
+binds of what the interpreter needs (the Python prefix, ``/usr/lib``,
+``/usr/lib64`` and the ``/lib*`` links), a new ``/proc`` showing only its own
+processes, a minimal ``/dev``, and a size-capped tmpfs at ``/tmp`` -- the only
+writable place, also HOME, TMPDIR and the working directory. No home
+directory, no project tree, no ``results/``, no ``/etc``, no network but a
+loopback of its own. ``--die-with-parent`` plus the PID namespace mean that
+killing the outer ``bwrap`` kills every process the program made; ``_run``
+returns only once that namespace is empty (the kernel empties it after bwrap
+has already exited).
+When we are root, the harness starts with only CAP_SETUID/CAP_SETGID, sets the
+rlimits and drops to a fresh unprivileged uid before any model code runs
+(``no_new_privs`` is set by bwrap), so RLIMIT_NPROC is enforced (root is
+exempt from it).
 
-- ``rlimits``       RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_CORE=0
-- ``tmpdir``        a private, fresh working directory (also HOME and TMPDIR), deleted after
-- ``scrubbed-env``  only PATH, LANG, HOME, TMPDIR, PYTHONHASHSEED (+ ``env_extra``)
-- ``netns``         a new, empty network namespace (``unshare --net``): no route anywhere
+**fallback** (``unshare``; when bwrap is absent or cannot run here): rlimits, a
+private temp dir, a scrubbed environment, ``unshare --net`` / ``--pid`` where
+they work, and the uid drop when root. It does NOT hide the file system: the
+program can read whatever its uid may read.
+
+Layers, recorded in the result's ``isolation`` list only when applied:
+
+- ``rlimits``       RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_NOFILE, RLIMIT_CORE=0
+- ``tmpdir``        a private working directory (also HOME and TMPDIR), gone after the run
+- ``scrubbed-env``  only PATH, LANG, HOME, TMPDIR, PYTHONHASHSEED (+ ``env_extra``; bwrap adds PWD)
+- ``netns``         a new network namespace: no route anywhere, host loopback unreachable
 - ``pidns``         a new PID namespace: every process the program leaves behind dies with it
-- ``uid``           when we are root, the program runs as a fresh unprivileged uid, so
-                    RLIMIT_NPROC is enforced (root is exempt) and leftovers can be swept
+- ``uid``           when we are root, a fresh unprivileged uid
+- ``mountns``       (bwrap) a private root file system as above; ``ipcns``, ``utsns`` likewise
+- ``no-new-privs``  (bwrap) PR_SET_NO_NEW_PRIVS: no setuid binary can raise privileges
+- ``seccomp``       (bwrap, x86_64) a filter refusing ptrace, mount, namespace creation
+                    (unshare/setns/clone flags), bpf, keyctl, io_uring, perf, kexec,
+                    module loading, process_vm_* and the x32 ABI (``seccomp_filter``)
 
-Why no ``preexec_fn``: the scorer runs sandboxes from a thread pool, and
-Python documents ``preexec_fn`` as unsafe with threads (the child may deadlock
-before exec). Instead a tiny launcher (``python -I -S -c``) sets the limits,
-drops the uid, forks the program and waits for it; it is PID 1 of the new PID
-namespace when that is available, so its exit tears the namespace down.
+The verdict of a test run (``run_tests``) cannot be faked by the exit code or
+by printing: the harness reads a random per-run nonce from an inherited
+descriptor that it closes before any model code runs, and reports the test
+outcome, prefixed by the nonce, on a separate pipe only after every test ran.
+Before the tests it restores the state of every imported module (``builtins``,
+``sys``, the test imports...), clears trace/profile hooks, and runs the tests
+with a clean copy of the builtins, so patching ``assert``/``AssertionError``,
+builtins, ``sys.exit`` or modules the tests use does not help. What remains
+possible for a program written against this harness: reading the nonce out of
+the harness's own memory (frame/gc introspection, ctypes), returning objects
+whose ``__eq__`` is always true, or patching state while a test calls it. Such
+a program is still contained; its score is what cannot be trusted.
 
 Result record (plain dict)::
 
@@ -34,18 +62,29 @@ Result record (plain dict)::
      "wall_s": float,
      "stdout_tail": str, "stderr_tail": str,   # last ``tail_chars`` characters
      "stdout_bytes": int, "stderr_bytes": int, # how much was written in total (capped by RLIMIT_FSIZE)
+     "mechanism": "bwrap" | "fallback",
+     "fallback_reason": str | None, # why bwrap did not run (None when it did)
      "isolation": [str, ...],
-     "limits": {"timeout_s", "cpu_s", "memory_mb", "fsize_mb", "nproc"},
+     "limits": {"timeout_s", "cpu_s", "memory_mb", "fsize_mb", "nproc", "nofile"},
      "python": str,                 # the interpreter that ran the program
+     "uid": int | None,             # the fresh uid it ran as ("uid" layer), else None
      "error": str | None}           # only for status "error" (could not start)
+
+``run_tests`` adds ``"harness": {"verified": bool, "total": int | None,
+"failed": [{"test", "error"}] | None, "stage": "tests" | "solution" | None,
+"error": str | None}``; its ``status`` is "passed" only when the verified
+report says every test passed AND the process exited 0.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
+import marshal
 import os
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -56,28 +95,141 @@ import time
 from pathlib import Path
 
 TAIL_CHARS = 4000
+MECHANISMS = ("auto", "bwrap", "fallback")
+# PAIRAUDIT_SANDBOX=fallback forces the fallback (for measurements, or hosts
+# where bwrap misbehaves); "bwrap" makes its absence an error instead.
+MECHANISM_ENV = "PAIRAUDIT_SANDBOX"
 
-# Marker the launcher writes to stderr when the program died of a signal: PID 1
-# of a PID namespace cannot re-raise a default-action signal on itself, so the
-# signal has to be reported in band.
+# Marker the fallback launcher writes to stderr when the program died of a
+# signal: PID 1 of a PID namespace cannot re-raise a default-action signal on
+# itself, so the signal has to be reported in band.
 _SIGNAL_MARK = "pairaudit-sandbox: program killed by signal "
+
+# The harness: the only code that runs before the model's. It reads the job
+# (code, tests, nonce, limits) from an inherited descriptor and closes it, so
+# nothing secret is in argv, the environment or a file the program could read.
+_HARNESS = r'''
+def _pa_main():
+    import builtins, marshal, os, resource, sys
+    fd = int(sys.argv[1])
+    parts = []
+    while True:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        parts.append(chunk)
+    os.close(fd)
+    job = marshal.loads(b"".join(parts))
+    parts = None
+    for name, lim in job["rlimits"].items():
+        resource.setrlimit(getattr(resource, name), (lim[0], lim[1]))
+    if job["uid"] is not None:
+        os.setgroups([])
+        os.setgid(job["uid"])
+        os.setuid(job["uid"])
+    if job["mode"] == "program":
+        return job["code"]
+    _write, _exit, _repr, _exec, _compile = os.write, os._exit, repr, exec, compile
+    _settrace, _setprofile, _modules = sys.settrace, sys.setprofile, sys.modules
+    _BaseException, _type, _str, _dict, _list, _len = BaseException, type, str, dict, list, len
+    _join = str.join
+    rfd, nonce, imports = job["result_fd"], job["nonce"], "\n".join(job["imports"])
+    code, tests, keep = job["code"], job["tests"], set(job["keep"])
+    job = None
+
+    def fmt(exc):
+        # str.join returns an exact str whatever str subclasses the program's
+        # exception hands back, so no __repr__/__add__ of the program's can
+        # shape the report's text (e.g. close the list and add "failed": []).
+        try:
+            return _join("", [_type(exc).__name__, ": ", _str(exc)])[:300]
+        except _BaseException:
+            return "unprintable exception"
+
+    def report(doc):
+        try:
+            _write(rfd, (nonce + " " + _repr(doc) + "\n").encode("utf-8"))
+        except _BaseException:
+            _exit(1)
+        for stream in (sys.__stdout__, sys.__stderr__):
+            try:
+                stream.flush()
+            except _BaseException:
+                pass
+
+    _exec(imports, {})
+    clean_builtins = _dict(builtins.__dict__)
+    # The module type's own __dict__ slot: a module whose __class__ the program
+    # swaps cannot run code when we read its namespace back.
+    _mdict = _type(sys).__dict__["__dict__"].__get__
+    saved = [(name, mod, _dict(_mdict(mod))) for name, mod in _list(_modules.items())
+             if _type(mod) is _type(sys)]
+    ns = {"__name__": "__main__", "__builtins__": builtins}
+    try:
+        _exec(_compile(imports + "\n" + code, "solution.py", "exec"), ns)
+    except _BaseException as exc:
+        report({"stage": "solution", "error": fmt(exc), "total": _len(tests), "failed": None})
+        _exit(1)
+    _settrace(None)
+    _setprofile(None)
+    # Old values stay referenced until we exit: dropping the last reference
+    # could run a finalizer of the program's that re-patches what we restored.
+    graveyard = []
+    try:
+        for name, mod, state in saved:
+            _modules[name] = mod
+            d = _mdict(mod)
+            graveyard.append(_dict(d))
+            _dict.update(d, state)
+    except _BaseException as exc:
+        report({"stage": "solution", "error": "could not restore module state: " + fmt(exc),
+                "total": _len(tests), "failed": None})
+        _exit(1)
+    tns = {k: v for k, v in ns.items()
+           if k in keep or k not in clean_builtins or v is clean_builtins[k]}
+    tns["__builtins__"] = _dict(clean_builtins)
+    _exec(imports, tns)
+    failed = []
+    for src in tests:
+        _settrace(None)
+        _setprofile(None)
+        try:
+            _exec(_compile(src, "<test>", "exec"), tns)
+        except _BaseException as exc:
+            failed.append({"test": src[:200], "error": fmt(exc)})
+    report({"stage": "tests", "error": None, "total": _len(tests), "failed": failed})
+    _exit(1 if failed else 0)
+
+
+_pa_src = _pa_main()
+del _pa_main
+exec(compile(_pa_src, "program.py", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+'''
 
 _LAUNCHER = r"""
 import json, os, resource, signal, sys
 cfg = json.loads(sys.argv[1])
 for name, value in cfg["rlimits"].items():
     resource.setrlimit(getattr(resource, name), (value[0], value[1]))
-if cfg.get("uid") is not None:
-    os.setgroups([])
-    os.setgid(cfg["gid"])
-    os.setuid(cfg["uid"])
 pid = os.fork()
 if pid == 0:
     try:
-        os.execv(cfg["python"], [cfg["python"], "-I", cfg["program"]])
+        # Only the program drops its uid: the launcher (PID 1 of the namespace
+        # when there is one) stays out of its reach for signals and ptrace.
+        if cfg.get("uid") is not None:
+            os.setgroups([])
+            os.setgid(cfg["gid"])
+            os.setuid(cfg["uid"])
+        os.execv(cfg["python"], cfg["argv"])
     except BaseException as exc:
         os.write(2, ("pairaudit-sandbox: cannot start program: %r\n" % (exc,)).encode())
     os._exit(127)
+# The job and result descriptors belong to the program's harness alone.
+for fd in cfg["close"]:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 while True:
     try:
         _, status = os.waitpid(pid, 0)
@@ -111,6 +263,112 @@ def _next_uid() -> int:
         _uid_counter[0] = (_uid_counter[0] + 1) % _UID_SPAN
         return _UID_BASE + _uid_counter[0]
 
+
+# ---------------------------------------------------------------- bubblewrap
+
+# seccomp (x86_64 only): syscalls hostile code could use to attack the shared
+# kernel or its neighbours, none of which a test program needs. EPERM, except
+# clone3 -> ENOSYS so that libc falls back to clone, whose flags are checked.
+_SECCOMP_DENY = {
+    101: "ptrace", 103: "syslog", 134: "uselib", 135: "personality", 153: "vhangup", 155: "pivot_root",
+    163: "acct", 165: "mount", 166: "umount2", 167: "swapon", 168: "swapoff", 169: "reboot",
+    172: "iopl", 173: "ioperm", 175: "init_module", 176: "delete_module", 179: "quotactl",
+    212: "lookup_dcookie", 246: "kexec_load", 248: "add_key", 249: "request_key", 250: "keyctl",
+    272: "unshare", 298: "perf_event_open", 303: "name_to_handle_at", 304: "open_by_handle_at",
+    308: "setns", 310: "process_vm_readv", 311: "process_vm_writev", 312: "kcmp", 313: "finit_module",
+    320: "kexec_file_load", 321: "bpf", 323: "userfaultfd", 425: "io_uring_setup", 426: "io_uring_enter",
+    427: "io_uring_register", 428: "open_tree", 429: "move_mount", 430: "fsopen", 431: "fsconfig",
+    432: "fsmount", 433: "fspick", 442: "mount_setattr",
+}
+_NR_CLONE, _NR_CLONE3 = 56, 435
+# CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+_CLONE_NS_FLAGS = 0x7E020000
+
+
+def seccomp_filter() -> bytes | None:
+    """A classic-BPF seccomp program (``struct sock_filter[]``) for bwrap ``--seccomp``; None off x86_64."""
+    import platform
+    import struct
+    if sys.byteorder != "little" or platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+    deny = sorted(_SECCOMP_DENY)
+    prog: list[tuple[int, int, int, int]] = []
+    # Layout: 0 ld arch; 1 jeq x86_64; 2 ld nr; 3 jge x32; 4..: one jeq per denied nr;
+    # then clone3, clone checks, and the return blocks at the end.
+    n = len(deny)
+    i_allow = 4 + n + 4
+    i_eperm, i_enosys = i_allow + 1, i_allow + 2
+    prog.append((ld, 0, 0, 4))                                   # arch
+    prog.append((jeq, 0, i_eperm - 2, 0xC000003E))               # AUDIT_ARCH_X86_64, else EPERM
+    prog.append((ld, 0, 0, 0))                                   # syscall nr
+    prog.append((jge, i_eperm - 4, 0, 0x40000000))               # x32 ABI: refuse outright
+    for k, nr in enumerate(deny):
+        at = 4 + k
+        prog.append((jeq, i_eperm - at - 1, 0, nr))
+    at = 4 + n
+    prog.append((jeq, i_enosys - at - 1, 0, _NR_CLONE3))         # clone3 -> ENOSYS
+    prog.append((jeq, 0, i_allow - at - 2, _NR_CLONE))           # not clone -> allow
+    prog.append((ld, 0, 0, 16))                                  # clone flags (args[0], low word)
+    prog.append((jset, i_eperm - at - 4, 0, _CLONE_NS_FLAGS))    # new namespaces -> EPERM
+    prog.append((ret, 0, 0, allow))
+    prog.append((ret, 0, 0, eperm))
+    prog.append((ret, 0, 0, enosys))
+    assert len(prog) == i_enosys + 1
+    return b"".join(struct.pack("<HBBI", *ins) for ins in prog)
+
+
+def _bwrap_binds(python: str) -> list[str]:
+    """Read-only binds of exactly what ``python`` needs, with world-traversable parents."""
+    args: list[str] = []
+    for top in ("/lib", "/lib64", "/lib32", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    roots = [p for p in ("/usr/lib", "/usr/lib64") if os.path.isdir(p)]
+    prefix = os.path.realpath(sys.base_prefix)
+    if prefix not in ("/", "/usr"):
+        roots.append(prefix)
+    exe = os.path.realpath(python)
+    if not any(exe.startswith(r + "/") for r in roots):
+        roots.append(exe)
+    made: set[str] = set()
+    for root in roots:
+        # bwrap creates missing parents 0700 (e.g. /root): the dropped uid
+        # could not traverse them.
+        parts = Path(root).parts[1:-1]
+        for i in range(1, len(parts) + 1):
+            d = "/" + "/".join(parts[:i])
+            if d not in made:
+                made.add(d)
+                args += ["--perms", "0755", "--dir", d]
+        args += ["--ro-bind", root, root]
+    return args
+
+
+def _bwrap_cmd(python: str, env: dict, tmpfs_bytes: int) -> list[str]:
+    root = os.geteuid() == 0
+    if root:
+        # As root, --unshare-all would add a user namespace mapping only uid 0,
+        # where the harness could not drop to a fresh uid; the host user
+        # namespace plus a real uid drop is stronger (RLIMIT_NPROC applies).
+        cmd = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+               "--unshare-cgroup-try", "--cap-drop", "ALL",
+               "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        cmd = ["bwrap", "--unshare-all"]
+    cmd += ["--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv"]
+    for k, v in env.items():
+        cmd += ["--setenv", k, v]
+    cmd += _bwrap_binds(python)
+    cmd += ["--proc", "/proc", "--dev", "/dev",
+            "--perms", "1777", "--size", str(int(tmpfs_bytes)), "--tmpfs", "/tmp", "--chdir", "/tmp"]
+    return cmd
+
+
+# ---------------------------------------------------------------- fallback
 
 def _unshare_prefix(layers: tuple[str, ...]) -> list[str]:
     cmd = ["unshare"]
@@ -147,9 +405,12 @@ def _same_minor(python: str) -> bool:
     return out == "%d.%d" % sys.version_info[:2]
 
 
+_PROBE_LIMITS = {"timeout_s": 20, "cpu_s": 10, "memory_mb": 512, "fsize_mb": 1, "nproc": 16, "nofile": 64}
+
+
 @functools.lru_cache(maxsize=None)
 def probe_isolation(python: str | None = None) -> tuple[str, tuple[str, ...]]:
-    """Pick the interpreter and the optional layers (netns, pidns, uid) that work here; probed once.
+    """The fallback's interpreter and optional layers (netns, pidns, uid) that work here; probed once.
 
     Each combination is tried with the real launcher and a trivial program,
     strongest first, so a layer is only claimed when a program actually ran
@@ -167,8 +428,8 @@ def probe_isolation(python: str | None = None) -> tuple[str, tuple[str, ...]]:
     best: tuple[str, tuple[str, ...]] | None = None
     for py in pythons:
         for layers in combos:
-            res = _run("print('ok')", layers=layers, python=py, timeout_s=20, cpu_s=10,
-                       memory_mb=512, fsize_mb=1, nproc=16, env_extra=None)
+            res = _run({"mode": "program", "code": "print('ok')"}, mechanism="fallback", layers=layers,
+                       python=py, env_extra=None, fallback_reason=None, **_PROBE_LIMITS)
             if res["status"] == "passed" and res["stdout_tail"].strip() == "ok":
                 if best is None or len(layers) > len(best[1]):
                     best = (py, layers)
@@ -177,6 +438,53 @@ def probe_isolation(python: str | None = None) -> tuple[str, tuple[str, ...]]:
             break
     return best if best is not None else (pythons[0], ())
 
+
+@functools.lru_cache(maxsize=None)
+def probe_bwrap(python: str | None = None) -> tuple[str, str | None, bool]:
+    """``(python, None, seccomp)`` when bwrap runs a trivial program here, else ``(python, reason, False)``.
+
+    ``seccomp`` says whether it ran with the seccomp filter (tried first).
+    """
+    py = os.path.realpath(python or sys.executable)
+    if shutil.which("bwrap") is None:
+        return py, "bwrap not found on PATH", False
+    why = "no attempt"
+    for layers in ((("seccomp",),) if seccomp_filter() else ()) + ((),):
+        res = _run({"mode": "program", "code": "print('ok')"}, mechanism="bwrap", layers=layers, python=py,
+                   env_extra=None, fallback_reason=None, **_PROBE_LIMITS)
+        if res["status"] == "passed" and res["stdout_tail"].strip() == "ok":
+            return py, None, "seccomp" in layers
+        last = res["stderr_tail"].strip().splitlines()[-1:]
+        why = res.get("error") or (last[0] if last else f"exit {res['returncode']}")
+    return py, f"bwrap could not run a trivial program: {why}"[:300], False
+
+
+def choose(mechanism: str | None = None, python: str | None = None) -> dict:
+    """Which mechanism runs: ``{"mechanism", "python", "layers", "fallback_reason"}``."""
+    want = mechanism or os.environ.get(MECHANISM_ENV) or "auto"
+    if want not in MECHANISMS:
+        raise ValueError(f"sandbox mechanism ({MECHANISM_ENV} or mechanism=) {want!r} is not one of "
+                         f"{', '.join(MECHANISMS)}")
+    reason = None
+    if want in ("auto", "bwrap"):
+        py, reason, with_seccomp = probe_bwrap(python)
+        if reason is None:
+            layers = ("netns", "pidns", "mountns", "ipcns", "utsns", "no-new-privs")
+            if with_seccomp:
+                layers += ("seccomp",)
+            if os.geteuid() == 0:
+                layers += ("uid",)
+            return {"mechanism": "bwrap", "python": py, "layers": layers, "fallback_reason": None}
+        if want == "bwrap":
+            return {"mechanism": "bwrap", "python": py, "layers": (), "fallback_reason": reason,
+                    "unavailable": True}
+    else:
+        reason = f"{MECHANISM_ENV}/mechanism asked for the fallback"
+    py, layers = probe_isolation(python)
+    return {"mechanism": "fallback", "python": py, "layers": layers, "fallback_reason": reason}
+
+
+# ---------------------------------------------------------------- running
 
 def _tail(path: Path, chars: int) -> tuple[str, int]:
     size = path.stat().st_size
@@ -207,63 +515,208 @@ def _sweep_uid(uid: int, python: str) -> None:
         pass
 
 
-def _run(program: str, *, layers: tuple[str, ...], python: str, timeout_s: float, cpu_s: int,
-         memory_mb: int, fsize_mb: int, nproc: int, env_extra: dict | None,
-         tail_chars: int = TAIL_CHARS) -> dict:
+def _await_ns_gone(pid: int | None, deadline_s: float = 10.0) -> None:
+    """Wait until the sandbox's PID-namespace init ``pid`` has become a zombie or vanished.
+
+    The kernel lets a namespace's init finish exiting only after every other
+    process of the namespace is gone, so this is the moment nothing the
+    program started is left. Killing the outer bwrap returns before that.
+    """
+    if not pid:
+        return
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                state = fh.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return
+        if state in (b"Z", b"X"):
+            return
+        time.sleep(0.01)
+
+
+def _await_uid_gone(uid: int, deadline_s: float = 10.0) -> None:
+    """Wait until no process of the run's private uid is left (a torn-down namespace dies asynchronously)."""
+    needle = f"Uid:\t{uid}\t".encode()
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        alive = False
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    with open(f"/proc/{name}/status", "rb") as fh:
+                        if needle in fh.read():
+                            alive = True
+                            break
+                except OSError:
+                    continue
+        if not alive:
+            return
+        time.sleep(0.02)
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float) -> int:
+    """``proc.wait(timeout)`` without its sleep-polling (up to 50 ms late per program): a pidfd wakes us."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        return proc.wait(timeout=timeout_s)
+    try:
+        if not select.select([pidfd], [], [], timeout_s)[0]:
+            raise subprocess.TimeoutExpired(proc.args, timeout_s)
+    finally:
+        os.close(pidfd)
+    return proc.wait()
+
+
+def _ns_init_pid(info_fd: int) -> int | None:
+    """The host pid of the sandbox's PID-namespace init, from bwrap's ``--info-fd`` document."""
+    try:
+        # bwrap's own document comes first; anything after it the program wrote.
+        info, _ = json.JSONDecoder().raw_decode(_read_all(info_fd).decode("utf-8", "replace"))
+        return int(info["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _read_all(fd: int) -> bytes:
+    os.set_blocking(fd, False)
+    parts = []
+    while True:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        parts.append(chunk)
+        if sum(map(len, parts)) > 1 << 20:
+            break
+    return b"".join(parts)
+
+
+def _verified_report(raw: bytes, nonce: str) -> dict | None:
+    """The harness's report: the last line that starts with this run's nonce."""
+    tag = nonce + " "
+    for line in reversed(raw.decode("utf-8", errors="replace").splitlines()):
+        if line.startswith(tag):
+            try:
+                doc = ast.literal_eval(line[len(tag):])
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                return None
+            return doc if isinstance(doc, dict) else None
+    return None
+
+
+def _run(job: dict, *, mechanism: str, layers: tuple[str, ...], python: str, timeout_s: float,
+         cpu_s: int, memory_mb: int, fsize_mb: int, nproc: int, nofile: int, env_extra: dict | None,
+         fallback_reason: str | None, tail_chars: int = TAIL_CHARS) -> dict:
     limits = {"timeout_s": timeout_s, "cpu_s": cpu_s, "memory_mb": memory_mb,
-              "fsize_mb": fsize_mb, "nproc": nproc}
+              "fsize_mb": fsize_mb, "nproc": nproc, "nofile": nofile}
     isolation = ["rlimits", "tmpdir", "scrubbed-env"] + list(layers)
     uid = _next_uid() if "uid" in layers else None
     io_dir = Path(tempfile.mkdtemp(prefix="pairaudit-sbio-"))   # ours only: 0700
-    work = Path(tempfile.mkdtemp(prefix="pairaudit-sb-"))
+    work = None
+    mb = 1024 * 1024
+    rlimits = {
+        # Hard CPU limit one second above soft: SIGXCPU first, then SIGKILL.
+        "RLIMIT_CPU": [int(cpu_s), int(cpu_s) + 1],
+        "RLIMIT_AS": [int(memory_mb) * mb, int(memory_mb) * mb],
+        "RLIMIT_FSIZE": [int(fsize_mb) * mb, int(fsize_mb) * mb],
+        "RLIMIT_NPROC": [int(nproc), int(nproc)],
+        "RLIMIT_NOFILE": [int(nofile), int(nofile)],
+        "RLIMIT_CORE": [0, 0],
+    }
+    nonce = secrets.token_hex(16)
+    job_fd = os.memfd_create("pairaudit-job", os.MFD_CLOEXEC)   # pass_fds opens it to the child alone
+    res_r, res_w = os.pipe()
+    info_r, info_w = os.pipe()
+    seccomp_fd = -1
+    extra_fds: tuple[int, ...] = ()
+    if mechanism == "bwrap":
+        extra_fds = (info_w,)
+        if "seccomp" in layers:
+            seccomp_fd = os.memfd_create("pairaudit-seccomp", os.MFD_CLOEXEC)
+            os.write(seccomp_fd, seccomp_filter() or b"")
+            os.lseek(seccomp_fd, 0, os.SEEK_SET)
+            extra_fds += (seccomp_fd,)
     t0 = time.monotonic()
     proc = None
+    timed_out = False
+    base = {"mechanism": mechanism, "fallback_reason": fallback_reason, "isolation": isolation,
+            "limits": limits, "python": python, "uid": uid}
     try:
-        prog_path = work / "program.py"
-        prog_path.write_text(program, encoding="utf-8")
-        if uid is not None:
-            for p in (work, prog_path):
-                os.chown(p, uid, uid)
-        mb = 1024 * 1024
-        cfg = {
-            "rlimits": {
-                # Hard CPU limit one second above soft: SIGXCPU first, then SIGKILL.
-                "RLIMIT_CPU": [int(cpu_s), int(cpu_s) + 1],
-                "RLIMIT_AS": [int(memory_mb) * mb, int(memory_mb) * mb],
-                "RLIMIT_FSIZE": [int(fsize_mb) * mb, int(fsize_mb) * mb],
-                "RLIMIT_NPROC": [int(nproc), int(nproc)],
-                "RLIMIT_CORE": [0, 0],
-            },
-            "uid": uid, "gid": uid, "python": python,
-            "program": str(prog_path), "mark": _SIGNAL_MARK,
-        }
+        if mechanism == "bwrap":
+            workdir = "/tmp"
+            harness_limits, harness_uid = rlimits, uid
+        else:
+            work = Path(tempfile.mkdtemp(prefix="pairaudit-sb-"))
+            if uid is not None:
+                os.chown(work, uid, uid)
+            workdir = str(work)
+            harness_limits, harness_uid = {}, None   # the launcher applies them
+        full_job = {"mode": job["mode"], "code": job["code"], "tests": job.get("tests", []),
+                    "imports": job.get("imports", []), "keep": job.get("keep", []),
+                    "nonce": nonce, "result_fd": res_w, "rlimits": harness_limits, "uid": harness_uid}
+        # marshal, not json: the harness starts faster without importing json
+        # (the interpreter is this one, or one of the same major.minor).
+        os.write(job_fd, marshal.dumps(full_job))
+        os.lseek(job_fd, 0, os.SEEK_SET)
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
-               "HOME": str(work), "TMPDIR": str(work), "PYTHONHASHSEED": "0"}
+               "HOME": workdir, "TMPDIR": workdir, "PYTHONHASHSEED": "0"}
         env.update({str(k): str(v) for k, v in (env_extra or {}).items()})
-        cmd = _unshare_prefix(layers) + [python, "-I", "-S", "-c", _LAUNCHER, json.dumps(cfg)]
+        argv = [python, "-I", "-S", "-c", _HARNESS, str(job_fd)]
+        if mechanism == "bwrap":
+            tmpfs = max(4 * int(fsize_mb), 16) * mb
+            cmd = _bwrap_cmd(python, env, tmpfs) + ["--info-fd", str(info_w)]
+            if seccomp_fd >= 0:
+                cmd += ["--seccomp", str(seccomp_fd)]
+            cmd += ["--"] + argv
+            popen_env, cwd = {}, "/"
+        else:
+            cfg = {"rlimits": rlimits, "uid": uid, "gid": uid, "python": python, "argv": argv,
+                   "close": [job_fd, res_w], "mark": _SIGNAL_MARK}
+            cmd = _unshare_prefix(layers) + [python, "-I", "-S", "-c", _LAUNCHER, json.dumps(cfg)]
+            popen_env, cwd = env, work
         out_path, err_path = io_dir / "stdout", io_dir / "stderr"
         timed_out = False
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             try:
-                proc = subprocess.Popen(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL,
+                proc = subprocess.Popen(cmd, cwd=cwd, env=popen_env, stdin=subprocess.DEVNULL,
                                         stdout=out, stderr=err, start_new_session=True,
-                                        close_fds=True)
+                                        close_fds=True,
+                                        pass_fds=(job_fd, res_w) + extra_fds)
             except OSError as exc:
-                return {"status": "error", "returncode": None, "signal": None, "timeout_kind": None,
-                        "wall_s": round(time.monotonic() - t0, 4), "stdout_tail": "",
-                        "stderr_tail": "", "stdout_bytes": 0, "stderr_bytes": 0,
-                        "isolation": isolation, "limits": limits, "python": python,
+                return {**base, "status": "error", "returncode": None, "signal": None,
+                        "timeout_kind": None, "wall_s": round(time.monotonic() - t0, 4),
+                        "stdout_tail": "", "stderr_tail": "", "stdout_bytes": 0, "stderr_bytes": 0,
                         "error": f"could not start sandbox: {exc}"}
+            os.close(res_w)
+            os.close(info_w)
+            res_w = info_w = -1
             try:
-                rc = proc.wait(timeout=timeout_s)
+                rc = _wait(proc, timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
+                rc = None
+            ns_init = _ns_init_pid(info_r) if mechanism == "bwrap" else None
+            if timed_out:
+                for pid in ([ns_init] if ns_init else []):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
                 rc = proc.wait()
+            # Also after a normal exit: bwrap returns before its namespace is
+            # empty, and processes the program left behind die only then.
+            _await_ns_gone(ns_init)
         wall = time.monotonic() - t0
+        report = _verified_report(_read_all(res_r), nonce) if job["mode"] == "tests" else None
         stdout_tail, out_bytes = _tail(out_path, tail_chars)
         stderr_tail, err_bytes = _tail(err_path, tail_chars)
         sig = None
@@ -271,6 +724,9 @@ def _run(program: str, *, layers: tuple[str, ...], python: str, timeout_s: float
             sig = stderr_tail.rsplit(_SIGNAL_MARK, 1)[1].strip().split()[0]
         elif rc is not None and rc < 0:
             sig = signal.Signals(-rc).name if -rc in signal.valid_signals() else str(-rc)
+        elif mechanism == "bwrap" and rc is not None and rc > 128 and (rc - 128) in signal.valid_signals():
+            # bwrap's PID 1 reports a child killed by signal N as exit 128+N.
+            sig = signal.Signals(rc - 128).name
         timeout_kind = "wall" if timed_out else ("cpu" if sig == "SIGXCPU" else None)
         if timeout_kind:
             status = "timeout"
@@ -278,10 +734,21 @@ def _run(program: str, *, layers: tuple[str, ...], python: str, timeout_s: float
             status = "passed"
         else:
             status = "failed"
-        return {"status": status, "returncode": rc, "signal": sig, "timeout_kind": timeout_kind,
-                "wall_s": round(wall, 4), "stdout_tail": stdout_tail, "stderr_tail": stderr_tail,
-                "stdout_bytes": out_bytes, "stderr_bytes": err_bytes,
-                "isolation": isolation, "limits": limits, "python": python, "error": None}
+        out = {**base, "status": status, "returncode": rc, "signal": sig, "timeout_kind": timeout_kind,
+               "wall_s": round(wall, 4), "stdout_tail": stdout_tail, "stderr_tail": stderr_tail,
+               "stdout_bytes": out_bytes, "stderr_bytes": err_bytes, "error": None}
+        if job["mode"] == "tests":
+            verified = (report is not None and report.get("stage") == "tests"
+                        and report.get("total") == len(job["tests"])
+                        and isinstance(report.get("failed"), list))
+            out["harness"] = {"verified": report is not None,
+                              "stage": report.get("stage") if report else None,
+                              "total": report.get("total") if report else None,
+                              "failed": report.get("failed") if report else None,
+                              "error": report.get("error") if report else None}
+            if status == "passed" and not (verified and report["failed"] == []):
+                out["status"] = "failed"
+        return out
     finally:
         if proc is not None and proc.poll() is None:
             try:
@@ -289,28 +756,73 @@ def _run(program: str, *, layers: tuple[str, ...], python: str, timeout_s: float
             except ProcessLookupError:
                 pass
             proc.wait()
-        if uid is not None:
+        for fd in (job_fd, res_r, res_w, info_r, info_w, seccomp_fd):
+            if fd >= 0:
+                os.close(fd)
+        if uid is not None and "pidns" not in layers:
             _sweep_uid(uid, python)
-        shutil.rmtree(work, ignore_errors=True)
+            _await_uid_gone(uid)
+        elif uid is not None and mechanism == "fallback" and timed_out:
+            _await_uid_gone(uid)
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(io_dir, ignore_errors=True)
 
 
-def run_python(program: str, *, timeout_s: float = 10, cpu_s: int = 10, memory_mb: int = 512,
-               fsize_mb: int = 16, nproc: int = 64, env_extra: dict | None = None,
-               isolate_network: bool = True, python: str | None = None,
-               tail_chars: int = TAIL_CHARS) -> dict:
-    """Run ``program`` (Python source) in a child process under the guard described above.
-
-    ``isolate_network=False`` skips the network namespace (used by tests to
-    show that their network probe really detects a connection). ``python``
-    defaults to this interpreter, or to a system ``python3`` of the same
-    major.minor when only that one can run under an unprivileged uid; the
-    programs need only the standard library (MBPP/HumanEval tests need no
-    more). The result's ``python`` names the interpreter that ran.
-    """
-    python, layers = probe_isolation(python)
+def _dispatch(job: dict, *, timeout_s, cpu_s, memory_mb, fsize_mb, nproc, nofile, env_extra,
+              isolate_network, python, tail_chars, mechanism) -> dict:
+    chosen = choose(mechanism, python)
+    limits = {"timeout_s": timeout_s, "cpu_s": cpu_s, "memory_mb": memory_mb, "fsize_mb": fsize_mb,
+              "nproc": nproc, "nofile": nofile}
+    if chosen.get("unavailable"):
+        return {"status": "error", "returncode": None, "signal": None, "timeout_kind": None, "wall_s": 0.0,
+                "stdout_tail": "", "stderr_tail": "", "stdout_bytes": 0, "stderr_bytes": 0,
+                "mechanism": "bwrap", "fallback_reason": chosen["fallback_reason"], "isolation": [],
+                "limits": limits, "python": chosen["python"], "uid": None,
+                "error": f"bwrap was required but is unusable: {chosen['fallback_reason']}"}
+    mech, layers, reason = chosen["mechanism"], chosen["layers"], chosen["fallback_reason"]
     if not isolate_network:
+        # Only the fallback can run without a network namespace (tests use it
+        # to show that their network probe really detects a connection).
+        if mech == "bwrap":
+            mech, reason = "fallback", "isolate_network=False asked for the fallback"
+            layers = probe_isolation(python)[1]
         layers = tuple(layer for layer in layers if layer != "netns")
-    return _run(program, layers=layers, python=python, timeout_s=timeout_s, cpu_s=cpu_s,
-                memory_mb=memory_mb, fsize_mb=fsize_mb, nproc=nproc, env_extra=env_extra,
-                tail_chars=tail_chars)
+        chosen = {**chosen, "python": probe_isolation(python)[0]}
+    return _run(job, mechanism=mech, layers=layers, python=chosen["python"], env_extra=env_extra,
+                fallback_reason=reason, tail_chars=tail_chars, **limits)
+
+
+def run_python(program: str, *, timeout_s: float = 10, cpu_s: int = 10, memory_mb: int = 512,
+               fsize_mb: int = 16, nproc: int = 64, nofile: int = 64, env_extra: dict | None = None,
+               isolate_network: bool = True, python: str | None = None,
+               tail_chars: int = TAIL_CHARS, mechanism: str | None = None) -> dict:
+    """Run ``program`` (Python source, as ``__main__``) in the sandbox; ``status`` follows its exit code.
+
+    ``mechanism`` is "auto" (bwrap, else the fallback), "bwrap" (an error
+    result when unusable) or "fallback"; None reads ``PAIRAUDIT_SANDBOX``.
+    ``isolate_network=False`` runs the fallback without a network namespace.
+    Programs need only the standard library (MBPP/HumanEval tests need no more).
+    """
+    return _dispatch({"mode": "program", "code": program}, timeout_s=timeout_s, cpu_s=cpu_s,
+                     memory_mb=memory_mb, fsize_mb=fsize_mb, nproc=nproc, nofile=nofile,
+                     env_extra=env_extra, isolate_network=isolate_network, python=python,
+                     tail_chars=tail_chars, mechanism=mechanism)
+
+
+def run_tests(code: str, tests: list[str], *, imports: list[str] | None = None,
+              keep: list[str] | None = None, timeout_s: float = 10, cpu_s: int = 10,
+              memory_mb: int = 512, fsize_mb: int = 16, nproc: int = 64, nofile: int = 64,
+              env_extra: dict | None = None, python: str | None = None,
+              tail_chars: int = TAIL_CHARS, mechanism: str | None = None) -> dict:
+    """Run ``code`` then each test snippet in the sandbox; pass only on the harness's verified report.
+
+    ``imports`` (trusted import lines) run before the code and again before
+    the tests; ``keep`` names the code's definitions the tests call even when
+    they shadow a builtin (other shadowing names are hidden from the tests).
+    """
+    job = {"mode": "tests", "code": code, "tests": list(tests), "imports": list(imports or []),
+           "keep": list(keep or [])}
+    return _dispatch(job, timeout_s=timeout_s, cpu_s=cpu_s, memory_mb=memory_mb, fsize_mb=fsize_mb,
+                     nproc=nproc, nofile=nofile, env_extra=env_extra, isolate_network=True,
+                     python=python, tail_chars=tail_chars, mechanism=mechanism)

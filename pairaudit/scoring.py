@@ -21,7 +21,11 @@ Format extras:
 - mbpp / humaneval: ``code_source`` ("fenced-python", "fenced", "unclosed-fence",
   "raw"), ``tests_total``, ``tests_failed`` (mbpp), ``first_failure`` (str|None),
   ``sandbox`` = the sandbox result without its output tails (the tails are
-  folded into ``reason``/``first_failure``), ``stderr_tail`` (short).
+  folded into ``reason``/``first_failure``): it states which isolation ran
+  (``mechanism`` "bwrap"/"fallback", ``fallback_reason``, ``isolation``) and
+  the harness's verified report (``harness``); ``stderr_tail`` (short). A
+  code answer is correct only when the harness's nonce-tagged report says
+  every test ran and passed -- never on exit code 0 alone.
 
 Score record of ``score_records`` (one per sampled record, same order)::
 
@@ -31,11 +35,10 @@ Score record of ``score_records`` (one per sampled record, same order)::
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-import secrets
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal, InvalidOperation
 
 from pairaudit import sandbox
@@ -242,37 +245,6 @@ def extract_code(text: str) -> tuple[str, str]:
     return text, "raw"
 
 
-def _mbpp_program(code: str, tests: list[str], imports: list[str], nonce: str) -> str:
-    # Each test runs on its own so a report can say how many failed; the nonce
-    # marker proves the harness ran to the end (code that calls exit(0) early
-    # must not pass).
-    harness = f"""
-import json as _pa_json, sys as _pa_sys, traceback as _pa_tb
-_pa_tests = {json.dumps(tests)}
-_pa_fail = []
-for _pa_src in _pa_tests:
-    try:
-        exec(compile(_pa_src, "<test>", "exec"), globals())
-    except BaseException as _pa_e:
-        _pa_fail.append({{"test": _pa_src[:200], "error": (type(_pa_e).__name__ + ": " + str(_pa_e))[:300]}})
-print("\\nPAIRAUDIT-RESULT-{nonce} " + _pa_json.dumps({{"total": len(_pa_tests), "failed": _pa_fail}}))
-_pa_sys.stdout.flush()
-_pa_sys.exit(1 if _pa_fail else 0)
-"""
-    return "\n".join(imports) + "\n" + code + "\n" + harness
-
-
-def _result_line(stdout: str, nonce: str) -> dict | None:
-    tag = f"PAIRAUDIT-RESULT-{nonce} "
-    for line in reversed(stdout.splitlines()):
-        if line.startswith(tag):
-            try:
-                return json.loads(line[len(tag):])
-            except ValueError:
-                return None
-    return None
-
-
 def _last_error_line(stderr: str) -> str | None:
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
     return lines[-1].strip()[:300] if lines else None
@@ -292,35 +264,53 @@ def _slim(res: dict) -> dict:
     return {k: v for k, v in res.items() if k not in ("stdout_tail", "stderr_tail")}
 
 
-def score_mbpp(item: dict, text: str, *, sandbox_limits: dict | None = None) -> dict:
-    ref = item["reference"]
+def _run_code_tests(code: str, tests: list[str], imports: list[str], keep: list[str],
+                    sandbox_limits: dict | None) -> tuple[dict, dict, str | None, list | None]:
+    """Run the tests in the sandbox; (limits, result, why-not-run, failed list) from the verified report only.
+
+    Exit code 0 alone never passes: the verdict is the harness's nonce-tagged
+    report (see ``pairaudit.sandbox``), so exiting early, printing a fake
+    marker or patching ``assert``/builtins does not score.
+    """
     limits = {**DEFAULT_SANDBOX_LIMITS, **(sandbox_limits or {})}
-    code, source = extract_code(text)
-    nonce = secrets.token_hex(8)
-    tests = list(ref["tests"])
-    res = sandbox.run_python(_mbpp_program(code, tests, list(ref.get("test_imports") or []), nonce),
-                             **limits)
-    out = {"extracted": code, "method": "sandbox", "code_source": source, "tests_total": len(tests),
-           "sandbox": _slim(res), "stderr_tail": res["stderr_tail"][-1000:]}
+    res = sandbox.run_tests(code, tests, imports=imports, keep=keep, **limits)
     why = _sandbox_reason(res, limits)
     if why:
-        return {**out, "correct": False, "tests_failed": None, "first_failure": why, "reason": why}
-    summary = _result_line(res["stdout_tail"], nonce)
-    if summary is None:
+        return limits, res, why, None
+    rep = res.get("harness") or {}
+    if rep.get("stage") == "solution":
+        return limits, res, f"tests did not run to completion: the code raised {rep.get('error')}", None
+    if rep.get("stage") != "tests" or not isinstance(rep.get("failed"), list):
         err = _last_error_line(res["stderr_tail"]) or f"exit code {res['returncode']}"
-        why = f"tests did not run to completion: {err}"
-        return {**out, "correct": False, "tests_failed": None, "first_failure": err, "reason": why}
-    failed = summary["failed"]
-    if not failed and res["status"] == "passed":
+        return limits, res, f"tests did not run to completion: {err}", None
+    failed = rep["failed"]
+    if not failed and res["status"] != "passed":
+        # Every test passed, yet the process did not exit cleanly afterwards.
+        return limits, res, f"tests passed but the sandbox ended with exit code {res['returncode']}", None
+    return limits, res, None, failed
+
+
+def score_mbpp(item: dict, text: str, *, sandbox_limits: dict | None = None) -> dict:
+    ref = item["reference"]
+    code, source = extract_code(text)
+    tests = list(ref["tests"])
+    keep = [ref["function_name"]] if ref.get("function_name") else []
+    limits, res, why, failed = _run_code_tests(code, tests, list(ref.get("test_imports") or []), keep,
+                                               sandbox_limits)
+    out = {"extracted": code, "method": "sandbox", "code_source": source, "tests_total": len(tests),
+           "sandbox": _slim(res), "stderr_tail": res["stderr_tail"][-1000:]}
+    if why:
+        return {**out, "correct": False, "tests_failed": None, "first_failure": why, "reason": why}
+    if not failed:
         return {**out, "correct": True, "tests_failed": 0, "first_failure": None,
                 "reason": f"{len(tests)}/{len(tests)} tests passed"}
-    first = f"{failed[0]['error']} in {failed[0]['test']!r}" if failed else f"exit code {res['returncode']}"
+    first = f"{failed[0]['error']} in {failed[0]['test']!r}"
     return {**out, "correct": False, "tests_failed": len(failed), "first_failure": first,
             "reason": f"{len(failed)}/{len(tests)} tests failed: {first}"}
 
 
-def humaneval_program(item: dict, code: str, nonce: str) -> tuple[str, str]:
-    """Program text and its layout: the completion either defines the entry point or continues the prompt."""
+def humaneval_program(item: dict, code: str) -> tuple[str, str, str]:
+    """(solution text, test text, layout): the completion either defines the entry point or continues the prompt."""
     ref = item["reference"]
     entry = ref["entry_point"]
     if re.search(rf"^\s*def\s+{re.escape(entry)}\s*\(", code, re.M):
@@ -330,27 +320,22 @@ def humaneval_program(item: dict, code: str, nonce: str) -> tuple[str, str]:
         body, layout = ref["prompt"] + "\n" + code, "prompt+full-function"
     else:
         body, layout = ref["prompt"] + code, "prompt+continuation"
-    tail = f"\n\n{ref['test']}\n\ncheck({entry})\nprint('\\nPAIRAUDIT-RESULT-{nonce} {{}}')\n"
-    return body + tail, layout
+    return body, f"{ref['test']}\n\ncheck({entry})\n", layout
 
 
 def score_humaneval(item: dict, text: str, *, sandbox_limits: dict | None = None) -> dict:
-    limits = {**DEFAULT_SANDBOX_LIMITS, **(sandbox_limits or {})}
     code, source = extract_code(text)
-    nonce = secrets.token_hex(8)
-    program, layout = humaneval_program(item, code, nonce)
-    res = sandbox.run_python(program, **limits)
+    entry = item["reference"]["entry_point"]
+    body, test, layout = humaneval_program(item, code)
+    limits, res, why, failed = _run_code_tests(body, [test], [], [entry], sandbox_limits)
     out = {"extracted": code, "method": "sandbox", "code_source": source, "program_layout": layout,
            "tests_total": 1, "sandbox": _slim(res), "stderr_tail": res["stderr_tail"][-1000:]}
-    why = _sandbox_reason(res, limits)
     if why:
         return {**out, "correct": False, "first_failure": why, "reason": why}
-    if res["status"] == "passed" and _result_line(res["stdout_tail"], nonce) is not None:
-        return {**out, "correct": True, "first_failure": None,
-                "reason": f"check({item['reference']['entry_point']}) passed"}
-    err = _last_error_line(res["stderr_tail"]) or f"exit code {res['returncode']} before check() finished"
-    return {**out, "correct": False, "first_failure": err,
-            "reason": f"check({item['reference']['entry_point']}) failed: {err}"}
+    if not failed:
+        return {**out, "correct": True, "first_failure": None, "reason": f"check({entry}) passed"}
+    err = failed[0]["error"]
+    return {**out, "correct": False, "first_failure": err, "reason": f"check({entry}) failed: {err}"}
 
 
 # ---------------------------------------------------------------- dispatch
@@ -386,24 +371,34 @@ def response_text(response: dict | None) -> tuple[str | None, str | None]:
 
 
 def score_records(dataset_doc: dict, sampled_records: list[dict], *,
-                  sandbox_limits: dict | None = None) -> list[dict]:
-    """Score every sampled record of one dataset/arm; unknown indices are an error, never skipped."""
+                  sandbox_limits: dict | None = None, workers: int = 2) -> list[dict]:
+    """Score every sampled record of one dataset/arm; unknown indices are an error, never skipped.
+
+    Code items run ``workers`` sandboxes at a time (each sandbox is a separate
+    process, so threads suffice); the output keeps the input order.
+    """
     by_index = {it["index"]: it for it in dataset_doc["items"]}
-    out = []
     for rec in sampled_records:
-        idx = rec["index"]
-        if idx not in by_index:
-            raise KeyError(f"sampled record index {idx} is not an item of dataset "
+        if rec["index"] not in by_index:
+            raise KeyError(f"sampled record index {rec['index']} is not an item of dataset "
                            f"{dataset_doc.get('name')!r}")
+
+    def one(rec: dict) -> dict:
+        idx = rec["index"]
         item = by_index[idx]
         text, finish = response_text(rec.get("response"))
         # the text rides along so the paired stage can count exact-text matches
         base = {"index": idx, "id": item["id"], "finish_reason": finish, "text": text}
         if rec.get("error") or text is None:
             err = rec.get("error") or "response has no text"
-            out.append({**base, "correct": False, "extracted": None, "answered": False,
-                        "method": "none", "reason": f"no answer: {err}"})
-            continue
+            return {**base, "correct": False, "extracted": None, "answered": False,
+                    "method": "none", "reason": f"no answer: {err}"}
         scored = score_item(item, text, sandbox_limits=sandbox_limits)
-        out.append({**base, **scored, "answered": True})
-    return out
+        return {**base, **scored, "answered": True}
+
+    code = dataset_doc.get("format") in ("mbpp", "humaneval") or any(
+        it.get("format") in ("mbpp", "humaneval") for it in dataset_doc["items"][:1])
+    if not code or workers <= 1 or len(sampled_records) < 2:
+        return [one(rec) for rec in sampled_records]
+    with ThreadPoolExecutor(max_workers=int(workers)) as ex:
+        return list(ex.map(one, sampled_records))

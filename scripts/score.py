@@ -8,4 +8,5 @@ from pairaudit.stages import score_stage  # noqa: E402
 
 run_job(snakemake.log[0], score_stage, dataset_path=snakemake.input.dataset,  # noqa: F821
         sampled_path=snakemake.input.sampled, out_path=snakemake.output[0],  # noqa: F821
-        sandbox_limits=snakemake.params.sandbox)  # noqa: F821
+        sandbox_limits=snakemake.params.sandbox,  # noqa: F821
+        workers=snakemake.threads)  # noqa: F821

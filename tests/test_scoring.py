@@ -201,6 +201,29 @@ def test_mbpp_early_exit_zero_does_not_pass():
     assert "did not run to completion" in rec["reason"]
 
 
+@pytest.mark.parametrize("fake", [
+    "import sys\nsys.exit(0)",
+    "import os\nos._exit(0)",
+    "def add(a, b):\n    import os\n    os._exit(0)",
+    "import os\nprint('3/3 tests passed')\nprint('PAIRAUDIT-RESULT-0 {\"total\": 3, \"failed\": []}')\nos._exit(0)",
+    "import builtins\nbuiltins.AssertionError = KeyError\ndef add(a, b):\n    return 0",
+    "import atexit, os\natexit.register(os._exit, 0)\ndef add(a, b):\n    return 0",
+])
+def test_mbpp_faked_pass_does_not_score(fake):
+    # The verdict is the harness's nonce-tagged report, never the exit code.
+    rec = score_item(MBPP_ITEM, f"```python\n{fake}\n```")
+    assert rec["correct"] is False, rec["reason"]
+    assert rec["sandbox"]["mechanism"] in ("bwrap", "fallback")
+    assert "fallback_reason" in rec["sandbox"]
+
+
+def test_humaneval_faked_pass_does_not_score():
+    for fake in ("    import sys\n    sys.exit(0)\n", "    import os\n    os._exit(0)\n",
+                 "    return object()\nimport builtins\nbuiltins.AssertionError = KeyError\n"):
+        rec = score_item(HE_ITEM, fake)
+        assert rec["correct"] is False, (fake, rec["reason"])
+
+
 def test_mbpp_syntax_error_and_timeout():
     bad = score_item(MBPP_ITEM, "```python\ndef add(a, b) return a\n```")
     assert bad["correct"] is False and "SyntaxError" in bad["reason"]
@@ -306,9 +329,16 @@ def _pool_score(items, texts):
 def test_every_mbpp_reference_solution_passes_and_broken_fails():
     items = real_items("mbpp", "mbpp/sanitized-test.jsonl")
     assert len(items) == 257
-    recs = _pool_score(items, [f"```python\n{it['reference']['code']}\n```" for it in items])
+    # The production path: score_records with its 2 sandbox workers (timing: bench/sandbox.py).
+    doc = {"name": "mbpp", "format": "mbpp", "items": items}
+    sampled = [{"index": it["index"], "response": _chat(f"```python\n{it['reference']['code']}\n```"),
+                "error": None} for it in items]
+    recs = score_records(doc, sampled, workers=2)
+    assert [r["index"] for r in recs] == [it["index"] for it in items]
     failed = [(it["id"], r["reason"]) for it, r in zip(items, recs) if not r["correct"]]
     assert failed == []
+    assert all(r["sandbox"]["harness"]["verified"] and r["sandbox"]["harness"]["failed"] == [] for r in recs)
+    assert len({r["sandbox"]["mechanism"] for r in recs}) == 1
     sample = random.Random(11).sample(items, 20)
     broken = [f"```python\n{it['reference']['code']}\n\n"
               f"def {it['reference']['function_name']}(*args, **kwargs):\n    return object()\n```"
