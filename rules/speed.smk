@@ -1,0 +1,41 @@
+# Speed (seed 004): one job runs control, candidate, control (s1, s2, s3) on
+# the same host, each a fresh server, and decides under win2-v1. Every
+# finished control start is appended to the control archive outside the
+# audit directory, so a rerun adds to the day-to-day spread.
+
+SPEED_CFG = config.get("speed", {})
+
+
+# `speed: {enabled: false}` leaves the rule out: the decision then lists the
+# speed gate as not evaluated (INCONCLUSIVE), never as passed.
+if SPEED_CFG.get("enabled", True):
+
+    rule speed:
+        input:
+            launch_control=f"{R}/launch/control.json",
+            launch_candidate=f"{R}/launch/candidate.json",
+            preflight_control=f"{R}/preflight/control.json",
+            preflight_candidate=f"{R}/preflight/candidate.json",
+        output:
+            decision=f"{R}/speed/decision.json",
+            streams=f"{R}/speed/streams.jsonl",
+        log:
+            f"{R}/logs/speed.log",
+            server_s1=f"{R}/logs/servers/speed-s1-control.log",
+            server_s2=f"{R}/logs/servers/speed-s2-candidate.log",
+            server_s3=f"{R}/logs/servers/speed-s3-control.log",
+        conda:
+            "../envs/serving.yaml"
+        threads: 2
+        resources:
+            server_slots=1,
+            gpu=BOTH_ARMS_GPUS,
+            slurm_partition=BOTH_ARMS_PARTITION,
+        params:
+            arms=config["arms"],
+            speed=SPEED_CFG,
+            audit=config["audit"],
+            archive=SPEED_CFG.get("archive", "results/control-archive.jsonl"),
+            code=CODE["speed"],
+        script:
+            "../scripts/speed.py"

@@ -1,0 +1,15 @@
+"""Snakemake entry for rule speed: the OFF/ON/OFF bracket under win2-v1 (pairaudit.speed)."""
+
+import sys
+
+sys.path.insert(0, f"{snakemake.scriptdir}/..")  # noqa: F821
+from pairaudit.jobs import run_job  # noqa: E402
+from pairaudit.speed import speed_stage  # noqa: E402
+
+inp, out, params, log = snakemake.input, snakemake.output, snakemake.params, snakemake.log  # noqa: F821
+run_job(log[0], speed_stage,
+        launch_paths={"control": inp.launch_control, "candidate": inp.launch_candidate},
+        preflight_paths={"control": inp.preflight_control, "candidate": inp.preflight_candidate},
+        arm_cfgs=params.arms, speed_cfg=params.speed, audit=params.audit,
+        out_path=out.decision, streams_path=out.streams, archive_path=params.archive,
+        server_logs={"s1": log.server_s1, "s2": log.server_s2, "s3": log.server_s3})
