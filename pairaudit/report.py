@@ -54,15 +54,35 @@ manifest.json (``manifest``)::
 
     {"schema": "pairaudit.manifest/v1", "artifacts": [{"path", "sha256", "bytes"}, ...]}  # sorted by path
 
-Later-stage artifacts read by ``promotion_stage(later=...)``. Those stages
-are not built yet; this is the contract proposed here (one place to change:
-``LATER_SCHEMAS``)::
+Later-stage artifacts read by ``promotion_stage(later=...)`` (one place to
+change: ``LATER_SCHEMAS``; the speed decision's other fields are documented
+in ``pairaudit/speed.py``, and the figures read ``series``, ``bar``,
+``win2``, ``spread`` and ``archive.path`` from it)::
 
     later = {"divergence": [path, ...], "boundary": path, "speed": path}   # any key may be absent
     divergence: {"schema": "pairaudit.divergence/v1", "dataset": str,
                  "grid_tie": <grid_tie_v1>, "determinism": <determinism_v1> | None, ...}
     boundary:   {"schema": "pairaudit.boundary_gate/v1", "gate": <boundary_v1>, ...}
     speed:      {"schema": "pairaudit.speed_decision/v1", "gate": <win2_v1>, ...}
+
+The HTML report's items (``promotion_stage``'s optional outputs): the report
+as one HTML page (``markdown_html``), the front-page block ``summary.rst``
+(included by ``report/workflow.rst``), the paired-outcomes figure (per item
+when score files are given), divergence positions and top-2 margins in grid
+steps, the boundary cases side by side, speed per repeat with the bracket
+and the win bar, and the control archive. A stage without an artifact gets a
+"not run" figure and section; nothing crashes on its absence.
+
+results/ledger.jsonl (``ledger_entry``; append-only, one line per completed decision)::
+
+    {"schema": "pairaudit.ledger/v1", "time", "audit", "decision", "reasons", "not_evaluated",
+     "config_sha256",                       # canonical JSON of the workflow config
+     "inputs": {path: sha256},              # = decision provenance.consumed
+     "candidate": {"spec_sha256", "env", "switches_sha256", "model", "url"},
+     "control_spec_sha256", "decision_path", "decision_sha256", "code_version"}
+
+Earlier decisions are matched on ``candidate.spec_sha256`` (the launch
+receipt's identity hash: command, env switches, model), not on the audit name.
 """
 
 from __future__ import annotations
@@ -87,6 +107,7 @@ MANIFEST_SCHEMA = "pairaudit.manifest/v1"
 PAIRED_SCHEMA = "pairaudit.paired/v1"
 LAUNCH_SCHEMA = "pairaudit.launch/v1"
 PREFLIGHT_SCHEMA = "pairaudit.preflight/v1"
+SCORES_SCHEMA = "pairaudit.scores/v1"
 LATER_SCHEMAS = {
     "divergence": "pairaudit.divergence/v1",
     "boundary": "pairaudit.boundary_gate/v1",
@@ -543,19 +564,37 @@ def paired_counts(table: Mapping[str, Any]) -> dict[str, int]:
             "candidate only": len(table["candidate_only"]), "neither": table["neither_correct"]}
 
 
-def plot_paired(paired: Mapping[str, Mapping[str, Any]], out_png: str | os.PathLike) -> None:
-    """Stacked bars of paired outcomes per dataset, written as PNG.
+def item_outcomes(table: Mapping[str, Any], correct: Mapping[str, Mapping[int, bool]]) -> dict[int, str]:
+    """Index -> paired outcome, from each arm's per-item scores; checked against the paired table.
+
+    correct: arm -> {index: correct}. A score file that disagrees with the
+    table's control-only / candidate-only sets or counts is an error: the
+    figure must show the evidence the decision used.
+    """
+    out: dict[int, str] = {}
+    for i in table.get("indices") or []:
+        c, k = bool(correct["control"].get(i)), bool(correct["candidate"].get(i))
+        out[i] = ("both correct" if c and k else "control only" if c else "candidate only" if k else "neither")
+    got = {o: sorted(i for i, v in out.items() if v == o) for o in OUTCOME_COLORS}
+    if (got["control only"] != sorted(table["control_only"]) or got["candidate only"] != sorted(table["candidate_only"])
+            or len(got["both correct"]) != table["both_correct"] or len(got["neither"]) != table["neither_correct"]):
+        raise ArtifactError("per-item scores disagree with the paired table (control-only "
+                            f"{got['control only']} vs {table['control_only']}, candidate-only {got['candidate only']} "
+                            f"vs {table['candidate_only']})")
+    return out
+
+
+def plot_paired(paired: Mapping[str, Mapping[str, Any]], out_png: str | os.PathLike,
+                items: Mapping[str, Mapping[int, str]] | None = None) -> None:
+    """Stacked bars of paired outcomes per dataset, and with ``items`` one coloured cell per item; PNG.
 
     Uses a bare Figure on the Agg canvas instead of pyplot, so no global
     backend or figure state is touched (Snakemake jobs and tests share a process).
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     names = sorted(paired)
-    fig = Figure(figsize=(max(4.0, 1.6 * len(names) + 2.0), 4.0), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
+    per_item = bool(items) and all(ds in items for ds in names)
+    fig = _figure(max(4.0, 1.6 * len(names) + 2.0) + (6.0 if per_item else 0.0), max(4.0, 0.5 * len(names) + 2.5))
+    ax = fig.add_subplot(1, 2, 1) if per_item else fig.add_subplot(1, 1, 1)
     bottoms = [0] * len(names)
     counts = [paired_counts(paired[ds]["table"]) for ds in names]
     for outcome, color in OUTCOME_COLORS.items():
@@ -568,11 +607,491 @@ def plot_paired(paired: Mapping[str, Mapping[str, Any]], out_png: str | os.PathL
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels([f"{ds}\n({paired[ds]['quality'].get('verdict')})" for ds in names])
     ax.set_ylabel("items")
+    ax.yaxis.get_major_locator().set_params(integer=True)
     ax.set_title("Paired outcomes per dataset (control vs candidate)")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    if per_item:
+        ax2 = fig.add_subplot(1, 2, 2)
+        width = max(len(items[ds]) for ds in names) or 1
+        for row, ds in enumerate(names):
+            for col, idx in enumerate(sorted(items[ds])):
+                outcome = items[ds][idx]
+                ax2.add_patch(_rect((col, row), OUTCOME_COLORS[outcome]))
+                if outcome in ("control only", "candidate only") or len(items[ds]) <= 20:
+                    ax2.text(col + 0.5, row + 0.5, str(idx), ha="center", va="center", fontsize=6)
+        ax2.set_xlim(0, max(width, 10))  # a few items stay squares, not wide bars
+        ax2.set_xticks([])
+        ax2.set_ylim(len(names), 0)
+        ax2.set_yticks([r + 0.5 for r in range(len(names))])
+        ax2.set_yticklabels(names)
+        ax2.set_xlabel("items in index order (discordant ones and small sets labelled with their index)")
+        ax2.set_title("Per item")
+        ax2.legend(handles=[_rect((0, 0), c, label=o) for o, c in OUTCOME_COLORS.items()],
+                   loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    else:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    _save(fig, out_png)
+
+
+def _rect(xy, color, label=None):
+    from matplotlib.patches import Rectangle
+
+    return Rectangle(xy, 1, 1, facecolor=color, edgecolor="white", label=label)
+
+
+def load_item_outcomes(paired: Mapping[str, Mapping[str, Any]],
+                       score_paths: Sequence[str | os.PathLike]) -> dict[str, dict[int, str]]:
+    """dataset -> index -> outcome from the score files the paired stage consumed (checked by hash)."""
+    from .artifacts import check_consumed, read_jsonl
+
+    correct: dict[str, dict[str, dict[int, bool]]] = {}
+    for p in score_paths:
+        header, records = read_jsonl(p)
+        check_schema(header, SCORES_SCHEMA, p)
+        ds, arm = header.get("dataset"), header.get("arm")
+        if ds not in paired or arm not in ARMS:
+            raise ArtifactError(f"{p}: scores for {ds}/{arm}, which has no paired result")
+        check_consumed(paired[ds], [p], where=f"paired {ds}")
+        correct.setdefault(ds, {})[arm] = {r["index"]: bool(r.get("correct")) for r in records}
+    return {ds: item_outcomes(paired[ds]["table"], arms) for ds, arms in correct.items()
+            if set(arms) == set(ARMS)}
+
+
+# ------------------------------------------------------------- later figures
+
+def _figure(width: float, height: float):
+    # A bare Figure on the Agg canvas: no pyplot global state (see plot_paired).
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig, out_png: str | os.PathLike) -> None:
     fig.tight_layout()
     Path(out_png).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, format="png")
+
+
+def plot_not_run(out_png: str | os.PathLike, title: str, why: str) -> None:
+    """A figure slot whose stage did not run: says so instead of drawing an empty axis."""
+    fig = _figure(6.0, 2.0)
+    fig.text(0.5, 0.62, f"{title}: not run", ha="center", va="center", fontsize=13, weight="bold")
+    fig.text(0.5, 0.32, why, ha="center", va="center", fontsize=9, wrap=True)
+    Path(out_png).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, format="png")
+
+
+def _top2_margin(top: Sequence[Sequence[float]] | None) -> float | None:
+    vals = sorted((float(v) for _, v in top or []), reverse=True)
+    return vals[0] - vals[1] if len(vals) >= 2 else None
+
+
+def divergence_points(docs: Mapping[str, Mapping[str, Any]]) -> list[dict]:
+    """One row per diverged greedy item: where it diverged and how close the top-2 were.
+
+    Margins are top-1 minus top-2 log-probability of each arm's probe on the
+    shared prefix (the arm's own top-20 at the divergent position); ``step``
+    is the grid step grid-tie-v1 found for that probe (None when it found
+    none), so ``margin / step`` <= 1 reads as a one-step tie.
+    """
+    rows = []
+    for ds in sorted(docs):
+        doc = docs[ds]
+        probes = {arm: {p.get("index"): p for p in (doc.get("probes") or {}).get(arm) or []} for arm in ARMS}
+        gt = doc.get("grid_tie") or {}
+        gt_probes = {p.get("index"): p for p in gt.get("probes") or []}
+        for d in doc.get("divergences") or []:
+            if not d.get("diverged"):
+                continue
+            i = d.get("index")
+            g = gt_probes.get(i) or {}
+            rows.append({
+                "dataset": ds, "index": i, "position": d.get("first_divergence"),
+                "control_len": d.get("control_len"), "candidate_len": d.get("candidate_len"),
+                "control_token_id": d.get("control_token_id"), "candidate_token_id": d.get("candidate_token_id"),
+                "control_margin": _top2_margin((probes["control"].get(i) or {}).get("top20")),
+                "candidate_margin": _top2_margin((probes["candidate"].get(i) or {}).get("top20")),
+                "step": g.get("step"), "gap_in_steps": g.get("gap_in_steps"),
+                "verdict": g.get("verdict") or gt.get("verdict"),
+            })
+    return rows
+
+
+def plot_divergence(docs: Mapping[str, Mapping[str, Any]], out_png: str | os.PathLike) -> list[dict]:
+    """Left: first-divergence position per item against its output length. Right: top-2 margins in BF16 steps."""
+    rows = divergence_points(docs)
+    greedy_n = {ds: len(docs[ds].get("divergences") or []) for ds in docs}
+    if not rows:
+        plot_not_run(out_png, "Greedy divergence",
+                     "no greedy item diverged (" + ", ".join(f"{ds}: 0/{n}" for ds, n in sorted(greedy_n.items()))
+                     + " greedy items differ)")
+        return rows
+    fig = _figure(10.0, 4.0)
+    ax1, ax2 = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    names = sorted(docs)
+    for j, ds in enumerate(names):
+        mine = [r for r in rows if r["dataset"] == ds]
+        if not mine:
+            continue
+        ax1.scatter([r["position"] for r in mine], [max(r["control_len"] or 0, r["candidate_len"] or 0) for r in mine],
+                    label=f"{ds} ({len(mine)}/{greedy_n[ds]} diverged)", color=f"C{j}")
+        for r in mine:
+            ax1.annotate(str(r["index"]), (r["position"], max(r["control_len"] or 0, r["candidate_len"] or 0)),
+                         fontsize=7, xytext=(3, 3), textcoords="offset points")
+    lim = max([max(r["control_len"] or 0, r["candidate_len"] or 0) for r in rows] + [1])
+    ax1.plot([0, lim], [0, lim], color="#999", lw=0.8, ls=":")
+    ax1.set_xlabel("first differing token (position in the output)")
+    ax1.set_ylabel("output length (longer arm)")
+    ax1.set_title("Where greedy outputs diverge")
+    ax1.legend(fontsize=7)
+    xs = list(range(len(rows)))
+    for arm, marker, color in (("control", "s", "#d9822b"), ("candidate", "o", "#3b75af")):
+        ys = [(r[f"{arm}_margin"] / r["step"]) if r["step"] and r[f"{arm}_margin"] is not None else float("nan")
+              for r in rows]
+        ax2.scatter(xs, ys, marker=marker, color=color, label=f"{arm} top-1 − top-2", zorder=3)
+    ax2.axhline(1.0, color="#c0392b", ls="--", lw=1, label="one BF16 step")
+    no_step = [x for x, r in zip(xs, rows) if not r["step"]]
+    for x in no_step:
+        ax2.annotate("no grid step", (x, 0), fontsize=7, rotation=90, va="bottom", ha="center", color="#c0392b")
+    ax2.set_xticks(xs)
+    ax2.set_xticklabels([f"{r['dataset']}\n#{r['index']}\n{r['verdict']}" for r in rows], fontsize=7)
+    ax2.set_ylabel("margin / grid step")
+    ax2.set_ylim(bottom=-0.1)
+    ax2.set_title("Top-2 margin at the divergent position")
+    ax2.legend(fontsize=7)
+    _save(fig, out_png)
+    return rows
+
+
+def _speed_primary(doc: Mapping[str, Any]) -> str | None:
+    return (doc.get("bar") or {}).get("primary") or ((doc.get("gate") or {}).get("params") or {}).get("primary")
+
+
+def plot_speed(doc: Mapping[str, Any], out_png: str | os.PathLike) -> None:
+    """Per cell: s1, s2, s3 of every repeat for the primary metric, and the win bar above the control mean."""
+    primary = _speed_primary(doc)
+    series = doc.get("series") or {}
+    bar = doc.get("bar") or {}
+    win_pct = float(bar.get("win_pct") or 2.0)
+    lower = primary in (bar.get("lower_is_better") or [])
+    cells = [c for c in series if primary in (series[c] or {})]
+    if not cells:
+        plot_not_run(out_png, "Speed bracket", f"the speed decision carries no series for its primary metric {primary!r}")
+        return
+    fig = _figure(max(5.0, 3.6 * len(cells)), 4.0)
+    verdicts = (doc.get("gate") or {}).get("cells") or {}
+    for j, cell in enumerate(cells):
+        ax = fig.add_subplot(1, len(cells), j + 1)
+        reps = series[cell][primary]
+        for r, trio in enumerate(reps):
+            s1, s2, s3 = (float("nan") if v is None else float(v) for v in trio)
+            ctrl = (s1 + s3) / 2
+            ax.plot([r - 0.2, r + 0.2], [s1, s3], color="#999", lw=0.8, zorder=1)
+            ax.scatter([r - 0.2], [s1], marker="s", color="#d9822b", label="s1 control" if r == 0 else None, zorder=3)
+            ax.scatter([r], [s2], marker="o", color="#3b75af", s=50, label="s2 candidate" if r == 0 else None, zorder=3)
+            ax.scatter([r + 0.2], [s3], marker="s", color="#a0522d", label="s3 control" if r == 0 else None, zorder=3)
+            edge = ctrl * (1 - win_pct / 100) if lower else ctrl * (1 + win_pct / 100)
+            ax.fill_between([r - 0.3, r + 0.3], [ctrl] * 2, [edge] * 2, color="#c0392b", alpha=0.15,
+                            label=f"{win_pct:g} % bar over control mean" if r == 0 else None)
+            ax.hlines(ctrl, r - 0.3, r + 0.3, color="#555", lw=1, label="control mean (s1+s3)/2" if r == 0 else None)
+        w = (doc.get("win2") or {}).get(cell) or {}
+        prim = w.get("primary") or {}
+        gain = prim.get("point_gain_pct")
+        ax.set_title(f"{cell}: {verdicts.get(cell) or w.get('verdict') or '?'}"
+                     + (f" (gain {gain:+.2f} %)" if isinstance(gain, (int, float)) else ""), fontsize=9)
+        ax.set_xticks(range(len(reps)))
+        ax.set_xticklabels([f"repeat {r + 1}" for r in range(len(reps))])
+        ax.set_xlim(-0.5, len(reps) - 0.5)
+        ax.set_ylabel(f"{primary} ({'lower' if lower else 'higher'} is better)")
+        if j == 0:
+            ax.legend(fontsize=7)
+    _save(fig, out_png)
+
+
+def read_jsonl_lines(path: str | os.PathLike) -> list[dict]:
+    """Every parsable line of an append-only JSONL file; a cut last line (crash) is skipped."""
+    import json
+
+    out = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+    except FileNotFoundError:
+        return []
+    return out
+
+
+def archive_rows(speed_doc: Mapping[str, Any], archive: Sequence[Mapping[str, Any]]) -> dict[str, list[dict]]:
+    """cell -> archived control starts comparable with this audit's: same cell, same config hash, a value."""
+    primary = _speed_primary(speed_doc)
+    spread = speed_doc.get("spread") or {}
+    out = {}
+    for cell in speed_doc.get("series") or {}:
+        want = (spread.get(cell) or {}).get("config_hash")
+        out[cell] = [dict(a) for a in archive if a.get("cell") == cell
+                     and (want is None or a.get("config_hash") == want)
+                     and isinstance((a.get("metrics") or {}).get(primary), (int, float))]
+    return out
+
+
+def plot_control_archive(speed_doc: Mapping[str, Any], archive: Sequence[Mapping[str, Any]],
+                         out_png: str | os.PathLike) -> None:
+    """Every archived control start's primary metric per cell, this audit's starts marked."""
+    primary = _speed_primary(speed_doc)
+    audit = speed_doc.get("audit")
+    cells = list(speed_doc.get("series") or {})
+    by_cell = archive_rows(speed_doc, archive)
+    if not any(by_cell.values()):
+        plot_not_run(out_png, "Control archive", "no archived control start carries the primary metric yet")
+        return
+    fig = _figure(max(5.0, 3.6 * len(cells)), 4.0)
+    spread = speed_doc.get("spread") or {}
+    for j, cell in enumerate(cells):
+        ax = fig.add_subplot(1, len(cells), j + 1)
+        rows = by_cell[cell]
+        xs = list(range(len(rows)))
+        ys = [a["metrics"][primary] for a in rows]
+        mine = [a.get("audit") == audit for a in rows]
+        ax.scatter([x for x, m in zip(xs, mine) if not m], [y for y, m in zip(ys, mine) if not m],
+                   color="#999", label="earlier control starts")
+        ax.scatter([x for x, m in zip(xs, mine) if m], [y for y, m in zip(ys, mine) if m],
+                   color="#d9822b", marker="s", label=f"this audit ({audit})")
+        sp = spread.get(cell) or {}
+        arch = sp.get("archive_pct")
+        win = sp.get("win_pct") or (speed_doc.get("bar") or {}).get("win_pct")
+        ax.set_title(f"{cell}: archive spread "
+                     + (f"{arch:.2f} %" if isinstance(arch, (int, float)) else "n/a (< 2 starts)")
+                     + (f" vs {win:g} % bar" if isinstance(win, (int, float)) else ""), fontsize=9)
+        ax.set_xlabel("archived control start (in append order)")
+        ax.set_ylabel(f"{primary} (mean over repeats)")
+        if j == 0:
+            ax.legend(fontsize=7)
+    _save(fig, out_png)
+
+
+def boundary_markdown(doc: Mapping[str, Any] | None) -> list[str]:
+    """Boundary cases side by side (control | candidate), from the boundary gate artifact.
+
+    Reads ``cases: [{"case", "expected", "identical_text", "control": side,
+    "candidate": side}]`` as pairaudit/boundary.py documents it.
+    """
+    out = ["## Long-context boundary (boundary-v1)", ""]
+    if doc is None:
+        return out + ["Not run: the boundary stage has not produced `boundary/gate.json` for this audit, so the "
+                      "boundary gate is not evaluated (the decision cannot be PROMOTE)."]
+    gate = doc.get("gate") or {}
+    out += [f"Verdict: **{gate.get('verdict')}**", ""] + [f"- {_cell(r)}" for r in gate.get("reasons") or []]
+    mml = doc.get("max_model_len") or {}
+    if mml:
+        out += ["", "max_model_len: " + ", ".join(f"{arm} {mml.get(arm)}" for arm in ARMS)]
+    cases = [c for c in doc.get("cases") or [] if isinstance(c, Mapping)]
+    if cases:
+        def side(c: Mapping, arm: str) -> list[str]:
+            s = c.get(arm)
+            if not isinstance(s, Mapping):
+                return ["not run", "", "", ""]
+            text = s.get("text") or s.get("config_error") or s.get("error") or "(no text)"
+            return [_code(str(text)[:120]), _cell(s.get("correct")), _cell(s.get("finish_reason")),
+                    _cell(f"{s.get('prompt_tokens')} + {s.get('max_tokens')}")]
+
+        head = ["case", "expected"] + [f"{arm} {f}" for arm in ARMS
+                                       for f in ("answer", "correct", "finish", "tokens in + out")] + ["same text"]
+        out += ["", _row(head), _row(["---"] * len(head))]
+        for c in cases:
+            out.append(_row([_cell(c.get("case")), _code(c.get("expected"))] + side(c, "control")
+                            + side(c, "candidate") + [_cell(c.get("identical_text"))]))
+    longs = [(arm, fl) for arm, fl in (doc.get("first_long") or {}).items()
+             if isinstance(fl, Mapping) and fl.get("ttft_s") is not None]
+    if longs:
+        out.append("")
+    for arm, fl in longs:
+        out.append(f"- {arm}: first long request ({fl.get('case')}, {fl.get('prompt_tokens')} tokens) "
+                   f"TTFT {fl['ttft_s']:.3f} s, {fl.get('input_tokens_per_s') or 0:.1f} input tokens/s")
+    return out
+
+
+def speed_markdown(doc: Mapping[str, Any] | None) -> list[str]:
+    out = ["## Speed (win2-v1)", ""]
+    if doc is None:
+        return out + ["Not run: the speed stage has not produced `speed/decision.json` for this audit, so the "
+                      "speed gate is not evaluated (the decision cannot be PROMOTE)."]
+    gate = doc.get("gate") or {}
+    out += [f"Verdict: **{gate.get('verdict')}**" + (" (informational: only a LOSS gates)"
+                                                      if gate.get("informational") else ""), ""]
+    out += [f"- {_cell(r)}" for r in gate.get("reasons") or []]
+    spread = doc.get("spread") or {}
+    if spread:
+        out += ["", _row(["cell", "in-window control spread (max %)", "archive spread %", "archive starts",
+                          "win bar %"]), _row(["---"] * 5)]
+        for cell, sp in spread.items():
+            w = sp.get("window_pct")
+            vals = [v for v in (w if isinstance(w, list) else [w]) if isinstance(v, (int, float))]
+            # A repeat without a value (no rounds measured) has no spread: not zero, just absent.
+            wmax = sp.get("window_max_pct", max(vals) if vals else None)
+            out.append(_row([_cell(cell)] + ["n/a" if v is None else _cell(v) for v in
+                                             (wmax, sp.get("archive_pct"), sp.get("archive_n"), sp.get("win_pct"))]))
+    return out
+
+
+# ------------------------------------------------------------------ ledger
+
+LEDGER_SCHEMA = "pairaudit.ledger/v1"
+
+
+def ledger_entry(decision: Mapping[str, Any], launch: Mapping[str, Mapping[str, Any]], *, audit: str | None,
+                 config: Any, decision_path: str) -> dict:
+    """One line of results/ledger.jsonl: what was decided, on which evidence, for which candidate."""
+    from .client import sha256_json
+
+    cand = launch.get("candidate") or {}
+    prov = decision.get("provenance") or {}
+    return {
+        "schema": LEDGER_SCHEMA,
+        "time": prov.get("created_at"),
+        "audit": audit,
+        "decision": decision["decision"],
+        "reasons": list(decision.get("reasons") or []),
+        "not_evaluated": list(decision.get("not_evaluated") or []),
+        "config_sha256": None if config is None else sha256_json(config),
+        "inputs": dict(prov.get("consumed") or {}),
+        # The candidate's identity is its launch spec hash (command, env
+        # switches, model): the same change audited again matches, whatever
+        # the audit name.
+        "candidate": {"spec_sha256": cand.get("spec_sha256"), "env": cand.get("env"),
+                      "switches_sha256": sha256_json(cand.get("env") or {}), "model": cand.get("model"),
+                      "url": cand.get("url")},
+        "control_spec_sha256": (launch.get("control") or {}).get("spec_sha256"),
+        "decision_path": decision_path,
+        "decision_sha256": sha256_file(decision_path),
+        "code_version": prov.get("code_version"),
+    }
+
+
+def earlier_decisions(ledger: Sequence[Mapping[str, Any]], candidate_spec_sha256: str | None) -> list[dict]:
+    return [dict(e) for e in ledger if e.get("schema") == LEDGER_SCHEMA
+            and (e.get("candidate") or {}).get("spec_sha256") == candidate_spec_sha256]
+
+
+def append_ledger(path: str | os.PathLike, entry: Mapping[str, Any]) -> None:
+    """Append one line and fsync; never rewrites what is there (a sweep stays visible)."""
+    import json
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with open(p, "ab") as f:
+        if f.tell() > 0:
+            with open(p, "rb") as r:
+                r.seek(-1, os.SEEK_END)
+                if r.read(1) != b"\n":  # a crash cut the last line: start a fresh one
+                    f.write(b"\n")
+        f.write((json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8"))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def ledger_markdown(earlier: Sequence[Mapping[str, Any]], spec: str | None) -> list[str]:
+    out = ["## Earlier decisions for this candidate", ""]
+    if not earlier:
+        return out + [f"None: this is the first decision recorded in the ledger for candidate spec {_code(spec)}."]
+    out += [f"{len(earlier)} earlier decision(s) for candidate spec {_code(spec)} — a sweep repeated until the score "
+            "looked better shows up here:", "",
+            _row(["time", "audit", "decision", "config sha256", "not evaluated"]), _row(["---"] * 5)]
+    for e in earlier:
+        out.append(_row([_cell(e.get("time")), _cell(e.get("audit")), e.get("decision"),
+                         _code(str(e.get("config_sha256"))[:12]), _cell(", ".join(e.get("not_evaluated") or []))]))
+    return out
+
+
+# ------------------------------------------------------------------ html
+
+def _inline(text: str) -> str:
+    import html
+    import re
+
+    parts = re.split(r"(`[^`]*`)", text)
+    out = []
+    for part in parts:
+        if len(part) >= 2 and part.startswith("`") and part.endswith("`"):
+            out.append("<code>" + html.escape(part[1:-1]).replace("\\|", "|") + "</code>")
+        else:
+            esc = html.escape(part).replace("\\|", "|")
+            out.append(re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", esc))
+    return "".join(out)
+
+
+def markdown_html(md: str, *, title: str, verdict: str | None = None) -> str:
+    """The Markdown this module writes (headings, paragraphs, lists, pipe tables) as one self-contained page."""
+    import html
+    import re
+
+    body: list[str] = []
+    lines = md.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if not line.strip():
+            i += 1
+            continue
+        m = re.match(r"(#{1,4}) (.*)", line)
+        if m:
+            n = len(m.group(1))
+            body.append(f"<h{n}>{_inline(m.group(2))}</h{n}>")
+            i += 1
+        elif line.startswith("| "):
+            rows = []
+            while i < len(lines) and lines[i].startswith("| "):
+                rows.append([c.strip() for c in re.split(r"(?<!\\)\|", lines[i].strip())[1:-1]])
+                i += 1
+            body.append("<table>")
+            for k, cells in enumerate(rows):
+                if k == 1 and all(set(c) <= {"-"} for c in cells):
+                    continue
+                tag = "th" if k == 0 else "td"
+                body.append("<tr>" + "".join(f"<{tag}>{_inline(c)}</{tag}>" for c in cells) + "</tr>")
+            body.append("</table>")
+        elif line.startswith("- "):
+            body.append("<ul>")
+            while i < len(lines) and lines[i].startswith("- "):
+                body.append(f"<li>{_inline(lines[i][2:])}</li>")
+                i += 1
+            body.append("</ul>")
+        else:
+            para = []
+            while i < len(lines) and lines[i].strip() and not re.match(r"#{1,4} |\| |- ", lines[i]):
+                para.append(lines[i])
+                i += 1
+            body.append(f"<p>{_inline(' '.join(para))}</p>")
+    color = {"PROMOTE": "#2e7d32", "HOLD": "#ef6c00", "REJECT": "#c62828"}.get(verdict or "", "#616161")
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            "<style>body{font-family:sans-serif;margin:1.5em;max-width:75em}table{border-collapse:collapse;"
+            "margin:.5em 0}td,th{border:1px solid #ccc;padding:.2em .5em;font-size:.9em;text-align:left}"
+            "code{font-size:.85em;word-break:break-all}"
+            f"#decision{{background:{color};color:#fff;padding:.4em .8em;border-radius:4px}}</style></head><body>\n"
+            + (f"<div id=\"decision\" data-decision=\"{html.escape(verdict)}\">Decision: {html.escape(verdict)}</div>\n"
+               if verdict else "")
+            + "\n".join(body) + "\n</body></html>\n")
+
+
+def summary_rst(decision: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]]) -> str:
+    """The report's front page block (included by report/workflow.rst): the decision and every reason."""
+    def esc(t: Any) -> str:
+        return str(t).replace("\\", "\\\\").replace("*", "\\*").replace("`", "\\`").replace("_", "\\_").replace("|", "\\|")
+
+    out = [f"**Decision: {decision['decision']}** (rule {decision['rule']}; deciding gates: "
+           f"{esc(', '.join(decision.get('deciding_gates') or []) or 'none')})", ""]
+    out += [f"- {esc(r)}" for r in decision.get("reasons") or []]
+    ne = decision.get("not_evaluated") or []
+    out += ["", "Not evaluated (the decision cannot be PROMOTE): " + (esc(", ".join(ne)) if ne else "none") + "."]
+    out += ["", f"Earlier decisions for this candidate in the ledger: {len(earlier)}"
+            + (" (" + esc(", ".join(f"{e.get('audit')}: {e.get('decision')}" for e in earlier)) + ")" if earlier else "")
+            + ".", ""]
+    return "\n".join(out)
 
 
 # ------------------------------------------------------------------ stage
@@ -591,47 +1110,107 @@ def _load_keyed(paths: Sequence[str | os.PathLike], schema: str, key: str) -> di
     return out
 
 
-def _load_later(later: Mapping[str, Any] | None) -> tuple[dict, list[str]]:
-    """Later-stage artifacts -> decide() keywords, plus the paths read."""
+def _load_later(later: Mapping[str, Any] | None) -> tuple[dict, list[str], dict]:
+    """Later-stage artifacts -> decide() keywords, the paths read, and the documents themselves."""
     later = dict(later or {})
     unknown = set(later) - set(LATER_SCHEMAS)
     if unknown:
         raise ValueError(f"unknown later stages {sorted(unknown)} (known: {sorted(LATER_SCHEMAS)})")
     kw: dict[str, Any] = {}
     paths: list[str] = []
+    docs: dict[str, Any] = {}
     if later.get("divergence"):
-        docs = _load_keyed(later["divergence"], LATER_SCHEMAS["divergence"], "dataset")
-        kw["divergence"] = {ds: d.get("grid_tie") for ds, d in docs.items()}
+        docs["divergence"] = _load_keyed(later["divergence"], LATER_SCHEMAS["divergence"], "dataset")
+        kw["divergence"] = {ds: d.get("grid_tie") for ds, d in docs["divergence"].items()}
         # Determinism is evaluated per dataset inside the divergence stage.
-        kw["determinism"] = {ds: d.get("determinism") for ds, d in docs.items()}
+        kw["determinism"] = {ds: d.get("determinism") for ds, d in docs["divergence"].items()}
         paths += [str(p) for p in later["divergence"]]
     for stage in ("boundary", "speed"):
         if later.get(stage):
             p = later[stage]
-            kw[stage] = check_schema(read_json(p), LATER_SCHEMAS[stage], p).get("gate")
+            docs[stage] = check_schema(read_json(p), LATER_SCHEMAS[stage], p)
+            kw[stage] = docs[stage].get("gate")
             paths.append(str(p))
-    return kw, paths
+    return kw, paths, docs
 
 
 def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Sequence[str | os.PathLike],
                     preflight_paths: Sequence[str | os.PathLike], out_decision: str | os.PathLike,
                     out_report: str | os.PathLike, out_manifest: str | os.PathLike,
-                    out_plot: str | os.PathLike, *, later: Mapping[str, Any] | None = None) -> None:
-    """Read every input, decide, and write decision.json, the report, the plot and the manifest.
+                    out_plot: str | os.PathLike, *, later: Mapping[str, Any] | None = None,
+                    out_html: str | os.PathLike | None = None, out_summary: str | os.PathLike | None = None,
+                    out_divergence_plot: str | os.PathLike | None = None,
+                    out_boundary: str | os.PathLike | None = None,
+                    out_speed_plot: str | os.PathLike | None = None,
+                    out_archive_plot: str | os.PathLike | None = None,
+                    score_paths: Sequence[str | os.PathLike] = (),
+                    ledger_path: str | os.PathLike | None = None, audit: str | None = None,
+                    config: Any = None) -> None:
+    """Read every input, decide, and write decision.json, the reports, the figures and the manifest.
 
-    The manifest is written last and lists every input plus the three other
-    outputs (it cannot hash itself).
+    The manifest is written after every other output and lists every input
+    plus those outputs (it cannot hash itself). The ledger line is appended
+    last, once the decision is complete; the earlier ledger lines for the
+    same candidate spec are listed in the report. A stage that did not run
+    (no artifact in ``later``) gets a figure and a section saying so.
     """
     paired = _load_keyed(paired_paths, PAIRED_SCHEMA, "dataset")
     launch = _load_keyed(launch_paths, LAUNCH_SCHEMA, "arm")
     preflight = _load_keyed(preflight_paths, PREFLIGHT_SCHEMA, "arm")
-    later_kw, later_paths = _load_later(later)
-    inputs = [str(p) for p in (*paired_paths, *launch_paths, *preflight_paths)] + later_paths
+    later_kw, later_paths, later_docs = _load_later(later)
+    archive: list[dict] = []
+    speed = later_docs.get("speed")
+    archive_path = ((speed or {}).get("archive") or {}).get("path")
+    if archive_path and Path(archive_path).exists():
+        archive = read_jsonl_lines(archive_path)
+        later_paths.append(str(archive_path))  # hashed as read now: other audits keep appending to it
+    items = load_item_outcomes(paired, score_paths) if score_paths else None
+    inputs = [str(p) for p in (*paired_paths, *launch_paths, *preflight_paths, *score_paths)] + later_paths
 
     decision = decide(paired, launch, preflight, **later_kw)
     decision["provenance"] = provenance(inputs, params={"rule": "promotion-v1",
                                                         "datasets": sorted(paired), "arms": list(ARMS)})
-    plot_paired(paired, out_plot)
+    spec = (launch.get("candidate") or {}).get("spec_sha256")
+    earlier = earlier_decisions(read_jsonl_lines(ledger_path), spec) if ledger_path else []
+
+    outputs = [str(out_decision), str(out_report), str(out_plot)]
+    plot_paired(paired, out_plot, items)
+    if out_divergence_plot:
+        if later_docs.get("divergence"):
+            plot_divergence(later_docs["divergence"], out_divergence_plot)
+        else:
+            plot_not_run(out_divergence_plot, "Greedy divergence", "the divergence stage produced no artifact")
+        outputs.append(str(out_divergence_plot))
+    if out_speed_plot:
+        if speed:
+            plot_speed(speed, out_speed_plot)
+        else:
+            plot_not_run(out_speed_plot, "Speed bracket", "no speed/decision.json: the speed gate is not evaluated")
+        outputs.append(str(out_speed_plot))
+    if out_archive_plot:
+        if speed:
+            plot_control_archive(speed, archive, out_archive_plot)
+        else:
+            plot_not_run(out_archive_plot, "Control archive", "the speed stage has not run, so no control start "
+                                                              "was archived for this audit")
+        outputs.append(str(out_archive_plot))
     write_json(out_decision, decision)
-    _atomic_write(Path(out_report), render_markdown(decision, paired, launch, preflight))
-    write_json(out_manifest, manifest([*inputs, str(out_decision), str(out_report), str(out_plot)]))
+    md = render_markdown(decision, paired, launch, preflight)
+    md += "\n" + "\n".join(boundary_markdown(later_docs.get("boundary")) + [""] + speed_markdown(speed) + [""]
+                           + ledger_markdown(earlier, spec)) + "\n"
+    _atomic_write(Path(out_report), md)
+    title = f"pairaudit decision ({audit or 'audit'}): {decision['decision']}"
+    if out_html:
+        _atomic_write(Path(out_html), markdown_html(md, title=title, verdict=decision["decision"]))
+        outputs.append(str(out_html))
+    if out_boundary:
+        _atomic_write(Path(out_boundary), markdown_html("\n".join(boundary_markdown(later_docs.get("boundary"))),
+                                                        title="Boundary cases"))
+        outputs.append(str(out_boundary))
+    if out_summary:
+        _atomic_write(Path(out_summary), summary_rst(decision, earlier))
+        outputs.append(str(out_summary))
+    write_json(out_manifest, manifest([*inputs, *outputs]))
+    if ledger_path:
+        append_ledger(ledger_path, ledger_entry(decision, launch, audit=audit, config=config,
+                                                decision_path=str(out_decision)))

@@ -33,12 +33,13 @@ from __future__ import annotations
 import json
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from . import artifacts
 from .client import Endpoint
 from .launch import Server, resolve_spec
+from .progress import Progress
 
 SCHEMA = "pairaudit.sampled/v1"
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "max_tokens")
@@ -161,7 +162,8 @@ def pending_items(bodies: dict[int, dict], attempts: list[dict]) -> tuple[dict[i
 
 
 def run_items(endpoint: Endpoint, bodies: dict[int, dict], journal: Journal, *, concurrency: int,
-              server: dict, timeout_s: float, prior: dict[int, list], alive=None) -> None:
+              server: dict, timeout_s: float, prior: dict[int, list], alive=None,
+              progress: Progress | None = None) -> None:
     """Ask every open item once, ``concurrency`` at a time, journaling each answer as it arrives."""
 
     def one(index: int) -> None:
@@ -172,8 +174,11 @@ def run_items(endpoint: Endpoint, bodies: dict[int, dict], journal: Journal, *, 
         prior[index].append(attempt)
 
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        for fut in [pool.submit(one, i) for i in sorted(bodies)]:
+        # Stepped here, in the calling thread, so Progress needs no lock.
+        for fut in as_completed([pool.submit(one, i) for i in sorted(bodies)]):
             fut.result()
+            if progress is not None:
+                progress.step()
 
 
 def collect(bodies: dict[int, dict], by_index: dict[int, list]) -> tuple[list[dict], list[int]]:
@@ -213,9 +218,11 @@ def sampled_stage(*, dataset_path: str, launch_path: str, preflight_path: str, o
             with Server(spec, log_path=server_log, receipt=receipt) as srv:
                 facts = srv.facts()
                 server = {"url": facts["url"], "pid": facts["pid"]}
+                # Items answered by an earlier run count as done (the journal kept them).
+                progress = Progress(len(bodies), f"sampled {name}/{arm}", done=len(bodies) - len(todo))
                 run_items(srv.endpoint, todo, journal, concurrency=int(sampling.get("concurrency", 4)),
                           server=server, timeout_s=float(sampling.get("request_timeout_s", 900)),
-                          prior=by_index, alive=srv.assert_alive)
+                          prior=by_index, alive=srv.assert_alive, progress=progress)
                 srv.assert_alive()  # a server that died mid-run fails the job with its log tail
         finally:
             journal.close()

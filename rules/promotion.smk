@@ -1,24 +1,89 @@
-# The decision: every gate under promotion-v1, the report, and a manifest of
-# every artifact with its sha256.  Gates whose stages are not built yet are
-# listed as not evaluated, which keeps the decision from ever being PROMOTE.
+# The decision: every gate under promotion-v1, the report (Markdown, and the
+# HTML items and figures of `snakemake --report`), and a manifest of every
+# artifact with its sha256.  Gates whose stages have not run are listed as
+# not evaluated, which keeps the decision from ever being PROMOTE.  The
+# completed decision is appended to results/ledger.jsonl (outside any audit:
+# earlier decisions for the same candidate stay visible).
+
+LEDGER = "results/ledger.jsonl"
+
+
+# Later stages are wired only where some rule of the workflow makes their
+# artifact: an audit without the stage still decides (INCONCLUSIVE) and its
+# report says "not run".
+LATER_STAGES = {
+    "boundary": f"{R}/boundary/gate.json",
+    "speed": f"{R}/speed/decision.json",
+}
 
 
 rule promotion:
     input:
+        unpack(
+            lambda wc: {
+                stage: path
+                for stage, path in LATER_STAGES.items()
+                if path in {str(o) for r in workflow.rules for o in r.output}
+            }
+        ),
         paired=expand(f"{R}/paired/{{dataset}}.json", dataset=DATASETS),
+        scores=expand(
+            f"{R}/scores/{{dataset}}/{{arm}}.jsonl", dataset=DATASETS, arm=ARMS
+        ),
         launch=expand(f"{R}/launch/{{arm}}.json", arm=ARMS),
         preflight=expand(f"{R}/preflight/{{arm}}.json", arm=ARMS),
         divergence=expand(f"{R}/divergence/{{dataset}}.json", dataset=DATASETS),
     output:
         decision=f"{R}/promotion/decision.json",
-        report=report(f"{R}/promotion/report.md", category="Decision"),
+        report=f"{R}/promotion/report.md",
         manifest=f"{R}/promotion/manifest.json",
-        plot=report(f"{R}/promotion/paired.png", category="Paired outcomes"),
+        summary=f"{R}/promotion/summary.rst",
+        html=report(
+            f"{R}/promotion/decision.html",
+            caption="../report/decision.rst",
+            category="1. Decision",
+            labels={"figure": "decision and every reason"},
+        ),
+        plot=report(
+            f"{R}/promotion/paired.png",
+            caption="../report/paired.rst",
+            category="2. Quality",
+            subcategory="Paired outcomes",
+            labels={"figure": "paired outcomes per dataset"},
+        ),
+        divergence=report(
+            f"{R}/promotion/divergence.png",
+            caption="../report/divergence.rst",
+            category="3. Greedy divergence",
+            labels={"figure": "divergence positions and margins"},
+        ),
+        boundary=report(
+            f"{R}/promotion/boundary.html",
+            caption="../report/boundary.rst",
+            category="4. Boundary",
+            labels={"figure": "boundary cases side by side"},
+        ),
+        speed=report(
+            f"{R}/promotion/speed.png",
+            caption="../report/speed.rst",
+            category="5. Speed",
+            subcategory="Bracket",
+            labels={"figure": "speed per repeat"},
+        ),
+        archive=report(
+            f"{R}/promotion/control_archive.png",
+            caption="../report/control_archive.rst",
+            category="5. Speed",
+            subcategory="Control archive",
+            labels={"figure": "control archive spread"},
+        ),
     log:
         f"{R}/logs/promotion.log",
     conda:
         "../envs/analysis.yaml"
     params:
+        audit=config["audit"],
+        ledger=LEDGER,
         code=CODE["promotion"],
     script:
         "../scripts/promotion.py"

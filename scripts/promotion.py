@@ -1,4 +1,4 @@
-"""Snakemake entry for rule promotion: decision, report and manifest (pairaudit.report.promotion_stage)."""
+"""Snakemake entry for rule promotion: decision, reports, figures, manifest, ledger line (pairaudit.report.promotion_stage)."""
 
 import sys
 
@@ -6,7 +6,16 @@ sys.path.insert(0, f"{snakemake.scriptdir}/..")  # noqa: F821
 from pairaudit.jobs import run_job  # noqa: E402
 from pairaudit.report import promotion_stage  # noqa: E402
 
-inp, out = snakemake.input, snakemake.output  # noqa: F821
+inp, out, params = snakemake.input, snakemake.output, snakemake.params  # noqa: F821
+later = {"divergence": list(inp.divergence)}
+for stage in ("boundary", "speed"):
+    if stage in inp.keys():
+        later[stage] = inp[stage]
+# The config is hashed into the ledger line only (not a param: an unrelated
+# config edit must not rerun the decision).
 run_job(snakemake.log[0], promotion_stage, paired_paths=list(inp.paired), launch_paths=list(inp.launch),  # noqa: F821
-        preflight_paths=list(inp.preflight), out_decision=out.decision, out_report=out.report,
-        out_manifest=out.manifest, out_plot=out.plot, later={"divergence": list(inp.divergence)})
+        preflight_paths=list(inp.preflight), score_paths=list(inp.scores), out_decision=out.decision,
+        out_report=out.report, out_manifest=out.manifest, out_plot=out.plot, out_html=out.html,
+        out_summary=out.summary, out_divergence_plot=out.divergence, out_boundary=out.boundary,
+        out_speed_plot=out.speed, out_archive_plot=out.archive, later=later, ledger_path=params.ledger,
+        audit=params.audit, config=dict(snakemake.config))  # noqa: F821
