@@ -12,10 +12,15 @@ configfile: "config/config.yaml"
 validate(config, "config/schema.yaml")
 
 
+report: "report/workflow.rst"
+
+
 include: "rules/common.smk"
 include: "rules/launch.smk"
 include: "rules/quality.smk"
 include: "rules/diagnostics.smk"
+include: "rules/speed.smk"
+include: "rules/boundary.smk"
 include: "rules/promotion.smk"
 
 

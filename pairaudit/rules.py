@@ -18,13 +18,14 @@ Verdict vocabularies:
 - quality-v1:      PASS | HOLD | FAIL | INVALID
 - grid-tie-v1:     PASS | STOP
 - determinism-v1:  PASS | STOP
-- boundary-v1:     PASS | FAIL | INCONCLUSIVE (no candidate case at all)
+- boundary-v1:     PASS | FAIL | INCONCLUSIVE (no candidate case at all, or a configuration error)
 - win2-v1:         WIN | NO_WIN | LOSS | INCONCLUSIVE
 - promotion-v1:    PROMOTE | HOLD | REJECT | INCONCLUSIVE
 """
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -471,12 +472,17 @@ def boundary_v1(cases: Sequence[Mapping[str, Any]]) -> dict:
     """boundary-v1: every candidate case correct with natural EOS.
 
     cases: ``[{"arm": "control"|"candidate", "case": str, "correct": bool,
-    "finish_reason": str, "expected": str, "text": str}]``. Control failures
-    are listed beside the verdict and never excuse a candidate failure. A set
-    with no candidate case has shown nothing: INCONCLUSIVE.
+    "finish_reason": str, "expected": str, "text": str, "config_error": str|None}]``.
+    Control failures are listed beside the verdict and never excuse a
+    candidate failure. A set with no candidate case has shown nothing:
+    INCONCLUSIVE. A case the server refused as a request (``config_error``,
+    e.g. HTTP 400 for a length over max_model_len) is a configuration error,
+    not a model failure: it makes the verdict INCONCLUSIVE unless a real
+    candidate failure elsewhere already FAILs.
     """
     fails = {"control": [], "candidate": []}
     seen = {"control": [], "candidate": []}
+    config_errors = []
     texts: dict[str, dict[str, Any]] = {}
     for c in cases:
         arm = c.get("arm")
@@ -484,12 +490,16 @@ def boundary_v1(cases: Sequence[Mapping[str, Any]]) -> dict:
             raise ValueError(f"unknown arm {arm!r} in boundary case {c.get('case')!r}")
         seen[arm].append(c["case"])
         texts.setdefault(c["case"], {})[arm] = c.get("text")
+        if c.get("config_error"):
+            config_errors.append({"arm": arm, "case": c["case"], "config_error": c["config_error"]})
+            continue
         ok = bool(c.get("correct")) and c.get("finish_reason") == NATURAL_FINISH
         if not ok:
             fails[arm].append({"case": c["case"], "correct": bool(c.get("correct")),
                                "finish_reason": c.get("finish_reason"),
                                "expected": c.get("expected"), "text": c.get("text")})
-    reasons = []
+    reasons = [f"configuration error: {e['arm']} {e['case']} refused by the server: {e['config_error']}"
+               for e in config_errors]
     for f in fails["candidate"]:
         reasons.append(f"candidate {f['case']}: correct={f['correct']} finish_reason={f['finish_reason']!r} "
                        f"expected {f['expected']!r} got {f['text']!r}")
@@ -501,6 +511,10 @@ def boundary_v1(cases: Sequence[Mapping[str, Any]]) -> dict:
         reasons.append("no candidate boundary case was run")
     elif fails["candidate"]:
         verdict = "FAIL"
+    elif config_errors:
+        verdict = "INCONCLUSIVE"
+        reasons.append(f"{len(config_errors)} case(s) not evaluated because of a configuration error; "
+                       "fix the boundary lengths or the arm's max_model_len")
     else:
         verdict = "PASS"
         reasons.append(f"all {len(seen['candidate'])} candidate cases correct with natural EOS")
@@ -509,7 +523,8 @@ def boundary_v1(cases: Sequence[Mapping[str, Any]]) -> dict:
     return {"rule": "boundary-v1", "verdict": verdict, "reasons": reasons, "params": {},
             "deviations": {}, "candidate_failures": fails["candidate"],
             "control_failures": fails["control"], "candidate_cases": seen["candidate"],
-            "control_cases": seen["control"], "identical_text_cases": identical}
+            "control_cases": seen["control"], "identical_text_cases": identical,
+            "config_errors": config_errors}
 
 
 # ------------------------------------------------------------------- win2-v1
@@ -555,6 +570,11 @@ def _win2_metric(triples: Sequence[Sequence[float]], lower_is_better: bool,
     }
 
 
+def canonical_repr(x: Any) -> str:
+    """Order-independent text of a clock cap (a number, string or dict of cap facts)."""
+    return json.dumps(x, sort_keys=True, default=repr)
+
+
 def win2_v1(
     series: Mapping[str, Sequence[Sequence[float]]],
     *,
@@ -581,8 +601,12 @@ def win2_v1(
       better side; LOSS if the mirror holds (a demonstrated slowdown of more
       than the bar — our reading; the seed only names WIN); else NO_WIN.
     - guards: only cause LOSS, when worse than control by more than that
-      repeat's control spread |before - after| in >= guard_loss_repeats
-      repeats (registered: 2 of 3).
+      repeat's control spread |before - after| in >= guard_loss_repeats of 3
+      repeats (registered: 2 of 3). With R != 3 repeats the same fraction
+      is kept: ceil(guard_loss_repeats * R / 3) repeats (2 of 2, 4 of 5).
+      Under pure noise (iid normal starts) one guard flags a repeat with
+      probability atan(sqrt(3/4))/pi = 0.23, so 2 of 3 gives about 13 %
+      false LOSS per guard: the seed's price for a guard that can only block.
     - reported: same per-metric verdict, recorded, never decides.
     - INCONCLUSIVE first of all when clock_caps (one per start) are not all
       equal, differ from expected_clock_cap, or throttled is set: the control
@@ -616,9 +640,10 @@ def win2_v1(
                            "expected_clock_cap": expected_clock_cap, "throttled": bool(throttled),
                            "archive_spread_pct": archive_spread_pct}
     incon = []
-    if clock_caps is not None and len(set(map(repr, clock_caps))) > 1:
+    if clock_caps is not None and len({canonical_repr(c) for c in clock_caps}) > 1:
         incon.append(f"starts ran under different clock caps {list(clock_caps)}")
-    if clock_caps is not None and expected_clock_cap is not None and any(c != expected_clock_cap for c in clock_caps):
+    if clock_caps is not None and expected_clock_cap is not None and any(
+            canonical_repr(c) != canonical_repr(expected_clock_cap) for c in clock_caps):
         incon.append(f"clock caps {list(clock_caps)} differ from the configured {expected_clock_cap!r}")
     if throttled:
         incon.append("throttling was flagged inside the bracket")
@@ -630,15 +655,17 @@ def win2_v1(
     prim = _win2_metric(series[primary], primary in lib, win_pct, level)
     g_res = {}
     guard_losses = []
+    needed = max(1, math.ceil(guard_loss_repeats * n_rep / 3 - 1e-9))
+    out["guard_loss_needed"] = needed
     for g in guards:
         r = _win2_metric(series[g], g in lib, win_pct, level)
         n_worse = sum(r["worse_than_spread"])
         r["repeats_worse_than_spread"] = n_worse
-        r["guard_verdict"] = "LOSS" if n_worse >= guard_loss_repeats else "OK"
+        r["guard_verdict"] = "LOSS" if n_worse >= needed else "OK"
         g_res[g] = r
         if r["guard_verdict"] == "LOSS":
             guard_losses.append(f"guard {g}: candidate worse than the control spread in "
-                                f"{n_worse} of {n_rep} repeats (>= {guard_loss_repeats})")
+                                f"{n_worse} of {n_rep} repeats (>= {needed})")
     rep = {m: _win2_metric(series[m], m in lib, win_pct, level) for m in reported}
     out.update(primary=prim, guards=g_res, reported=rep)
 
@@ -692,6 +719,11 @@ def promotion_v1(gates: Mapping[str, Mapping[str, Any] | None]) -> dict:
       is a finding of the measured bracket, not missing evidence);
     - INVALID, INCONCLUSIVE, None, missing/unknown verdict -> INCONCLUSIVE
       (incomplete or incomparable evidence).
+    - a gate result with ``"informational": true`` (speed with config
+      ``speed.informational``) gates only through REJECT: its LOSS/FAIL
+      still rejects; any other verdict (WIN, NO_WIN, INCONCLUSIVE) gets the
+      outcome INFORMATIONAL, is reported, and neither allows nor blocks. A
+      decision of only informational gates is INCONCLUSIVE.
 
     Precedence REJECT > HOLD > INCONCLUSIVE > PROMOTE: a failure found
     anywhere rejects whatever else is missing; a concern found by an
@@ -699,7 +731,7 @@ def promotion_v1(gates: Mapping[str, Mapping[str, Any] | None]) -> dict:
     cannot lift the concern); a missing gate never allows PROMOTE. No gates
     at all is INCONCLUSIVE. Every gate gets one reason line.
     """
-    per_gate, reasons, not_evaluated = {}, [], []
+    per_gate, reasons, not_evaluated, informational = {}, [], [], []
     by_outcome: dict[str, list[str]] = {k: [] for k in _PRECEDENCE}
     for name, res in gates.items():
         if res is None:
@@ -709,17 +741,25 @@ def promotion_v1(gates: Mapping[str, Mapping[str, Any] | None]) -> dict:
         else:
             v, rule = res.get("verdict"), res.get("rule")
             outcome = _GATE_OUTCOME.get(v, "INCONCLUSIVE")
+            if res.get("informational") is True and outcome != "REJECT":
+                outcome = "INFORMATIONAL"
             why = "; ".join(res.get("reasons", [])[:3])
             reasons.append(f"{name}: {rule or 'rule?'} {v} -> {outcome}" + (f" ({why})" if why else "")
                            + ("" if v in _GATE_OUTCOME else " [unknown verdict]"))
         per_gate[name] = {"rule": rule, "verdict": v, "outcome": outcome}
-        by_outcome[outcome].append(name)
+        if outcome == "INFORMATIONAL":
+            informational.append(name)
+        else:
+            by_outcome[outcome].append(name)
     if not gates:
         verdict = "INCONCLUSIVE"
         reasons.append("no gates were given")
+    elif not any(by_outcome.values()):
+        verdict = "INCONCLUSIVE"
+        reasons.append("only informational gates were given")
     else:
         verdict = next(k for k in _PRECEDENCE if by_outcome[k])
     return {"rule": "promotion-v1", "verdict": verdict, "reasons": reasons, "params": {},
             "deviations": {}, "gates": per_gate, "not_evaluated": not_evaluated,
             "rejecting": by_outcome["REJECT"], "holding": by_outcome["HOLD"],
-            "inconclusive": by_outcome["INCONCLUSIVE"]}
+            "inconclusive": by_outcome["INCONCLUSIVE"], "informational": informational}

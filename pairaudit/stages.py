@@ -26,6 +26,7 @@ import random
 from pathlib import Path
 
 from . import artifacts, datasets, greedy, launch, preflight, rules, scoring, stats
+from .progress import Progress
 from .sampled import Journal, is_final, read_journal
 from .sampled import sampled_stage  # noqa: F401  (re-exported: the sampled script's entry point)
 
@@ -67,12 +68,13 @@ def dataset_stage(*, cfg: dict, where: str, out_path: str, cache_dir: str, base_
     return doc
 
 
-def score_stage(*, dataset_path: str, sampled_path: str, out_path: str, sandbox_limits: dict) -> dict:
+def score_stage(*, dataset_path: str, sampled_path: str, out_path: str, sandbox_limits: dict,
+                workers: int = 2) -> dict:
     dataset = artifacts.check_schema(artifacts.read_json(dataset_path), datasets.SCHEMA, dataset_path)
     header, records = artifacts.read_jsonl(sampled_path)
     artifacts.check_schema(header, "pairaudit.sampled/v1", sampled_path)
     artifacts.check_consumed(header, [dataset_path], where=sampled_path)
-    scored = scoring.score_records(dataset, records, sandbox_limits=sandbox_limits)
+    scored = scoring.score_records(dataset, records, sandbox_limits=sandbox_limits, workers=workers)
     out_header = {
         "schema": "pairaudit.scores/v1",
         "dataset": dataset["name"],
@@ -169,6 +171,8 @@ def greedy_stage(*, dataset_path: str, paired_path: str, launch_path: str, prefl
             with launch.Server(spec, log_path=server_log, receipt=receipt) as srv:
                 model = spec["served_model_name"]
                 prompts = {}
+                # Runs journaled by an earlier attempt count as done.
+                progress = Progress(len(want), f"greedy {dataset['name']}/{arm}", done=len(want) - len(todo))
                 for kind, slot in todo:
                     index = slot if kind == "greedy" else det_index
                     if index not in prompts:
@@ -180,6 +184,7 @@ def greedy_stage(*, dataset_path: str, paired_path: str, launch_path: str, prefl
                     journal.append(rec)
                     done[(kind, slot)] = rec
                     srv.assert_alive()
+                    progress.step()
         finally:
             journal.close()
     missing = [w for w in want if w not in done or not is_final(done[w])]

@@ -1,4 +1,5 @@
 import hashlib
+import os
 from pathlib import Path
 
 from pairaudit.datasets import source_fingerprint
@@ -27,6 +28,20 @@ STAGE_CODE = {
     "greedy": ["pairaudit/greedy.py", "pairaudit/client.py", "pairaudit/sampled.py"],
     "divergence": ["pairaudit/greedy.py", "pairaudit/rules.py", "pairaudit/launch.py"],
     "promotion": ["pairaudit/report.py", "pairaudit/rules.py"],
+    "boundary": [
+        "pairaudit/boundary.py",
+        "pairaudit/client.py",
+        "pairaudit/launch.py",
+        "pairaudit/progress.py",
+    ],
+    "boundary_gate": ["pairaudit/boundary.py", "pairaudit/rules.py"],
+    "speed": [
+        "pairaudit/speed.py",
+        "pairaudit/rules.py",
+        "pairaudit/stats.py",
+        "pairaudit/client.py",
+        "pairaudit/launch.py",
+    ],
 }
 
 
@@ -65,6 +80,24 @@ def arm_gpus(wildcards):
 # Jobs that run both arms' servers one after the other (divergence, boundary
 # gate, speed bracket) need the larger of the two arms' accelerator counts.
 BOTH_ARMS_GPUS = max(int(a.get("gpus", 0)) for a in config["arms"].values())
+
+
+# Slurm partitions (profiles/slurm): a job whose server needs GPUs goes to
+# PAIRAUDIT_SLURM_GPU_PARTITION when set; every other job to
+# PAIRAUDIT_SLURM_PARTITION, empty meaning the cluster's default.  From the
+# environment, not the config: where a job runs must not rerun it.
+def slurm_partition(gpus):
+    gpu_partition = os.environ.get("PAIRAUDIT_SLURM_GPU_PARTITION", "")
+    if gpus and gpu_partition:
+        return gpu_partition
+    return os.environ.get("PAIRAUDIT_SLURM_PARTITION", "")
+
+
+def arm_partition(wildcards):
+    return slurm_partition(arm_gpus(wildcards))
+
+
+BOTH_ARMS_PARTITION = slurm_partition(BOTH_ARMS_GPUS)
 
 
 def dataset_config(wildcards):

@@ -19,6 +19,8 @@ rule greedy:
     threads: 2
     resources:
         server_slots=1,
+        gpu=arm_gpus,
+        slurm_partition=arm_partition,
     params:
         arm=arm_config,
         greedy=config.get("greedy", {}),
@@ -48,6 +50,8 @@ rule divergence:
     threads: 2
     resources:
         server_slots=1,
+        gpu=BOTH_ARMS_GPUS,
+        slurm_partition=BOTH_ARMS_PARTITION,
     params:
         arms=config["arms"],
         max_divergent=config.get("rules", {})

@@ -14,6 +14,8 @@ rule launch:
     threads: 2
     resources:
         server_slots=1,
+        gpu=arm_gpus,
+        slurm_partition=arm_partition,
     params:
         arm=arm_config,
         code=CODE["launch"],
@@ -34,6 +36,8 @@ rule preflight:
     threads: 2
     resources:
         server_slots=1,
+        gpu=arm_gpus,
+        slurm_partition=arm_partition,
     params:
         arm=arm_config,
         sampling=config["sampling"],

@@ -34,6 +34,8 @@ rule sampled:
     threads: 2
     resources:
         server_slots=1,
+        gpu=arm_gpus,
+        slurm_partition=arm_partition,
     params:
         arm=arm_config,
         sampling=config["sampling"],
@@ -55,6 +57,7 @@ rule score:
         f"{R}/logs/score/{{dataset}}-{{arm}}.log",
     conda:
         "../envs/scoring.yaml"
+    threads: 2
     params:
         sandbox=config.get("scoring", {}).get("sandbox", {}),
         code=CODE["score"],

@@ -263,7 +263,7 @@ def _set(cfg: dict, path: tuple, value) -> dict:
 BAD = [
     # (id, path to change, new value, texts the error must contain)
     ("unknown-top-level-key", ("bogus_key",), 1, ["'bogus_key' was unexpected"]),
-    ("unknown-arm-key", ("arms", "control", "gpus"), 4, ["'gpus' was unexpected", "control"]),
+    ("unknown-arm-key", ("arms", "control", "gpu_count"), 4, ["'gpu_count' was unexpected", "control"]),
     ("unknown-dataset-key", ("datasets", 0, "split"), "test", ["'split' was unexpected", "datasets"]),
     ("unknown-sampling-key", ("sampling", "temprature"), 0.7, ["'temprature' was unexpected", "sampling"]),
     ("bad-format", ("datasets", 0, "format"), "gsm9k", ["'gsm9k' is not one of", "format"]),

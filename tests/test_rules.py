@@ -468,6 +468,32 @@ def test_boundary_no_candidate_cases_is_inconclusive():
     assert boundary_v1([case("control", "x")])["verdict"] == "INCONCLUSIVE"
 
 
+def refused(arm, name):
+    body = "HTTP 400: This model's maximum context length is 512 tokens"
+    return {**case(arm, name, correct=False, finish=None), "text": "", "config_error": body}
+
+
+def test_boundary_config_error_is_inconclusive_not_fail():
+    # a length the server refuses is the configuration's fault, never the model's
+    r = boundary_v1([case("control", "tail-16"), case("candidate", "tail-16"),
+                     refused("control", "retrieval-1.05"), refused("candidate", "retrieval-1.05")])
+    assert r["verdict"] == "INCONCLUSIVE"
+    assert r["candidate_failures"] == [] and r["control_failures"] == []
+    assert [e["case"] for e in r["config_errors"]] == ["retrieval-1.05", "retrieval-1.05"]
+    assert r["reasons"][0].startswith("configuration error: control retrieval-1.05")
+    assert "maximum context length is 512" in r["reasons"][0]
+    # a control-only refusal also leaves the comparison incomplete
+    assert boundary_v1([case("candidate", "tail-16"), refused("control", "x")])["verdict"] == "INCONCLUSIVE"
+    # without the refused case the same set passes: the refusal alone made it INCONCLUSIVE
+    assert boundary_v1([case("control", "tail-16"), case("candidate", "tail-16")])["verdict"] == "PASS"
+
+
+def test_boundary_real_candidate_failure_still_fails_beside_a_config_error():
+    r = boundary_v1([case("candidate", "tail-16", correct=False), refused("candidate", "retrieval-1.05")])
+    assert r["verdict"] == "FAIL"
+    assert [f["case"] for f in r["candidate_failures"]] == ["tail-16"]
+
+
 # ------------------------------------------------------------------- win2-v1
 
 def series(primary, guard=None, reported=None):
@@ -571,6 +597,33 @@ def test_win2_bar_change_is_visible_and_input_checked():
     assert win2_v1({"rate": [(1, 2, 1)]}, primary="rate")["verdict"] == "INCONCLUSIVE"
 
 
+def test_win2_guard_loss_keeps_the_two_of_three_fraction_for_other_repeat_counts():
+    win = [(100, 110, 100), (101, 112, 99), (99, 109, 101), (100, 110, 100), (100, 111, 100)]
+    bad, ok = (50.0, 40.0, 50.0), (50.0, 50.0, 50.0)
+    # R=5: ceil(2 * 5 / 3) = 4 repeats needed; 3 worse is not a LOSS, 4 is
+    r = win2_v1({"rate": win, "decode_tps": [bad, bad, bad, ok, ok]}, primary="rate", guards=["decode_tps"])
+    assert r["guard_loss_needed"] == 4 and r["verdict"] == "WIN"
+    r = win2_v1({"rate": win, "decode_tps": [bad, bad, bad, bad, ok]}, primary="rate", guards=["decode_tps"])
+    assert r["verdict"] == "LOSS"
+    # R=2: both repeats must be worse
+    r = win2_v1({"rate": win[:2], "decode_tps": [bad, ok]}, primary="rate", guards=["decode_tps"])
+    assert r["guard_loss_needed"] == 2 and r["verdict"] != "LOSS"
+    r = win2_v1({"rate": win[:2], "decode_tps": [bad, bad]}, primary="rate", guards=["decode_tps"])
+    assert r["verdict"] == "LOSS"
+
+
+def test_win2_clock_caps_as_fact_dicts_compare_by_content():
+    s = series([(100, 110, 100), (101, 112, 99), (99, 109, 101)])
+    a = {"governor": "performance", "gpu0.clocks.max.sm": "2300"}
+    b = {"gpu0.clocks.max.sm": "2300", "governor": "performance"}  # same facts, other order
+    assert win2_v1(s, primary="rate", clock_caps=[a, b, a])["verdict"] == "WIN"
+    c = {**a, "gpu0.clocks.max.sm": "2150"}
+    r = win2_v1(s, primary="rate", clock_caps=[a, c, a])
+    assert r["verdict"] == "INCONCLUSIVE"
+    assert win2_v1(s, primary="rate", clock_caps=[a, a, a], expected_clock_cap=b)["verdict"] == "WIN"
+    assert win2_v1(s, primary="rate", clock_caps=[a, a, a], expected_clock_cap=c)["verdict"] == "INCONCLUSIVE"
+
+
 # -------------------------------------------------------------- promotion-v1
 
 def g(v):
@@ -617,6 +670,26 @@ def test_promotion_names_missing_gates():
     r = promotion_v1({"quality": g("PASS"), "speed": None, "boundary": None})
     assert r["not_evaluated"] == ["speed", "boundary"]
     assert "speed: not evaluated" in r["reasons"]
+
+
+@pytest.mark.parametrize("v", ["WIN", "NO_WIN", "INCONCLUSIVE"])
+def test_promotion_informational_speed_never_gates_unless_loss(v):
+    info = {**g(v), "informational": True}
+    r = promotion_v1({"quality": g("PASS"), "speed": info})
+    assert r["verdict"] == "PROMOTE" and r["informational"] == ["speed"]
+    assert r["gates"]["speed"]["outcome"] == "INFORMATIONAL"
+    # a HOLD elsewhere still holds; informational does not lift anything
+    assert promotion_v1({"quality": g("HOLD"), "speed": info})["verdict"] == "HOLD"
+    # only informational gates: nothing decided
+    assert promotion_v1({"speed": info})["verdict"] == "INCONCLUSIVE"
+
+
+def test_promotion_informational_loss_still_rejects():
+    r = promotion_v1({"quality": g("PASS"), "speed": {**g("LOSS"), "informational": True}})
+    assert r["verdict"] == "REJECT" and r["rejecting"] == ["speed"]
+    # "informational" must be literally true: a truthy string is not an opt-out
+    r = promotion_v1({"quality": g("PASS"), "speed": {**g("INCONCLUSIVE"), "informational": "yes"}})
+    assert r["verdict"] == "INCONCLUSIVE"
 
 
 def test_grid_step_inside_fp32_noise_is_not_a_grid():

@@ -20,10 +20,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pairaudit import rules
+
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 TINY = REPO / "tests" / "data" / "tiny_config.yaml"
-COPY = ["Snakefile", "rules", "scripts", "config", "profiles", "envs", "pairaudit"]
+COPY = ["Snakefile", "rules", "scripts", "config", "profiles", "envs", "pairaudit", "report"]
 
 pytestmark = pytest.mark.workflow
 
@@ -102,9 +104,25 @@ def test_identical_arms_give_identical_answers_and_pass(tiny):
         divergence = json.loads((res / "divergence" / f"{ds}.json").read_text())
         assert divergence["items"] and not any(d["diverged"] for d in divergence["divergences"])
         assert divergence["grid_tie"]["verdict"] == "PASS" and divergence["determinism"]["verdict"] == "PASS"
+    boundary = json.loads((res / "boundary" / "gate.json").read_text())
+    assert boundary["gate"]["verdict"] == "PASS", boundary["gate"]["reasons"]
+    assert sorted(boundary["gate"]["identical_text_cases"]) == sorted(boundary["gate"]["candidate_cases"])
+    speed = json.loads((res / "speed" / "decision.json").read_text())
+    assert [s["arm"] for s in speed["starts"]] == ["control", "candidate", "control"]
     decision = json.loads((res / "promotion" / "decision.json").read_text())
-    assert decision["decision"] in ("INCONCLUSIVE",)  # gates not built yet are never a PROMOTE
-    assert decision["not_evaluated"]
+    assert decision["not_evaluated"] == []
+    # Identical arms: every gate but speed must pass (quality may be INVALID only
+    # through an unnatural finish, checked above); speed is a noisy measurement
+    # of nothing, marked informational in the tiny config, so only a noise LOSS
+    # could gate -- the decision must be exactly what promotion-v1 makes of them.
+    for name, gate in decision["gates"].items():
+        if not name.startswith(("quality", "speed")):
+            assert gate["verdict"] == "PASS", (name, gate)
+    assert decision["gates"]["speed"]["outcome"] in ("INFORMATIONAL", "REJECT")
+    expected = rules.promotion_v1({n: {"verdict": g["verdict"], "rule": g["rule"],
+                                       "informational": g["outcome"] == "INFORMATIONAL"}
+                                   for n, g in decision["gates"].items()})
+    assert decision["decision"] == expected["verdict"]
     manifest = json.loads((res / "promotion" / "manifest.json").read_text())
     paths = {a["path"] for a in manifest["artifacts"]}
     assert any(p.endswith("paired/arith.json") for p in paths)
