@@ -119,12 +119,12 @@ def test_private_tmpdir_is_deleted_afterwards(mechanism):
     assert list(Path(tempfile.gettempdir()).glob(f"**/{name}")) == []
 
 
-@pytest.fixture
-def listener():
+def start_listener() -> tuple[socket.socket, int, list]:
+    """A host listener on loopback that counts the connections it accepts (for the sandbox to miss)."""
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-    accepted = []
+    srv.listen(16)
+    accepted: list = []
 
     def accept_loop():
         while True:
@@ -135,9 +135,14 @@ def listener():
             accepted.append(1)
             conn.close()
 
-    t = threading.Thread(target=accept_loop, daemon=True)
-    t.start()
-    yield srv.getsockname()[1], accepted
+    threading.Thread(target=accept_loop, daemon=True).start()
+    return srv, srv.getsockname()[1], accepted
+
+
+@pytest.fixture
+def listener():
+    srv, port, accepted = start_listener()
+    yield port, accepted
     srv.close()
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from pairaudit import sandbox
+from test_sandbox import start_listener
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITS = {"timeout_s": 3, "cpu_s": 2, "memory_mb": 256, "fsize_mb": 8, "nproc": 32}
@@ -98,28 +99,14 @@ def host(tmp_path_factory):
     results_file = results / f".sandbox-canary-{uuid.uuid4().hex}.json"
     results_file.write_text('{"secret": "%s"}' % secret)
 
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(16)
-    accepted = []
-
-    def accept_loop():
-        while True:
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            accepted.append(1)
-            conn.close()
-
-    threading.Thread(target=accept_loop, daemon=True).start()
+    srv, port, accepted = start_listener()
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
     free = socket.socket()
     free.bind(("127.0.0.1", 0))
     listen_port = free.getsockname()[1]
     free.close()
     info = {"secret": secret, "ssh": key, "home": home, "canary_dir": canary_dir,
-            "results_file": results_file, "port": srv.getsockname()[1], "accepted": accepted,
+            "results_file": results_file, "port": port, "accepted": accepted,
             "victim": victim, "listen_port": listen_port}
     try:
         yield info

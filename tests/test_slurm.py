@@ -22,7 +22,7 @@ import yaml
 
 from pairaudit import rules
 from slurm_cluster import slurm_cluster  # noqa: F401  (session fixture)
-from test_workflow import TINY, make_project, planned_jobs, read_jsonl, refserver_pids
+from test_workflow import TINY, dry_run_jobs, make_project, planned_jobs, read_jsonl, refserver_pids
 
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
@@ -152,17 +152,7 @@ def test_jobs_got_their_rules_cpus(both_runs):
 
 def dry_run_resources(project: Path, env: dict) -> list[tuple[str, dict, dict]]:
     """(rule, wildcards, resources) of every job a dry run with the slurm profile would submit."""
-    out = run(project, "-n", "--profile", "profiles/slurm", "promotion", env=env).stdout
-    jobs = []
-    for block in re.split(r"\n(?=(?:local)?rule \w+:)", out):
-        m = re.match(r"(?:local)?rule (\w+):", block.strip())
-        if not m:
-            continue
-        wc = re.search(r"wildcards: (.*)", block)
-        res = re.search(r"resources: (.*)", block)
-        jobs.append((m.group(1), dict(kv.split("=", 1) for kv in wc.group(1).split(", ")) if wc else {},
-                     dict(kv.split("=", 1) for kv in res.group(1).split(", ")) if res else {}))
-    return jobs
+    return dry_run_jobs(run(project, "-n", "--profile", "profiles/slurm", "promotion", env=env).stdout)
 
 
 def test_server_jobs_request_their_arms_gpus_and_partition(tmp_path):

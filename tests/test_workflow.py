@@ -51,18 +51,23 @@ def snake(project: Path, *args, timeout=1200, check=True) -> subprocess.Complete
     return proc
 
 
-def planned_jobs(project: Path, *args) -> list[tuple[str, dict]]:
-    """(rule, wildcards) of every job a dry run would execute."""
-    out = snake(project, "-n", *args).stdout
+def dry_run_jobs(out: str) -> list[tuple[str, dict, dict]]:
+    """(rule, wildcards, resources) of every job in a dry run's output."""
+    def fields(block: str, name: str) -> dict:
+        m = re.search(rf"{name}: (.*)", block)
+        return dict(kv.split("=", 1) for kv in m.group(1).split(", ")) if m else {}
+
     jobs = []
     for block in re.split(r"\n(?=(?:local)?rule \w+:)", out):
         m = re.match(r"(?:local)?rule (\w+):", block.strip())
-        if not m:
-            continue
-        wc = re.search(r"wildcards: (.*)", block)
-        wildcards = dict(kv.split("=", 1) for kv in wc.group(1).split(", ")) if wc else {}
-        jobs.append((m.group(1), wildcards))
+        if m:
+            jobs.append((m.group(1), fields(block, "wildcards"), fields(block, "resources")))
     return jobs
+
+
+def planned_jobs(project: Path, *args) -> list[tuple[str, dict]]:
+    """(rule, wildcards) of every job a dry run would execute."""
+    return [(rule, wc) for rule, wc, _ in dry_run_jobs(snake(project, "-n", *args).stdout)]
 
 
 def refserver_pids(project: Path) -> list[int]:
@@ -137,6 +142,18 @@ def test_rerun_same_config_runs_nothing_even_after_touch(tiny):
         if path.is_file() and ".snakemake" not in path.parts:
             os.utime(path, (now, now))
     assert planned_jobs(project, "promotion") == []
+
+
+def test_disabled_gates_leave_their_stages_out_and_only_redecide(tiny, tmp_path):
+    project, config = tiny
+    changed = json.loads(json.dumps(config))
+    changed["boundary"]["enabled"] = False
+    changed["speed"]["enabled"] = False
+    cfg = tmp_path / "disabled.yaml"
+    cfg.write_text(yaml.safe_dump(changed, sort_keys=False))
+    # The gates drop out of the decision's inputs, so only the decision reruns
+    # (it will list them as not evaluated); nothing else is redone.
+    assert planned_jobs(project, "promotion", "--configfile", str(cfg)) == [("promotion", {})]
 
 
 def test_changing_one_dataset_reruns_only_that_dataset(tiny, tmp_path):
