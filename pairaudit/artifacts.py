@@ -74,9 +74,23 @@ def provenance(inputs: Iterable[str | os.PathLike], params: dict | None = None) 
     }
 
 
+def _process_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# Read once at import: os.umask can only be read by setting it, which is not
+# safe to do while other threads create files.
+_UMASK = _process_umask()
+
+
 def _atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    # mkstemp makes the file 0600; an artifact gets the mode any other file
+    # would, so the people reviewing a promotion on a shared host can read it.
+    os.fchmod(fd, 0o666 & ~_UMASK)
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.replace(tmp, path)

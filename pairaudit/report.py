@@ -895,13 +895,14 @@ def boundary_markdown(doc: Mapping[str, Any] | None) -> list[str]:
         def side(c: Mapping, arm: str) -> list[str]:
             s = c.get(arm)
             if not isinstance(s, Mapping):
-                return ["not run", "", "", ""]
+                return ["not run", "", "", "", ""]
             text = s.get("text") or s.get("config_error") or s.get("error") or "(no text)"
             return [_code(str(text)[:120]), _cell(s.get("correct")), _cell(s.get("finish_reason")),
-                    _cell(f"{s.get('prompt_tokens')} + {s.get('max_tokens')}")]
+                    _cell(f"{s.get('prompt_tokens')} + {s.get('max_tokens')}"), _num(s.get("ttft_s"))]
 
         head = ["case", "expected"] + [f"{arm} {f}" for arm in ARMS
-                                       for f in ("answer", "correct", "finish", "tokens in + out")] + ["same text"]
+                                       for f in ("answer", "correct", "finish", "tokens in + out", "TTFT s")]
+        head += ["same text"]
         out += ["", _row(head), _row(["---"] * len(head))]
         for c in cases:
             out.append(_row([_cell(c.get("case")), _code(c.get("expected"))] + side(c, "control")
@@ -916,6 +917,42 @@ def boundary_markdown(doc: Mapping[str, Any] | None) -> list[str]:
     return out
 
 
+def _num(v: Any, digits: int = 3) -> str:
+    return "n/a" if not isinstance(v, (int, float)) or isinstance(v, bool) else f"{v:.{digits}f}"
+
+
+def _speed_repeat_rows(doc: Mapping[str, Any], primary: str) -> list[str]:
+    """Per cell and repeat: s1, s2, s3 of the primary metric, the control mean and the candidate's ratio to it."""
+    out = [_row(["cell", "repeat", f"s1 control {primary}", f"s2 candidate {primary}", f"s3 control {primary}",
+                 "control mean", "candidate / control", "s1-s3 spread / control"]), _row(["---"] * 8)]
+    for cell, metrics in (doc.get("series") or {}).items():
+        for r, trio in enumerate((metrics or {}).get(primary) or [], start=1):
+            s1, s2, s3 = (trio + [None] * 3)[:3]
+            nums = all(isinstance(v, (int, float)) for v in (s1, s2, s3))
+            ctrl = (s1 + s3) / 2 if nums else None
+            ratio = s2 / ctrl if nums and ctrl else None
+            spread = abs(s1 - s3) / ctrl if nums and ctrl else None
+            out.append(_row([_cell(cell), r, _num(s1), _num(s2), _num(s3), _num(ctrl), _num(ratio),
+                             "n/a" if spread is None else f"{100 * spread:.1f} %"]))
+    return out
+
+
+def _speed_bench_rows(doc: Mapping[str, Any]) -> list[str]:
+    """`vllm bench serve`'s summary per cell and start (medians; ITL is per streamed chunk, not per token)."""
+    head = ["cell", "start", "completed", "failed", "output tok/s", "median TTFT ms", "median TPOT ms",
+            "median ITL ms", "p99 ITL ms", "median E2EL ms"]
+    out = [_row(head), _row(["---"] * len(head))]
+    for cell, starts in (doc.get("bench_serve") or {}).items():
+        for start, b in (starts or {}).items():
+            if not isinstance(b, Mapping):
+                continue
+            med = lambda k, q="median": (b.get(k) or {}).get(q)  # noqa: E731
+            out.append(_row([_cell(cell), _cell(start), _cell(b.get("completed")), _cell(b.get("failed")),
+                             _num(b.get("output_throughput"), 2), _num(med("ttft_ms"), 1), _num(med("tpot_ms"), 1),
+                             _num(med("itl_ms"), 2), _num(med("itl_ms", "p99"), 1), _num(med("e2el_ms"), 0)]))
+    return out
+
+
 def speed_markdown(doc: Mapping[str, Any] | None) -> list[str]:
     out = ["## Speed (win2-v1)", ""]
     if doc is None:
@@ -927,15 +964,21 @@ def speed_markdown(doc: Mapping[str, Any] | None) -> list[str]:
     out += [f"- {_cell(r)}" for r in gate.get("reasons") or []]
     spread = doc.get("spread") or {}
     if spread:
-        out += ["", _row(["cell", "in-window control spread (max %)", "archive spread %", "archive starts",
-                          "win bar %"]), _row(["---"] * 5)]
+        out += ["", _row(["cell", "in-window control spread (max %)", "archive spread before this window %",
+                          "archive starts", "win bar %"]), _row(["---"] * 5)]
         for cell, sp in spread.items():
             w = sp.get("window_pct")
             vals = [v for v in (w if isinstance(w, list) else [w]) if isinstance(v, (int, float))]
             # A repeat without a value (no rounds measured) has no spread: not zero, just absent.
             wmax = sp.get("window_max_pct", max(vals) if vals else None)
-            out.append(_row([_cell(cell)] + ["n/a" if v is None else _cell(v) for v in
-                                             (wmax, sp.get("archive_pct"), sp.get("archive_n"), sp.get("win_pct"))]))
+            out.append(_row([_cell(cell), _num(wmax, 1), _num(sp.get("archive_pct"), 1),
+                             _cell(sp.get("archive_n")), _cell(sp.get("win_pct"))]))
+    primary = _speed_primary(doc)
+    if primary and doc.get("series"):
+        out += ["", f"Primary metric `{primary}` per repeat (win2-v1 pairs s2 with the mean of s1 and s3):", ""]
+        out += _speed_repeat_rows(doc, primary)
+    if doc.get("bench_serve"):
+        out += ["", "Client timings per start, as `vllm bench serve` reports them:", ""] + _speed_bench_rows(doc)
     return out
 
 

@@ -673,7 +673,7 @@ def win2_v1(
     summary = (f"primary {primary}: point gain {prim['point_gain_pct']:+.3f} % vs bar {win_pct} %, "
                f"{int(level * 100)} % paired-t [{ti['lo']:.6g}, {ti['hi']:.6g}] on candidate-control; "
                f"in-window control/control spread max {prim['max_control_spread_pct']:.3f} %"
-               + (f", archive spread {archive_spread_pct} %" if archive_spread_pct is not None else ""))
+               + (f", archive spread {archive_spread_pct:.3f} %" if archive_spread_pct is not None else ""))
     if incon:
         verdict = "INCONCLUSIVE"
         reasons += incon

@@ -3,6 +3,7 @@
 import datetime as dt
 import hashlib
 import json
+import stat
 import os
 import re
 import shutil
@@ -192,3 +193,9 @@ def test_code_version_follows_content_not_mtime(tmp_path, monkeypatch):
 
     (pkg / "refserver" / "extra.py").write_text("X = 1\n")  # a new source file counts too
     assert artifacts.code_version() != v0
+
+
+def test_artifacts_get_the_usual_file_mode_not_mkstemps_0600(tmp_path):
+    p = tmp_path / "a.json"
+    artifacts.write_json(p, {"x": 1})
+    assert stat.S_IMODE(p.stat().st_mode) == 0o666 & ~artifacts._UMASK

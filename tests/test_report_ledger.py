@@ -168,7 +168,10 @@ def speed_doc():
             "win2": {"c1": {"verdict": "NO_WIN", "primary": {"point_gain_pct": 1.0}}},
             "spread": {"c1": {"window_pct": [0.0, None, 1.0], "window_max_pct": 1.0, "archive_pct": 3.1,
                               "archive_n": 3, "win_pct": 2.0, "config_hash": "h1"}},
-            "archive": {"path": None, "appended": 2}}
+            "archive": {"path": None, "appended": 2},
+            "bench_serve": {"c1": {"s2": {"completed": 3, "failed": 0, "output_throughput": 27.25,
+                                          "ttft_ms": {"median": 120.04}, "tpot_ms": {"median": 36.7},
+                                          "itl_ms": {"median": 36.5, "p99": 80.0}, "e2el_ms": {"median": 2431.2}}}}}
 
 
 def test_speed_plot_section_and_archive(tmp_path):
@@ -177,6 +180,9 @@ def test_speed_plot_section_and_archive(tmp_path):
     assert (tmp_path / "s.png").read_bytes()[:8] == PNG_MAGIC
     md = "\n".join(report.speed_markdown(doc))
     assert "Verdict: **NO_WIN**" in md and "| c1 | 1.0 | 3.1 | 3 | 2.0 |" in md
+    # repeat 2: control mean (10.2 + 10.1) / 2 = 10.15, candidate 10.3 -> ratio 1.015, spread 0.1 / 10.15
+    assert "| c1 | 2 | 10.200 | 10.300 | 10.100 | 10.150 | 1.015 | 1.0 % |" in md
+    assert "| c1 | s2 | 3 | 0 | 27.25 | 120.0 | 36.7 | 36.50 | 80.0 | 2431 |" in md
     archive = [{"audit": a, "cell": "c1", "config_hash": h, "metrics": {"pooled_rate_tps": v}} for a, v, h in
                (("old", 9.8, "h1"), ("old", None, "h1"), ("other", 50.0, "h2"), ("a1", 10.0, "h1"))]
     assert [a["audit"] for a in report.archive_rows(doc, archive)["c1"]] == ["old", "a1"]
@@ -197,7 +203,8 @@ def test_markdown_html_escapes_and_keeps_code():
 def test_boundary_section_sets_the_arms_side_by_side(tmp_path):
     # Shaped as pairaudit/boundary.py documents pairaudit.boundary_gate/v1.
     def side(text, correct, finish="stop"):
-        return {"text": text, "finish_reason": finish, "correct": correct, "prompt_tokens": 1008, "max_tokens": 16}
+        return {"text": text, "finish_reason": finish, "correct": correct, "prompt_tokens": 1008, "max_tokens": 16,
+                "ttft_s": 2.5 if correct else None}
     doc = {"schema": "pairaudit.boundary_gate/v1",
            "gate": {"rule": "boundary-v1", "verdict": "FAIL", "reasons": ["candidate tail-16 wrong"]},
            "max_model_len": {"control": 1024, "candidate": 1024},
@@ -210,9 +217,9 @@ def test_boundary_section_sets_the_arms_side_by_side(tmp_path):
     write_json(tmp_path / "g.json", doc)
     md = "\n".join(report.boundary_markdown(read_json(tmp_path / "g.json")))
     assert "Verdict: **FAIL**" in md and "candidate tail-16 wrong" in md
-    assert ("| tail-16 | `173 9` | `173 9` | True | stop | 1008 + 16 | `17 \\| 9` | False | length | 1008 + 16 "
-            "| False |") in md
-    assert "| tail-32 | `5` | `5` | True | stop | 1008 + 16 | not run |  |  |  | None |" in md
+    assert ("| tail-16 | `173 9` | `173 9` | True | stop | 1008 + 16 | 2.500 | `17 \\| 9` | False | length | "
+            "1008 + 16 | n/a | False |") in md
+    assert "| tail-32 | `5` | `5` | True | stop | 1008 + 16 | 2.500 | not run |  |  |  |  | None |" in md
     assert "control: first long request (tail-16, 1008 tokens) TTFT 2.500 s, 403.2 input tokens/s" in md
     html = report.markdown_html(md, title="b")
     assert "<td><code>17 | 9</code></td>" in html
