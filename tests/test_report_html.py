@@ -76,7 +76,6 @@ def audited(tmp_path_factory):
     config["sampling"]["max_tokens"] = 32
     config["greedy"].update(max_tokens=12, concordant=1, determinism_repeats=2)
     project = make_project(tmp_path_factory.mktemp("report") / "project", config)
-    shutil.copytree(REPO / "report", project / "report")
     snake(project, "promotion")
     # The same sweep decided again: the ledger must keep both decisions.
     snake(project, "promotion", "--forcerun", "promotion")
