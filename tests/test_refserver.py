@@ -181,6 +181,44 @@ def test_streaming_completion_with_usage(server):
     assert finals[-1] == "length" and all(f is None for f in finals[:-1])
 
 
+def _raw_chunks(url: str, path: str, body: dict) -> tuple[str, list[bytes]]:
+    """POST over a bare socket and split the chunked body into its HTTP chunks, as they were framed."""
+    import socket
+    from urllib.parse import urlsplit
+    u = urlsplit(url)
+    payload = json.dumps(body).encode()
+    with socket.create_connection((u.hostname, u.port), timeout=120) as sock:
+        sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(payload), payload))
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    chunks = []
+    while rest:
+        size, _, rest = rest.partition(b"\r\n")
+        n = int(size, 16)
+        chunks.append(rest[:n])
+        assert rest[n:n + 2] == b"\r\n", "chunk not terminated by CRLF"
+        rest = rest[n + 2:]
+        if n == 0:
+            break
+    return head.decode(), chunks
+
+
+def test_stream_frames_every_event_as_its_own_http_chunk(server):
+    # One event per chunk is what lets a client time each event on arrival
+    # (TTFT, ITL per chunk); unframed, a buffered reader gets several at once.
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    head, chunks = _raw_chunks(server.url, "/v1/completions", body)
+    assert "Transfer-Encoding: chunked" in head
+    assert chunks[-1] == b"" and chunks[-2] == b"data: [DONE]\n\n"
+    events = chunks[:-2]
+    assert all(c.startswith(b"data: {") and c.endswith(b"\n\n") and c.count(b"data: ") == 1 for c in events)
+    assert sum(1 for c in events if json.loads(c[6:])["choices"]) == 6  # greedy, 6 tokens, one chunk each
+
+
 def test_streaming_chat(server):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Count to five."}], "max_tokens": 10,
             "temperature": 0, "stream": True}

@@ -444,9 +444,18 @@ def make_handler(api: Api, metrics, started: dict):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
+            # Chunked, as vLLM's uvicorn sends it: each event is its own HTTP
+            # chunk, so a client sees it the moment it is written. Without a
+            # framing a client reading a fixed-size buffer (requests reads 512
+            # bytes) receives several events at once, which skews TTFT and ITL.
+            self.send_header("Transfer-Encoding", "chunked")
             self.send_header("Connection", "close")
             self.end_headers()
             self.close_connection = True
+
+            def send(payload: bytes) -> None:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+                self.wfile.flush()
             created = int(time.time())
             obj = "chat.completion.chunk" if chat else "text_completion"
             hold = max((len(s) for s in req.params.stop), default=1) - 1
@@ -457,8 +466,7 @@ def make_handler(api: Api, metrics, started: dict):
                         "choices": choices}
                 if usage is not None:
                     data["usage"] = usage
-                self.wfile.write(b"data: " + json.dumps(data).encode() + b"\n\n")
-                self.wfile.flush()
+                send(b"data: " + json.dumps(data).encode() + b"\n\n")
 
             try:
                 if chat:
@@ -495,12 +503,16 @@ def make_handler(api: Api, metrics, started: dict):
                     chunk([choice])
                 if include_usage:
                     chunk([], api.usage(req))
-                self.wfile.write(b"data: [DONE]\n\n")
-                self.wfile.flush()
+                send(b"data: [DONE]\n\n")
+                send(b"")  # the zero-length chunk that ends the body
             except (BrokenPipeError, ConnectionResetError):
                 api.engine.abort(req)
             except ApiError as exc:
-                self.wfile.write(b"data: " + json.dumps(exc.body()).encode() + b"\n\n")
+                try:
+                    send(b"data: " + json.dumps(exc.body()).encode() + b"\n\n")
+                    send(b"")
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
 
     return Handler
 
