@@ -27,7 +27,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
-COPY = ["Snakefile", "rules", "scripts", "config", "profiles", "envs", "pairaudit"]
+COPY = ["Snakefile", "rules", "scripts", "config", "profiles", "envs", "pairaudit", "report"]
 
 
 def scratch_project(root: Path) -> Path:
