@@ -48,7 +48,14 @@ decision.json (``decide``; ``promotion_stage`` adds ``provenance``)::
                     "preflight": "PASS" | "FAIL" | None}},
      "switch_diff": [{"name", "control", "candidate"}],   # None = not set by that arm
      "notes": [str, ...],            # comparability facts that do not decide (e.g. model differs)
-     "preflight": {arm: "PASS" | "FAIL" | None}}
+     "preflight": {arm: "PASS" | "FAIL" | None},
+     "evidence": {                   # added by promotion_stage from the later stages' artifacts
+       "boundary_cases": None | [{"case", "planted", "expected", "identical_text",
+                                  arm: None | {"text", "extracted", "correct", "finish_reason", "prompt_tokens",
+                                               "max_tokens", "ttft_s", "input_tokens_per_s", "config_error"}}],
+       "speed": None | {"primary", "win_pct", "hosts", "cells": {cell: {"verdict", "repeats_s1_s2_s3",
+                                                                        "point_gain_pct", "t_interval",
+                                                                        "max_control_spread_pct"}}}}}
 
 manifest.json (``manifest``)::
 
@@ -917,6 +924,38 @@ def boundary_markdown(doc: Mapping[str, Any] | None) -> list[str]:
     return out
 
 
+_BOUNDARY_SIDE = ("text", "extracted", "correct", "finish_reason", "prompt_tokens", "max_tokens", "ttft_s",
+                  "input_tokens_per_s", "config_error")
+
+
+def boundary_evidence(doc: Mapping[str, Any] | None) -> list[dict] | None:
+    """Every boundary case for decision.json: planted values and, per arm, answer, finish reason, TTFT."""
+    if doc is None:
+        return None
+    return [{"case": c.get("case"), "planted": c.get("planted"), "expected": c.get("expected"),
+             "identical_text": c.get("identical_text"),
+             **{arm: ({k: c[arm].get(k) for k in _BOUNDARY_SIDE} if isinstance(c.get(arm), Mapping) else None)
+                for arm in ARMS}}
+            for c in doc.get("cases") or [] if isinstance(c, Mapping)]
+
+
+def speed_evidence(doc: Mapping[str, Any] | None) -> dict | None:
+    """The speed table for decision.json: per cell its verdict and the primary metric's s1/s2/s3 per repeat."""
+    if doc is None:
+        return None
+    primary = _speed_primary(doc)
+    win2 = doc.get("win2") or {}
+    cells = {}
+    for cell, metrics in (doc.get("series") or {}).items():
+        prim = (win2.get(cell) or {}).get("primary") or {}
+        cells[cell] = {"verdict": (win2.get(cell) or {}).get("verdict"),
+                       "repeats_s1_s2_s3": (metrics or {}).get(primary),
+                       "point_gain_pct": prim.get("point_gain_pct"), "t_interval": prim.get("t_interval"),
+                       "max_control_spread_pct": prim.get("max_control_spread_pct")}
+    return {"primary": primary, "win_pct": (doc.get("bar") or {}).get("win_pct"),
+            "hosts": doc.get("hosts"), "cells": cells}
+
+
 def _num(v: Any, digits: int = 3) -> str:
     return "n/a" if not isinstance(v, (int, float)) or isinstance(v, bool) else f"{v:.{digits}f}"
 
@@ -1211,6 +1250,8 @@ def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Seq
     inputs = [str(p) for p in (*paired_paths, *launch_paths, *preflight_paths, *score_paths)] + later_paths
 
     decision = decide(paired, launch, preflight, **later_kw)
+    decision["evidence"] = {"boundary_cases": boundary_evidence(later_docs.get("boundary")),
+                            "speed": speed_evidence(speed)}
     decision["provenance"] = provenance(inputs, params={"rule": "promotion-v1",
                                                         "datasets": sorted(paired), "arms": list(ARMS)})
     spec = (launch.get("candidate") or {}).get("spec_sha256")

@@ -223,3 +223,19 @@ def test_boundary_section_sets_the_arms_side_by_side(tmp_path):
     assert "control: first long request (tail-16, 1008 tokens) TTFT 2.500 s, 403.2 input tokens/s" in md
     html = report.markdown_html(md, title="b")
     assert "<td><code>17 | 9</code></td>" in html
+
+
+def test_decision_json_carries_every_boundary_case_and_the_speed_table(tmp_path):
+    b = {"cases": [{"case": "tail-16", "planted": [173, 9], "expected": "173 9", "identical_text": False,
+                    "control": {"text": "173, 9.", "correct": True, "finish_reason": "stop", "ttft_s": 2.5,
+                                "prompt_tokens": 1008, "max_tokens": 16, "error_body": "x"},
+                    "candidate": None}]}
+    ev = report.boundary_evidence(b)
+    assert ev[0]["case"] == "tail-16" and ev[0]["planted"] == [173, 9] and ev[0]["candidate"] is None
+    assert ev[0]["control"]["ttft_s"] == 2.5 and ev[0]["control"]["finish_reason"] == "stop"
+    assert "error_body" not in ev[0]["control"]  # the full record stays in boundary/gate.json
+    assert report.boundary_evidence(None) is None and report.speed_evidence(None) is None
+    sp = report.speed_evidence(speed_doc())
+    assert sp["primary"] == "pooled_rate_tps" and sp["win_pct"] == 2.0
+    assert sp["cells"]["c1"]["verdict"] == "NO_WIN" and sp["cells"]["c1"]["point_gain_pct"] == 1.0
+    assert sp["cells"]["c1"]["repeats_s1_s2_s3"][1] == [10.2, 10.3, 10.1]

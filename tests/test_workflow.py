@@ -116,6 +116,11 @@ def test_identical_arms_give_identical_answers_and_pass(tiny):
     assert [s["arm"] for s in speed["starts"]] == ["control", "candidate", "control"]
     decision = json.loads((res / "promotion" / "decision.json").read_text())
     assert decision["not_evaluated"] == []
+    cases = decision["evidence"]["boundary_cases"]
+    assert sorted(c["case"] for c in cases) == sorted(boundary["gate"]["candidate_cases"])
+    assert all(c[arm]["ttft_s"] > 0 and c[arm]["finish_reason"] == "stop" and c[arm]["extracted"] == c["planted"]
+               for c in cases for arm in ("control", "candidate"))
+    assert set(decision["evidence"]["speed"]["cells"]) == {c["name"] for c in config["speed"]["cells"]}
     # Identical arms: every gate but speed must pass (quality may be INVALID only
     # through an unnatural finish, checked above); speed is a noisy measurement
     # of nothing, marked informational in the tiny config, so only a noise LOSS
