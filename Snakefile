@@ -16,7 +16,7 @@ report: "report/workflow.rst"
 
 
 include: "rules/common.smk"
-include: "rules/launch.smk"
+include: "rules/answers.smk"
 include: "rules/quality.smk"
 include: "rules/diagnostics.smk"
 include: "rules/speed.smk"

@@ -304,21 +304,34 @@ def server_max_model_len(ep: Endpoint, spec: Mapping[str, Any]) -> int:
 
 
 def run_boundary(ep: Endpoint, model: str, max_model_len: int, cfg: Mapping[str, Any], *, arm: str,
-                 salt_prefix: str) -> dict:
-    """Every case of the plan on one server; returns {"cases", "first_long"}."""
+                 salt_prefix: str, done: Mapping[str, dict] | None = None,
+                 record: Callable[[dict], None] | None = None) -> dict:
+    """Every case of the plan on one server; returns {"cases", "first_long"}.
+
+    ``done`` holds cases answered by an earlier run (by case name): they are
+    kept, not asked again.  ``record`` is called with each new case as soon
+    as it is answered (the caller's journal).
+    """
     tokenize = endpoint_tokenizer(ep, model)
     plan = case_plan(cfg, max_model_len)
-    prog = Progress(len(plan), f"boundary {arm}")
-    cases, first_long = [], None
+    done = done or {}
+    prog = Progress(len(plan), f"boundary {arm}", done=sum(1 for p in plan if p["case"] in done))
+    cases = []
     for p in plan:
+        if p["case"] in done:
+            cases.append({k: v for k, v in done[p["case"]].items() if k != "key"})
+            continue
         rec = run_case(ep, model, p, cfg, tokenize=tokenize, arm=arm, salt_prefix=salt_prefix)
+        if record is not None:
+            record(rec)
         log.info("boundary %s %s: %d+%d tokens, status %s, finish %s, correct %s, ttft %s s, text %r",
                  arm, rec["case"], rec["prompt_tokens"], rec["max_tokens"], rec["status"], rec["finish_reason"],
                  rec["correct"], None if rec["ttft_s"] is None else round(rec["ttft_s"], 2), rec["text"])
         cases.append(rec)
-        if first_long is None and rec["ttft_s"] is not None and 2 * rec["prompt_tokens"] >= max_model_len:
-            first_long = {k: rec[k] for k in ("case", "prompt_tokens", "ttft_s", "input_tokens_per_s")}
         prog.step()
+    first_long = next(({k: rec[k] for k in ("case", "prompt_tokens", "ttft_s", "input_tokens_per_s")}
+                       for rec in cases if rec["ttft_s"] is not None and 2 * rec["prompt_tokens"] >= max_model_len),
+                      None)
     return {"cases": cases, "first_long": first_long}
 
 

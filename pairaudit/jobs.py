@@ -6,6 +6,8 @@ import logging
 import sys
 import traceback
 
+from . import lifecycle
+
 
 def run_job(log_path: str | None, fn, **kwargs):
     """Call ``fn(**kwargs)``; the job log gets the full traceback, the console the reason."""
@@ -15,9 +17,13 @@ def run_job(log_path: str | None, fn, **kwargs):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", handlers=handlers,
                         force=True)
     log = logging.getLogger("pairaudit")
-    log.info("%s start", fn.__name__)
+    watched = lifecycle.install()
+    log.info("%s start%s", fn.__name__, f" (stops if snakemake pid {watched} goes)" if watched else "")
     try:
         result = fn(**kwargs)
+    except KeyboardInterrupt:
+        log.error("%s interrupted: answered items are kept in the journals; rerun to resume", fn.__name__)
+        sys.exit(130)
     except Exception as exc:
         if log_path:
             with open(log_path, "a") as f:

@@ -78,6 +78,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import lifecycle
 from .client import Endpoint, ServerError, sha256_json, tail_lines, utc_now, wait_healthy
 
 __all__ = ["ConfigError", "ServerError", "resolve_spec", "receipt", "check_identity",
@@ -351,6 +352,7 @@ def _on_signal(signum, frame):
     prev = _PREV_HANDLERS.get(signum, signal.SIG_DFL)
     if prev == signal.SIG_IGN:
         return
+    lifecycle.request_stop(f"received {signal.Signals(signum).name}")
     stop_all()
     if callable(prev):
         prev(signum, frame)

@@ -8,7 +8,8 @@ derived from the audit name, so a new audit never reuses an old prefix cache.
 different model ids; the pairing is about what was asked.
 
 Journal (``results/<audit>/journal/sampled/<dataset>/<arm>.jsonl``, outside the
-job's declared outputs so a failed job does not delete it) — append-only, one
+job's declared outputs so a failed job does not delete it) — an
+:class:`~pairaudit.jsonlog.AppendLog`: append-only, one writer at a time, one
 line per attempt, fsynced::
 
     {"index", "attempt", "body_sha256", "body", "status": int | None,
@@ -23,23 +24,26 @@ sampling config changed) stay in the journal as evidence and are not used.
 
 Output (``results/<audit>/sampled/<dataset>/<arm>.jsonl``): an
 :mod:`~pairaudit.artifacts` JSONL with header ``{"schema": "pairaudit.sampled/v1",
-"dataset", "arm", "n", "server": launch facts, "provenance"}`` and one record
-per selected item, in index order: the final attempt plus
-``"prior_attempts": [...]``.
+"dataset", "arm", "n", "servers": [{"url", "pid"} of every server that answered], "provenance"}``
+and one record per selected item, in index order: the first final attempt
+plus ``"prior_attempts": [...]``.  It is assembled from the journal alone, so
+the same journal always gives the same records.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import threading
+import logging
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from . import artifacts
+from . import artifacts, failures, lifecycle
 from .client import Endpoint
+from .jsonlog import AppendLog, read_log
 from .launch import Server, resolve_spec
 from .progress import Progress
+
+log = logging.getLogger("pairaudit")
 
 SCHEMA = "pairaudit.sampled/v1"
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "max_tokens")
@@ -90,43 +94,12 @@ def is_final(attempt: dict) -> bool:
 
 def read_journal(path: Path) -> list[dict]:
     """Every parseable attempt; a line cut short by a crash is skipped, never repaired in place."""
-    if not path.exists():
-        return []
-    attempts = []
-    # errors="replace": a crash can cut a line inside a multi-byte character; that line then
-    # fails to parse and is skipped instead of making the whole journal unreadable.
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                attempts.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return attempts
+    return read_log(path)
 
 
-class Journal:
-    def __init__(self, path: Path):
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.lock = threading.Lock()
-        self.f = open(path, "a", encoding="utf-8")
-        # Look at the last byte in binary: a cut line may end inside a multi-byte character.
-        with open(path, "rb") as fb:
-            fb.seek(0, os.SEEK_END)
-            if fb.tell() > 0:
-                fb.seek(-1, os.SEEK_END)
-                if fb.read(1) != b"\n":  # a crash cut the last line: start a fresh one
-                    self.f.write("\n")
-
-    def append(self, attempt: dict) -> None:
-        line = json.dumps(attempt, ensure_ascii=False) + "\n"
-        with self.lock:
-            self.f.write(line)
-            self.f.flush()
-            os.fsync(self.f.fileno())
-
-    def close(self) -> None:
-        self.f.close()
+def Journal(path: Path, *, owner: str = "") -> AppendLog:
+    """The item journal: one writer at a time (a second one is refused by name)."""
+    return AppendLog(path, owner=owner)
 
 
 def ask(endpoint: Endpoint, index: int, body: dict, attempt: int, server: dict, timeout_s: float) -> dict:
@@ -161,24 +134,37 @@ def pending_items(bodies: dict[int, dict], attempts: list[dict]) -> tuple[dict[i
     return by_index, done
 
 
-def run_items(endpoint: Endpoint, bodies: dict[int, dict], journal: Journal, *, concurrency: int,
+def run_items(endpoint: Endpoint, bodies: dict[int, dict], journal: AppendLog, *, concurrency: int,
               server: dict, timeout_s: float, prior: dict[int, list], alive=None,
               progress: Progress | None = None) -> None:
-    """Ask every open item once, ``concurrency`` at a time, journaling each answer as it arrives."""
+    """Ask every open item once, ``concurrency`` at a time, journaling each answer as it arrives.
+
+    An interrupt stops the loop at once: queued items are cancelled and no
+    worker sends anything after it (only requests already in flight finish).
+    """
 
     def one(index: int) -> None:
+        if lifecycle.stopping():
+            return
         if alive is not None:
             alive()
         attempt = ask(endpoint, index, bodies[index], len(prior[index]) + 1, server, timeout_s)
         journal.append(attempt)
         prior[index].append(attempt)
 
-    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+    pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
+    try:
         # Stepped here, in the calling thread, so Progress needs no lock.
         for fut in as_completed([pool.submit(one, i) for i in sorted(bodies)]):
             fut.result()
             if progress is not None:
                 progress.step()
+    except BaseException:
+        lifecycle.request_stop("a request loop failed or was interrupted")
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+    lifecycle.check_stop()
 
 
 def collect(bodies: dict[int, dict], by_index: dict[int, list]) -> tuple[list[dict], list[int]]:
@@ -189,14 +175,84 @@ def collect(bodies: dict[int, dict], by_index: dict[int, list]) -> tuple[list[di
         if final is None:
             open_items.append(i)
             continue
-        prior = [a for a in atts if a is not final and a["attempt"] < final["attempt"]]
-        records.append({**final, "prior_attempts": prior})
+        # journal order, not attempt numbers: two writers could both have numbered an attempt 1
+        records.append({**final, "prior_attempts": atts[:atts.index(final)]})
     return records, open_items
+
+
+def dataset_bodies(dataset: dict, sampling: dict, *, model: str, audit: str) -> dict[int, dict]:
+    return {it["index"]: request_body(it, sampling, model=model, audit=audit, dataset=dataset["name"])
+            for it in dataset["items"]}
+
+
+def answer_dataset(srv: Server, dataset: dict, journal: AppendLog, *, sampling: dict, audit: str) -> dict:
+    """Ask the running server every item of ``dataset`` the journal has no answer for; return counts."""
+    model = srv.spec["served_model_name"]
+    bodies = dataset_bodies(dataset, sampling, model=model, audit=audit)
+    by_index, done = pending_items(bodies, read_journal(journal.path))
+    todo = {i: b for i, b in bodies.items() if i not in done}
+    name, arm = dataset["name"], srv.spec["arm"]
+    if todo:
+        facts = srv.facts()
+        server = {"url": facts["url"], "pid": facts["pid"]}
+        # Items answered by an earlier run count as done (the journal kept them).
+        progress = Progress(len(bodies), f"sampled {name}/{arm}", done=len(bodies) - len(todo))
+        run_items(srv.endpoint, todo, journal, concurrency=int(sampling.get("concurrency", 4)),
+                  server=server, timeout_s=float(sampling.get("request_timeout_s", 900)),
+                  prior=by_index, alive=srv.assert_alive, progress=progress)
+        srv.assert_alive()  # a server that died mid-run fails the phase with its log tail
+    log.info("sampled %s/%s: %d items, %d from the journal, %d asked now", name, arm, len(bodies),
+             len(done), len(todo))
+    return {"items": len(bodies), "from_journal": len(done), "asked": len(todo)}
+
+
+def assemble(*, dataset_path: str, journal_path: str, out_path: str, arm: str, receipt_path: str,
+             preflight_path: str, sampling: dict, audit: str, phase_path: str | None = None) -> dict:
+    """The sampled artifact of one dataset and arm, from the journal alone (no server).
+
+    The first final attempt journaled for an item is its primary answer,
+    always; later attempts (a retry, a second writer) stay in the journal.
+    When the arm's server failed during the answers phase (``phase_path``'s
+    ``failure``), the artifact holds the items answered before the failure
+    and says so in ``arm_failed``; the failure itself is evidence for the
+    decision, not a crash here.
+    """
+    failure = artifacts.read_json(phase_path).get("failure") if phase_path else None
+    dataset = artifacts.check_schema(artifacts.read_json(dataset_path), "pairaudit.dataset/v1", dataset_path)
+    name = dataset["name"]
+    model = artifacts.read_json(receipt_path)["served_model_name"]
+    bodies = dataset_bodies(dataset, sampling, model=model, audit=audit)
+    jpath = Path(journal_path)
+    by_index, _ = pending_items(bodies, read_journal(jpath))
+    records, open_items = collect(bodies, by_index)
+    if open_items and failure is None:
+        last = {i: by_index[i][-1].get("error") for i in open_items if by_index[i]}
+        raise SampledError(
+            f"{name}/{arm}: {len(open_items)} item(s) have no answer yet {open_items[:20]} (last errors: "
+            f"{json.dumps(last)[:500]}); answered items are kept in {jpath} — rerun to ask only the open ones"
+        )
+    servers = sorted({json.dumps(r.get("server"), sort_keys=True) for r in records})
+    header = {
+        "schema": SCHEMA,
+        "dataset": name,
+        "arm": arm,
+        "n": len(records),
+        "servers": [json.loads(s) for s in servers],
+        "arm_failed": failures.summary(failure) if failure else None,
+        "provenance": artifacts.provenance([dataset_path, receipt_path, preflight_path],
+                                           {"sampling": sampling, "audit": audit, "journal": str(jpath)}),
+    }
+    artifacts.write_jsonl(out_path, header, records)
+    return header
 
 
 def sampled_stage(*, dataset_path: str, launch_path: str, preflight_path: str, out_path: str, journal_path: str,
                   arm: str, arm_cfg: dict, sampling: dict, audit: str, server_log: str) -> dict:
-    """Run (or resume) one dataset on one arm; write the output artifact; return its header."""
+    """One dataset on one arm on a server of its own: answer (or resume), then assemble the artifact.
+
+    The workflow runs every dataset of an arm on one server (``phases``); this
+    is the same work for a single dataset, for library use and tests.
+    """
     dataset = artifacts.check_schema(artifacts.read_json(dataset_path), "pairaudit.dataset/v1", dataset_path)
     receipt = artifacts.read_json(launch_path)
     preflight = artifacts.read_json(preflight_path)
@@ -204,44 +260,10 @@ def sampled_stage(*, dataset_path: str, launch_path: str, preflight_path: str, o
         raise SampledError(f"{preflight_path}: preflight of arm {arm} is {preflight.get('verdict')} "
                            f"(failed probe: {preflight.get('failed_probe')}); not sampling")
     spec = resolve_spec(arm, arm_cfg)  # the Server checks it against the receipt's identity hash
-    model = spec["served_model_name"]
-    name = dataset["name"]
-    bodies = {it["index"]: request_body(it, sampling, model=model, audit=audit, dataset=name)
-              for it in dataset["items"]}
-    jpath = Path(journal_path)
-    by_index, done = pending_items(bodies, read_journal(jpath))
-    todo = {i: b for i, b in bodies.items() if i not in done}
-    facts = None
-    if todo:
-        journal = Journal(jpath)
-        try:
-            with Server(spec, log_path=server_log, receipt=receipt) as srv:
-                facts = srv.facts()
-                server = {"url": facts["url"], "pid": facts["pid"]}
-                # Items answered by an earlier run count as done (the journal kept them).
-                progress = Progress(len(bodies), f"sampled {name}/{arm}", done=len(bodies) - len(todo))
-                run_items(srv.endpoint, todo, journal, concurrency=int(sampling.get("concurrency", 4)),
-                          server=server, timeout_s=float(sampling.get("request_timeout_s", 900)),
-                          prior=by_index, alive=srv.assert_alive, progress=progress)
-                srv.assert_alive()  # a server that died mid-run fails the job with its log tail
-        finally:
-            journal.close()
-    records, open_items = collect(bodies, by_index)
-    if open_items:
-        last = {i: by_index[i][-1].get("error") for i in open_items if by_index[i]}
-        raise SampledError(
-            f"{name}/{arm}: {len(open_items)} item(s) have no answer yet {open_items[:20]} (last errors: "
-            f"{json.dumps(last)[:500]}); answered items are kept in {jpath} — rerun to ask only the open ones"
-        )
-    header = {
-        "schema": SCHEMA,
-        "dataset": name,
-        "arm": arm,
-        "n": len(records),
-        "resumed_answers": len(done),
-        "server": facts,
-        "provenance": artifacts.provenance([dataset_path, launch_path, preflight_path],
-                                           {"sampling": sampling, "audit": audit, "journal": str(jpath)}),
-    }
-    artifacts.write_jsonl(out_path, header, records)
-    return header
+    bodies = dataset_bodies(dataset, sampling, model=spec["served_model_name"], audit=audit)
+    _, done = pending_items(bodies, read_journal(Path(journal_path)))
+    if len(done) < len(bodies):
+        with Journal(Path(journal_path)) as journal, Server(spec, log_path=server_log, receipt=receipt) as srv:
+            answer_dataset(srv, dataset, journal, sampling=sampling, audit=audit)
+    return assemble(dataset_path=dataset_path, journal_path=journal_path, out_path=out_path, arm=arm,
+                    receipt_path=launch_path, preflight_path=preflight_path, sampling=sampling, audit=audit)

@@ -1,7 +1,8 @@
-import hashlib
 import os
 from pathlib import Path
 
+from pairaudit.artifacts import sha256_obj
+from pairaudit.codehash import code_hash
 from pairaudit.datasets import source_fingerprint
 
 R = f"results/{config['audit']}"
@@ -9,59 +10,26 @@ ARMS = ["control", "candidate"]
 DATASETS = {d["name"]: d for d in config["datasets"]}
 BASE = Path(workflow.basedir)
 CACHE = str(Path(workflow.basedir) / ".cache")
-
-# What each stage's behaviour depends on.  Their content hash is a parameter,
-# so an edit reruns the stage while a `touch` does not (the profile turns the
-# mtime and code triggers off: see profiles/default/config.yaml).
-STAGE_CODE = {
-    "launch": [
-        "pairaudit/launch.py",
-        "pairaudit/client.py",
-        "pairaudit/modelstore.py",
-        "pairaudit/refserver",
-    ],
-    "preflight": ["pairaudit/preflight.py", "pairaudit/client.py"],
-    "dataset": ["pairaudit/datasets.py", "pairaudit/suites.py"],
-    "sampled": ["pairaudit/sampled.py", "pairaudit/client.py"],
-    "score": ["pairaudit/scoring.py", "pairaudit/sandbox.py"],
-    "paired": ["pairaudit/stats.py", "pairaudit/rules.py"],
-    "greedy": ["pairaudit/greedy.py", "pairaudit/client.py", "pairaudit/sampled.py"],
-    "divergence": ["pairaudit/greedy.py", "pairaudit/rules.py", "pairaudit/launch.py"],
-    "promotion": ["pairaudit/report.py", "pairaudit/rules.py"],
-    "boundary": [
-        "pairaudit/boundary.py",
-        "pairaudit/client.py",
-        "pairaudit/launch.py",
-        "pairaudit/progress.py",
-    ],
-    "boundary_gate": ["pairaudit/boundary.py", "pairaudit/rules.py"],
-    "speed": [
-        "pairaudit/speed.py",
-        "pairaudit/rules.py",
-        "pairaudit/stats.py",
-        "pairaudit/client.py",
-        "pairaudit/launch.py",
-    ],
-}
+JOURNAL = f"{R}/journal"
+STARTS_LOG = f"{R}/servers/starts.jsonl"
+BOUNDARY_ON = config.get("boundary", {}).get("enabled", True)
+SPEED_ON = config.get("speed", {}).get("enabled", True)
 
 
-def code_hash(stage):
-    h = hashlib.sha256()
-    files = []
-    for rel in STAGE_CODE[stage] + [
-        "pairaudit/stages.py",
-        "pairaudit/artifacts.py",
-        f"scripts/{stage}.py",
-    ]:
-        p = BASE / rel
-        files += sorted(p.rglob("*.py")) if p.is_dir() else [p]
-    for f in files:
-        h.update(str(f.relative_to(BASE)).encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()
+# What each stage runs: its script and every pairaudit module the script
+# imports, directly or not (pairaudit.codehash).  The hash is a parameter, so
+# editing a file reruns exactly the stages that import it (and what consumes
+# their outputs), while a `touch` reruns nothing (the profile turns the mtime
+# and code triggers off: see profiles/default/config.yaml).
+def code(stage):
+    roots = [f"scripts/{stage}.py"]
+    if stage in SERVER_STAGES:
+        # the embedded reference server runs as a subprocess: its code is what answers
+        roots.append("pairaudit/refserver/__main__.py")
+    return code_hash(BASE, roots)
 
 
-CODE = {stage: code_hash(stage) for stage in STAGE_CODE}
+SERVER_STAGES = {"answers", "diagnostics", "speed"}
 
 
 wildcard_constraints:
@@ -110,6 +78,45 @@ def dataset_where(wildcards):
 
 def dataset_source_sha256(wildcards):
     return source_fingerprint(DATASETS[wildcards.dataset]["source"], base_dir=BASE)
+
+
+def arm_fingerprint(wildcards):
+    """What an arm's journaled answers depend on, known before any job runs.
+
+    The per-dataset jobs read the answers phase's outputs as `ancient`, so a
+    rerun of the phase for another dataset does not rerun them; this
+    fingerprint reruns them whenever their answers could have changed.
+    """
+    return sha256_obj(
+        {
+            "arm": config["arms"][wildcards.arm],
+            "sampling": config["sampling"],
+            "audit": config["audit"],
+            "code": code("answers"),
+        }
+    )
+
+
+def both_arms_fingerprint(wildcards=None):
+    return sha256_obj({"arms": config["arms"], "code": code("answers")})
+
+
+def greedy_paths():
+    return {d: {a: f"{R}/greedy/{d}/{a}.jsonl" for a in ARMS} for d in DATASETS}
+
+
+def divergence_paths():
+    return {d: f"{R}/divergence/{d}.json" for d in DATASETS}
+
+
+def promotion_later_inputs(wildcards):
+    """The optional gates' artifacts: an audit without the stage still decides (INCONCLUSIVE)."""
+    later = {}
+    if BOUNDARY_ON:
+        later["boundary"] = f"{R}/boundary/gate.json"
+    if SPEED_ON:
+        later["speed"] = f"{R}/speed/decision.json"
+    return later
 
 
 def paired_inputs(wildcards):

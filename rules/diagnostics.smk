@@ -1,50 +1,28 @@
-# Greedy diagnostics (seed 000): greedy runs on the discordant items (plus a
-# few concordant ones as a control), the first differing token, both arms
-# probed on the shared prefix for their top-20, grid-tie-v1, and determinism.
+# The diagnostics phase: greedy runs on the discordant items (plus a few
+# concordant ones as a control), determinism repeats, the first differing
+# token, both arms probed on the shared prefix for their top-20, grid-tie-v1.
+# One job: the arms' servers take turns (control, candidate, control for its
+# probes), each started only if its journals lack something.
 
 
-rule greedy:
+rule diagnostics:
     input:
-        dataset=f"{R}/datasets/{{dataset}}.json",
-        paired=f"{R}/paired/{{dataset}}.json",
-        receipt=f"{R}/launch/{{arm}}.json",
-        preflight=f"{R}/preflight/{{arm}}.json",
+        datasets=expand(f"{R}/datasets/{{dataset}}.json", dataset=DATASETS),
+        paired=expand(f"{R}/paired/{{dataset}}.json", dataset=DATASETS),
+        receipt_control=ancient(f"{R}/launch/control.json"),
+        receipt_candidate=ancient(f"{R}/launch/candidate.json"),
+        preflight_control=ancient(f"{R}/preflight/control.json"),
+        preflight_candidate=ancient(f"{R}/preflight/candidate.json"),
+        answers_control=ancient(f"{R}/answers/control.json"),
+        answers_candidate=ancient(f"{R}/answers/candidate.json"),
     output:
-        f"{R}/greedy/{{dataset}}/{{arm}}.jsonl",
+        phase=f"{R}/diagnostics/phase.json",
+        greedy=[p for arms in greedy_paths().values() for p in arms.values()],
+        divergence=list(divergence_paths().values()),
     log:
-        f"{R}/logs/greedy/{{dataset}}-{{arm}}.log",
-        server=f"{R}/logs/servers/greedy-{{dataset}}-{{arm}}.log",
-    conda:
-        "../envs/serving.yaml"
-    threads: 2
-    resources:
-        server_slots=1,
-        gpu=arm_gpus,
-        slurm_partition=arm_partition,
-    params:
-        arm=arm_config,
-        greedy=config.get("greedy", {}),
-        chat_template_kwargs=config["sampling"].get("chat_template_kwargs", {}),
-        journal=f"{R}/journal/greedy/{{dataset}}/{{arm}}.jsonl",
-        code=CODE["greedy"],
-    script:
-        "../scripts/greedy.py"
-
-
-# Probing needs both servers: they run one after the other inside this job.
-rule divergence:
-    input:
-        dataset=f"{R}/datasets/{{dataset}}.json",
-        greedy_control=f"{R}/greedy/{{dataset}}/control.jsonl",
-        greedy_candidate=f"{R}/greedy/{{dataset}}/candidate.jsonl",
-        launch_control=f"{R}/launch/control.json",
-        launch_candidate=f"{R}/launch/candidate.json",
-    output:
-        f"{R}/divergence/{{dataset}}.json",
-    log:
-        f"{R}/logs/divergence/{{dataset}}.log",
-        server_control=f"{R}/logs/servers/divergence-{{dataset}}-control.log",
-        server_candidate=f"{R}/logs/servers/divergence-{{dataset}}-candidate.log",
+        f"{R}/logs/diagnostics.log",
+        server_control=f"{R}/logs/servers/diagnostics-control.log",
+        server_candidate=f"{R}/logs/servers/diagnostics-candidate.log",
     conda:
         "../envs/serving.yaml"
     threads: 2
@@ -53,10 +31,18 @@ rule divergence:
         gpu=BOTH_ARMS_GPUS,
         slurm_partition=BOTH_ARMS_PARTITION,
     params:
+        datasets=list(DATASETS),
         arms=config["arms"],
+        fingerprint=both_arms_fingerprint(),
+        greedy=config.get("greedy", {}),
+        chat_template_kwargs=config["sampling"].get("chat_template_kwargs", {}),
+        journal_dir=JOURNAL,
+        starts_log=STARTS_LOG,
+        greedy_paths=greedy_paths(),
+        divergence_paths=divergence_paths(),
         max_divergent=config.get("rules", {})
         .get("grid_tie", {})
         .get("max_divergent", 3),
-        code=CODE["divergence"],
+        code=code("diagnostics"),
     script:
-        "../scripts/divergence.py"
+        "../scripts/diagnostics.py"

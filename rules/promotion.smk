@@ -8,31 +8,16 @@
 LEDGER = "results/ledger.jsonl"
 
 
-# Later stages are wired only where some rule of the workflow makes their
-# artifact: an audit without the stage still decides (INCONCLUSIVE) and its
-# report says "not run".
-LATER_STAGES = {
-    "boundary": f"{R}/boundary/gate.json",
-    "speed": f"{R}/speed/decision.json",
-}
-
-
 rule promotion:
     input:
-        unpack(
-            lambda wc: {
-                stage: path
-                for stage, path in LATER_STAGES.items()
-                if path in {str(o) for r in workflow.rules for o in r.output}
-            }
-        ),
+        unpack(promotion_later_inputs),
         paired=expand(f"{R}/paired/{{dataset}}.json", dataset=DATASETS),
         scores=expand(
             f"{R}/scores/{{dataset}}/{{arm}}.jsonl", dataset=DATASETS, arm=ARMS
         ),
         launch=expand(f"{R}/launch/{{arm}}.json", arm=ARMS),
         preflight=expand(f"{R}/preflight/{{arm}}.json", arm=ARMS),
-        divergence=expand(f"{R}/divergence/{{dataset}}.json", dataset=DATASETS),
+        divergence=list(divergence_paths().values()),
     output:
         decision=f"{R}/promotion/decision.json",
         report=f"{R}/promotion/report.md",
@@ -84,6 +69,6 @@ rule promotion:
     params:
         audit=config["audit"],
         ledger=LEDGER,
-        code=CODE["promotion"],
+        code=code("promotion"),
     script:
         "../scripts/promotion.py"

@@ -1,4 +1,4 @@
-# The quality path per dataset: items -> sampled runs per arm -> scores -> paired table.
+# The quality path per dataset: items -> (answers phase) -> sampled per arm -> scores -> paired table.
 
 
 rule dataset:
@@ -14,37 +14,9 @@ rule dataset:
         source_sha256=dataset_source_sha256,
         cache_dir=CACHE,
         base_dir=str(BASE),
-        code=CODE["dataset"],
+        code=code("dataset"),
     script:
         "../scripts/dataset.py"
-
-
-rule sampled:
-    input:
-        dataset=f"{R}/datasets/{{dataset}}.json",
-        receipt=f"{R}/launch/{{arm}}.json",
-        preflight=f"{R}/preflight/{{arm}}.json",
-    output:
-        f"{R}/sampled/{{dataset}}/{{arm}}.jsonl",
-    log:
-        f"{R}/logs/sampled/{{dataset}}-{{arm}}.log",
-        server=f"{R}/logs/servers/sampled-{{dataset}}-{{arm}}.log",
-    conda:
-        "../envs/serving.yaml"
-    threads: 2
-    resources:
-        server_slots=1,
-        gpu=arm_gpus,
-        slurm_partition=arm_partition,
-    params:
-        arm=arm_config,
-        sampling=config["sampling"],
-        audit=config["audit"],
-        # outside the outputs: a failed job's outputs are deleted, answered items must not be
-        journal=f"{R}/journal/sampled/{{dataset}}/{{arm}}.jsonl",
-        code=CODE["sampled"],
-    script:
-        "../scripts/sampled.py"
 
 
 rule score:
@@ -60,7 +32,7 @@ rule score:
     threads: 2
     params:
         sandbox=config.get("scoring", {}).get("sandbox", {}),
-        code=CODE["score"],
+        code=code("score"),
     script:
         "../scripts/score.py"
 
@@ -76,6 +48,6 @@ rule paired:
         "../envs/analysis.yaml"
     params:
         quality=config.get("rules", {}).get("quality", {}),
-        code=CODE["paired"],
+        code=code("paired"),
     script:
         "../scripts/paired.py"

@@ -226,6 +226,11 @@ def make_handler(st: State):
                 return self._send(*_err(400, "body is not JSON"))
             if body.get("stream"):
                 return self._stream(body)
+            if "chat500_dies" in st.faults and self.path == "/v1/chat/completions" and body.get("seed") is not None:
+                # the engine crashes on a seeded sampled chat request: a 500, then the process is gone
+                self._send(*_err(500, "EngineCore encountered an issue: index out of bounds", "InternalServerError"))
+                self.wfile.flush()
+                os._exit(1)
             return self._send(*handle_post(st, self.path, body))
 
         def _stream(self, body):

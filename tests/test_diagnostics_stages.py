@@ -1,4 +1,4 @@
-"""The greedy and divergence stages end to end on real reference servers (attach mode).
+"""The diagnostics phase (greedy runs, divergence probes) end to end on real reference servers (attach mode).
 
 A BF16-head candidate against the fp32 control: divergences are found, both
 arms are probed on the shared prefix and grid-tie-v1 classifies every one; a
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from pairaudit import artifacts, datasets, launch, stages
+from pairaudit import artifacts, datasets, launch, phases
+from pairaudit.jsonlog import read_log
 from refserver_fixture import RefServer
 
 pytestmark = pytest.mark.server
@@ -52,19 +53,31 @@ def _inputs(tmp_path, url_by_arm):
 
 def _run(tmp_path, url_by_arm):
     dataset_path, paired_path, preflight_path, arm_cfgs, launch_paths = _inputs(tmp_path, url_by_arm)
-    greedy_paths = {}
-    for arm in ("control", "candidate"):
-        greedy_paths[arm] = str(tmp_path / f"greedy-{arm}.jsonl")
-        stages.greedy_stage(dataset_path=dataset_path, paired_path=paired_path, launch_path=launch_paths[arm],
-                            preflight_path=preflight_path, out_path=greedy_paths[arm],
-                            journal_path=str(tmp_path / f"journal-{arm}.jsonl"), arm=arm, arm_cfg=arm_cfgs[arm],
-                            greedy_cfg=GREEDY, chat_template_kwargs={}, server_log=str(tmp_path / f"{arm}.log"))
+    greedy_paths = {"algebra": {arm: str(tmp_path / f"greedy-{arm}.jsonl") for arm in arm_cfgs}}
     out = tmp_path / "divergence.json"
-    doc = stages.divergence_stage(dataset_path=dataset_path, greedy_paths=greedy_paths, launch_paths=launch_paths,
-                                  arm_cfgs=arm_cfgs, out_path=str(out),
-                                  server_logs={a: str(tmp_path / f"probe-{a}.log") for a in arm_cfgs})
-    assert artifacts.read_json(out)["schema"] == "pairaudit.divergence/v1"
-    return doc, greedy_paths
+    phase = phases.diagnostics_phase(
+        dataset_paths={"algebra": dataset_path}, paired_paths={"algebra": paired_path}, receipt_paths=launch_paths,
+        preflight_paths={a: preflight_path for a in arm_cfgs}, arm_cfgs=arm_cfgs, greedy_cfg=GREEDY,
+        chat_template_kwargs={}, journal_dir=str(tmp_path / "journal"), greedy_paths=greedy_paths,
+        divergence_paths={"algebra": str(out)}, server_logs={a: str(tmp_path / f"{a}.log") for a in arm_cfgs},
+        starts_log=str(tmp_path / "starts.jsonl"), phase_path=str(tmp_path / "phase.json"))
+    doc = artifacts.read_json(out)
+    assert doc["schema"] == "pairaudit.divergence/v1"
+    # one session per arm turn: control, candidate, and control again only to probe a divergence
+    assert [s["arm"] for s in phase["starts"]] == ["control", "candidate", "control"]
+    assert phase["starts"][2]["starts"] == (1 if any(d["diverged"] for d in doc["divergences"]) else 0)
+    return doc, greedy_paths["algebra"]
+
+
+def test_a_rerun_of_the_phase_asks_nothing_its_journals_hold(servers, tmp_path):
+    urls = {"control": servers["control"].url, "candidate": servers["candidate"].url}
+    doc, _ = _run(tmp_path, urls)
+    journals = {p: len(read_log(p)) for p in (tmp_path / "journal").rglob("*.jsonl")}
+    again, _ = _run(tmp_path, urls)
+    assert {p: len(read_log(p)) for p in (tmp_path / "journal").rglob("*.jsonl")} == journals
+    assert again["divergences"] == doc["divergences"] and again["probes"] == doc["probes"]
+    starts = [r for r in read_log(tmp_path / "starts.jsonl") if r["event"] == "ready"]
+    assert len(starts) == 2 + (1 if any(d["diverged"] for d in doc["divergences"]) else 0)  # first run only
 
 
 def test_bf16_candidate_divergences_are_probed_and_classified(servers, tmp_path):

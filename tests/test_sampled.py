@@ -365,12 +365,12 @@ def test_sampled_stage_end_to_end_real_server(refserver, tmp_path):
         h, recs = artifacts.read_jsonl(kw["out_path"])
         assert h == header
         assert h["schema"] == "pairaudit.sampled/v1" and h["arm"] == arm and h["dataset"] == "arith"
-        assert h["n"] == 2 and h["resumed_answers"] == 0
+        assert h["n"] == 2 and h["arm_failed"] is None
         consumed = h["provenance"]["consumed"]
         assert consumed == {p: artifacts.sha256_file(p) for p in
                             (kw["dataset_path"], kw["launch_path"], kw["preflight_path"])}
         assert h["provenance"]["params"]["sampling"] == sampling
-        assert h["server"]["url"] == refserver.url and h["server"]["identity_check"]["ok"]
+        assert [srv["url"] for srv in h["servers"]] == [refserver.url]  # the server that answered every item
         assert [r["index"] for r in recs] == sorted(indices)  # one record per item, index order
         for r in recs:
             assert r["status"] == 200 and r["error"] is None and r["prior_attempts"] == []
@@ -385,10 +385,13 @@ def test_sampled_stage_end_to_end_real_server(refserver, tmp_path):
     # both arms asked exactly the same thing, item by item
     assert [r["body_sha256"] for r in out["control"][1]] == [r["body_sha256"] for r in out["candidate"][1]]
 
-    # a rerun resumes: nothing is asked again, the journal does not grow, the answers are the same
+    # a rerun resumes: nothing is asked again, the journal does not grow, the artifact is the same
     kw, recs = out["control"]
+    first = Path(kw["out_path"]).read_bytes()
     header = sampled.sampled_stage(**kw)
-    assert header["resumed_answers"] == 2 and header["server"] is None
+    assert header["n"] == 2
     assert len(read_journal(Path(kw["journal_path"]))) == 2
     _, again = artifacts.read_jsonl(kw["out_path"])
     assert again == recs
+    assert [json.loads(x) for x in Path(kw["out_path"]).read_bytes().splitlines()[1:]] == \
+        [json.loads(x) for x in first.splitlines()[1:]]

@@ -228,30 +228,3 @@ def test_run_job_failure_exits_1_with_traceback_in_log(tmp_path, capsys):
     text = log.read_text()
     assert "Traceback" in text and "failing_stage failed: ArtifactError" in text
     assert "expected 'pairaudit.sampled/v1'" in capsys.readouterr().err
-
-
-def test_failed_preflight_keeps_its_evidence_beside_the_server_log(tmp_path):
-    import threading
-
-    import fake_server
-    from pairaudit import launch
-
-    srv = fake_server.make_server(faults={"logprobs21_ok"}, spec=False)
-    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    try:
-        arm_cfg = {"mode": "attach", "url": f"http://127.0.0.1:{srv.server_address[1]}", "model": "fake-model",
-                   "max_model_len": 256}
-        receipt_path = tmp_path / "launch.json"
-        artifacts.write_json(receipt_path, launch.receipt(launch.resolve_spec("candidate", arm_cfg)))
-        server_log = tmp_path / "server.log"
-        sampling = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0}
-        with pytest.raises(Exception, match="known_bad_400"):
-            stages.preflight_stage(arm="candidate", arm_cfg=arm_cfg, launch_path=str(receipt_path),
-                                   out_path=str(tmp_path / "preflight.json"), server_log=str(server_log),
-                                   sampling=sampling)
-    finally:
-        srv.shutdown()
-        srv.server_close()
-    kept = artifacts.read_json(f"{server_log}.preflight.json")
-    assert kept["verdict"] == "FAIL" and kept["failed_probe"] == "known_bad_400"
-    assert kept["probes"][-1]["status"] == 200  # the server's wrong answer is the evidence

@@ -169,8 +169,10 @@ def test_changing_one_dataset_reruns_only_that_dataset(tiny, tmp_path):
     cfg.write_text(yaml.safe_dump(changed, sort_keys=False))
     jobs = planned_jobs(project, "promotion", "--configfile", str(cfg))
     rules = sorted(r for r, _ in jobs)
-    assert rules == sorted(["dataset", "sampled", "sampled", "score", "score", "paired", "greedy", "greedy",
-                            "divergence", "promotion"])
+    # one start per arm for the answers (the journals supply the other dataset's answers),
+    # one diagnostics phase, and only this dataset's assembly, scoring and pairing
+    assert rules == sorted(["dataset", "answers", "answers", "sampled", "sampled", "score", "score", "paired",
+                            "diagnostics", "promotion"])
     assert all(w.get("dataset", "algebra") == "algebra" for _, w in jobs)
 
 
@@ -179,8 +181,8 @@ def test_readme_one_liner_reruns_one_dataset(tiny):
     readme = (REPO / "README.md").read_text()
     assert "promotion --forcerun results/default/datasets/arith.json" in readme
     jobs = planned_jobs(project, "promotion", "--forcerun", "results/tiny/datasets/arith.json")
-    assert sorted(r for r, _ in jobs) == sorted(["dataset", "sampled", "sampled", "score", "score", "paired",
-                                                 "greedy", "greedy", "divergence", "promotion"])
+    assert sorted(r for r, _ in jobs) == sorted(["dataset", "answers", "answers", "sampled", "sampled", "score",
+                                                 "score", "paired", "diagnostics", "promotion"])
     assert all(w.get("dataset", "arith") == "arith" for _, w in jobs)
 
 
@@ -192,10 +194,10 @@ def test_changing_the_candidate_reuses_the_control(tiny, tmp_path):
     cfg.write_text(yaml.safe_dump(changed, sort_keys=False))
     jobs = planned_jobs(project, "promotion", "--configfile", str(cfg))
     assert jobs, "a changed candidate must rerun something"
-    # the control's server, rehearsal, answers and scores are reused; only its greedy selection
-    # depends on the pairing (and its journal keeps every generation already made)
-    assert all(w.get("arm") != "control" for r, w in jobs if r != "greedy")
-    assert ("launch", {"arm": "candidate"}) in jobs
+    # the control's server, rehearsal, answers and scores are reused; the diagnostics phase
+    # reruns (its selection depends on the pairing) but its journals keep every generation made
+    assert all(w.get("arm") != "control" for _, w in jobs)
+    assert ("answers", {"arm": "candidate"}) in jobs
     assert sorted(r for r, _ in jobs if r == "sampled") == ["sampled", "sampled"]
 
 
@@ -218,15 +220,19 @@ def test_bad_config_value_names_key_and_allowed_values(tmp_path):
     assert "gsm9k" in text and "format" in text and "gsm8k" in text and "humaneval" in text
 
 
-def _start_and_wait_for_answers(project: Path, target: str, journal: Path) -> subprocess.Popen:
+def _start_and_wait_for_answers(project: Path, target: str, journal: Path, *, new_session=True) -> subprocess.Popen:
     proc = subprocess.Popen([SNAKEMAKE, "--cores", "2", target], cwd=project, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    deadline = time.time() + 600
+                            stderr=subprocess.STDOUT, text=True, start_new_session=new_session)
+    deadline = time.time() + 900
     while time.time() < deadline and proc.poll() is None:
         if journal.exists() and any(r["status"] == 200 for r in read_jsonl(journal)):
             return proc
         time.sleep(0.05)
     raise AssertionError("the run finished before it could be killed; make the dataset larger")
+
+
+def _answers(journal: Path) -> list[dict]:
+    return [r for r in read_jsonl(journal) if r["status"] == 200]
 
 
 def _check_resumed(project: Path, journal: Path, output: Path, answered_before: dict, n: int) -> None:
@@ -242,24 +248,45 @@ def _check_resumed(project: Path, journal: Path, output: Path, answered_before: 
     assert refserver_pids(project) == []
 
 
-def test_resume_after_server_dies_and_after_the_job_is_killed(tmp_path):
+def _job_pids(project: Path) -> list[int]:
+    """Job scripts still running for ``project`` (their working directory is inside it)."""
+    out = subprocess.run(["pgrep", "-f", ".snakemake/scripts"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split() if _cwd(int(p)).startswith(str(project))]
+
+
+def _wait_gone(project: Path, timeout_s: float = 30) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and (refserver_pids(project) or _job_pids(project)):
+        time.sleep(0.2)
+    assert refserver_pids(project) == [], "a server outlived its snakemake"
+    assert _job_pids(project) == [], "a job outlived its snakemake"
+
+
+@pytest.fixture
+def resume_project(tmp_path):
     config = yaml.safe_load(TINY.read_text())
     config["audit"] = "resume"
     config["datasets"] = [config["datasets"][0]]
     config["datasets"][0]["select"] = {"count": 4, "seed": 5}
-    project = make_project(tmp_path / "p", config)
+    config["boundary"]["enabled"] = False
+    config["speed"]["enabled"] = False
+    return make_project(tmp_path / "p", config)
+
+
+def test_resume_after_server_dies_and_after_the_job_is_killed(resume_project):
+    project = resume_project
     res = project / "results" / "resume"
 
-    # 1. the server dies mid-run: the job fails with the server's log tail
+    # 1. the server dies mid-phase: the job fails with the server's log tail
     journal = res / "journal" / "sampled" / "arith" / "control.jsonl"
     target = "results/resume/sampled/arith/control.jsonl"
     proc = _start_and_wait_for_answers(project, target, journal)
     for pid in refserver_pids(project):
         os.kill(pid, signal.SIGKILL)
-    out, _ = proc.communicate(timeout=300)
+    out, _ = proc.communicate(timeout=600)
     assert proc.returncode != 0
     assert "server process exited" in out and "last lines of" in out
-    before = {r["index"]: r for r in read_jsonl(journal) if r["status"] == 200}
+    before = {r["index"]: r for r in _answers(journal)}
     assert 1 <= len(before) < 4
     snake(project, target)
     _check_resumed(project, journal, project / target, before, 4)
@@ -270,12 +297,43 @@ def test_resume_after_server_dies_and_after_the_job_is_killed(tmp_path):
     proc = _start_and_wait_for_answers(project, target, journal)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()
-    time.sleep(1.0)  # a launched server dies with its parent (PR_SET_PDEATHSIG)
-    before = {r["index"]: r for r in read_jsonl(journal) if r["status"] == 200}
+    _wait_gone(project)  # a launched server dies with its parent (PR_SET_PDEATHSIG)
+    before = {r["index"]: r for r in _answers(journal)}
     assert 1 <= len(before) < 4
     snake(project, "--unlock")
     snake(project, "--rerun-incomplete", target)
     _check_resumed(project, journal, project / target, before, 4)
+
+
+def test_sigkill_of_snakemake_alone_stops_its_job_and_server_then_the_readme_recovery_resumes(resume_project):
+    project = resume_project
+    journal = project / "results" / "resume" / "journal" / "sampled" / "arith" / "control.jsonl"
+    target = "results/resume/sampled/arith/control.jsonl"
+    proc = _start_and_wait_for_answers(project, target, journal)
+    proc.kill()  # snakemake alone: its job and that job's server are orphans now
+    proc.communicate()
+    _wait_gone(project)
+    before = {r["index"]: r for r in _answers(journal)}
+    assert 1 <= len(before) < 4
+    snake(project, "--unlock")
+    snake(project, "--rerun-incomplete", target)
+    _check_resumed(project, journal, project / target, before, 4)
+    for r in read_jsonl(journal):  # one writer at a time: each answer numbered after those before it
+        assert r["attempt"] == 1
+
+
+def test_sigint_stops_the_phase_within_seconds_and_sends_nothing_new(resume_project):
+    project = resume_project
+    journal = project / "results" / "resume" / "journal" / "sampled" / "arith" / "control.jsonl"
+    proc = _start_and_wait_for_answers(project, "results/resume/sampled/arith/control.jsonl", journal)
+    at_interrupt = len(_answers(journal))
+    t0 = time.time()
+    proc.send_signal(signal.SIGINT)  # snakemake alone, as `kill -INT` would
+    proc.communicate(timeout=120)
+    _wait_gone(project)
+    assert time.time() - t0 < 60
+    # concurrency 1: at most the one request already in flight may still be answered
+    assert len(_answers(journal)) <= at_interrupt + 1 < 4
 
 
 def _cwd(pid: int) -> str:

@@ -1,0 +1,96 @@
+"""Answers phases on a failing server: the failure is evidence, confirmed once on a fresh start.
+
+The servers here are tests/fake_server.py run as real child processes in
+launch mode (error paths only); the real reference server runs through the
+phases in the workflow tests.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pairaudit import artifacts, failures, phases
+from pairaudit.jsonlog import read_log
+from test_launch import fake_cfg
+
+SAMPLING = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0, "base_seed": 1000, "max_tokens": 16,
+            "concurrency": 1, "request_timeout_s": 30}
+
+
+def dataset(tmp_path: Path) -> str:
+    path = tmp_path / "datasets" / "tiny.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    artifacts.write_json(path, {"schema": "pairaudit.dataset/v1", "name": "tiny", "format": "gsm8k",
+                                "items": [{"index": i, "messages": [{"role": "user", "content": f"{i} + 1 ="}],
+                                           "answer": str(i + 1)} for i in range(3)]})
+    return str(path)
+
+
+def run_answers(tmp_path: Path, arm: str, cfg: dict) -> dict:
+    out = tmp_path / "results"
+    return phases.answers_phase(
+        arm=arm, arm_cfg=cfg, dataset_paths={"tiny": dataset(tmp_path)}, sampling=SAMPLING, audit="t",
+        boundary_cfg=None, journal_dir=str(out / "journal"), receipt_path=str(out / f"launch/{arm}.json"),
+        preflight_path=str(out / f"preflight/{arm}.json"), phase_path=str(out / f"answers/{arm}.json"),
+        boundary_path=None, server_log=str(out / f"logs/answers-{arm}.log"),
+        starts_log=str(out / "servers/starts.jsonl"))
+
+
+def test_an_engine_that_dies_on_a_probe_the_control_answers_is_a_confirmed_rejection(tmp_path):
+    doc = run_answers(tmp_path, "candidate", fake_cfg("chat500_dies"))
+    f = doc["failure"]
+    assert f["stage"] == "preflight" and f["status"] == 500 and f["kind"] in (failures.SERVER_ERROR, failures.DEAD)
+    assert "index out of bounds" in json.dumps(f["error_body"])
+    assert f["request"]["path"] == "/v1/chat/completions" and f["request"]["body"]["seed"] is not None
+    assert failures.is_server_failure(f["confirmation"]["kind"])  # the fresh start failed the same way
+    starts = [r for r in read_log(tmp_path / "results/servers/starts.jsonl") if r["event"] == "ready"]
+    assert [r["phase"] for r in starts] == ["answers", "answers-confirm"]
+    # the first failure and its confirmation are both kept; nothing was sampled after the failure
+    kept = read_log(tmp_path / "results/journal/failures/candidate.jsonl")
+    assert kept[0]["status"] == 500 and kept[0]["confirmation"]["kind"] == f["confirmation"]["kind"]
+    assert doc["datasets"] == {}
+    assert artifacts.read_json(tmp_path / "results/preflight/candidate.json")["verdict"] == "FAIL"
+    gate = failures.server_failure_v1({"control": None, "candidate": f})
+    assert gate["verdict"] == "FAIL" and "HTTP 500" in gate["reasons"][0]
+
+
+def test_a_probe_whose_answer_fails_its_check_is_not_confirmed_and_is_inconclusive(tmp_path):
+    doc = run_answers(tmp_path, "candidate", fake_cfg("logprobs21_ok"))
+    f = doc["failure"]
+    assert f["stage"] == "preflight" and f["what"] == "probe known_bad_400" and f["kind"] == failures.FAILED_CHECK
+    assert "confirmation" not in f
+    assert failures.server_failure_v1({"control": None, "candidate": f})["verdict"] == "INCONCLUSIVE"
+
+
+def test_a_healthy_phase_records_no_failure_and_answers_every_item(tmp_path):
+    doc = run_answers(tmp_path, "control", fake_cfg())
+    assert doc["failure"] is None and doc["starts"] == 1
+    assert doc["datasets"]["tiny"] == {"items": 3, "from_journal": 0, "asked": 3}
+    again = run_answers(tmp_path, "control", fake_cfg())  # a rerun asks nothing already answered
+    assert again["datasets"]["tiny"] == {"items": 3, "from_journal": 3, "asked": 0}
+
+
+def _f(kind, confirmed=None, arm="candidate"):
+    rec = {"arm": arm, "stage": "sampled", "what": "ds item 3", "kind": kind,
+           "status": {"refused": 400, "server_error": 500, "dead": None, "failed_check": 200}[kind],
+           "error_body": "boom", "error": None}
+    if confirmed is not None:
+        rec["confirmation"] = {"kind": confirmed}
+    return rec
+
+
+@pytest.mark.parametrize("control, candidate, verdict", [
+    (None, None, "PASS"),
+    (None, _f("server_error", "server_error"), "FAIL"),
+    (None, _f("dead", "dead"), "FAIL"),
+    (None, _f("server_error", "answered"), "HOLD"),
+    (None, _f("refused"), "INCONCLUSIVE"),
+    (None, _f("failed_check"), "INCONCLUSIVE"),
+    (_f("dead", "dead", arm="control"), None, "INCONCLUSIVE"),
+    (_f("dead", "dead", arm="control"), _f("dead", "dead"), "INCONCLUSIVE"),
+])
+def test_server_failure_rule_known_answers(control, candidate, verdict):
+    assert failures.server_failure_v1({"control": control, "candidate": candidate})["verdict"] == verdict
