@@ -1,17 +1,18 @@
-"""Greedy runs, first-divergence, forced-prefix probes and repeatability (DESIGN stage 6).
+"""Greedy runs, first-divergence, forced-prefix probes and repeatability.
 
-Seed 000 is what this automates: when the candidate's greedy output differs
-from the control's, save enough to decide whether the flip is a one-step tie
-on the BF16 logit grid (rules.grid_tie_v1) and not a state/verifier bug:
-every top-20 id with its unrounded value, both compared ids, and the token
-counts of the forced prefixes. "A fresh salt for EVERY greedy generation and
-a DIFFERENT salt for its teacher-prefix probe."
+When the candidate's greedy output differs from the control's, save enough
+to decide whether the flip is a one-step tie on the BF16 logit grid
+(rules.grid_tie_v1) and not a state/verifier bug: every top-20 id with its
+unrounded value, both compared ids, and the token counts of the forced
+prefixes. A fresh salt for every greedy generation and a different one for
+its forced-prefix probe.
 
 Why completions with token-id prompts: /tokenize renders the chat template
 once, and both arms then get the identical token prompt, so a divergence
 cannot come from two template renderings. Chat keeps only the first
-``top_logprobs`` entries (FIELD-NOTES), so top-20 comes from completions with
-``return_tokens_as_token_ids`` (keys ``token_id:N``; decoded strings collide).
+``top_logprobs`` entries (a sampled token outside them displaces the last),
+so top-20 comes from completions with ``return_tokens_as_token_ids`` (keys
+``token_id:N``; decoded strings collide).
 
 Nothing here raises on an HTTP failure except ``prompt_ids`` (no prompt, no
 run): errors are recorded next to the server's body and the rules STOP on
@@ -224,7 +225,8 @@ def greedy_one(endpoint: Endpoint, model: str, ids: list[int], *, max_tokens: in
 def run_greedy(endpoint: Endpoint, model: str, items: Iterable[Mapping[str, Any]], *, max_tokens: int) -> list[dict]:
     """One greedy generation per item, strictly one at a time.
 
-    Concurrency 1 because batch composition changes numerics (FIELD-NOTES):
+    Concurrency 1 because batch composition changes numerics (measured: a
+    one-row and an eight-row forward of the same prefix differ in BF16):
     a divergence must not depend on which other request shared the step.
     """
     return [greedy_one(endpoint, model, list(it["prompt_ids"]), max_tokens=max_tokens, index=it["index"])
@@ -291,6 +293,26 @@ def divergence_records(control_greedy: Sequence[Mapping], candidate_greedy: Sequ
             )
         out.append(rec)
     return out
+
+
+def comparison_counts(items: Sequence[Any], divergences: Sequence[Mapping]) -> dict:
+    """How many greedy items were selected, compared, diverged, or could not be compared.
+
+    items: the greedy selection's indices (the divergence artifact's
+    ``items``); divergences: ``divergence_records`` for them. An item is
+    compared when both arms' outputs exist and were compared on token ids
+    (``diverged`` True or False); ``diverged`` None (a failed run, or two
+    different prompt renderings) is not a comparison. grid-tie-v1 needs these
+    counts: zero divergences over zero comparisons is not evidence.
+    """
+    known = {str(i) for i in items}
+    stray = [d.get("index") for d in divergences if str(d.get("index")) not in known]
+    if stray:
+        raise ValueError(f"divergence records for items outside the selection: {stray}")
+    return {"selected": len(items),
+            "compared": sum(1 for d in divergences if d.get("diverged") is not None),
+            "diverged": sum(1 for d in divergences if d.get("diverged") is True),
+            "unresolved": sum(1 for d in divergences if d.get("diverged") is None)}
 
 
 # ------------------------------------------------------------------- probes

@@ -1,4 +1,4 @@
-"""Promotion stage (DESIGN stage 9): one decision, the report people read, a manifest.
+"""Promotion stage: one decision, the report people read, a manifest.
 
 Everything here except :func:`plot_paired` and :func:`promotion_stage` is a
 pure function on plain JSON-able dicts. The decision itself is
@@ -9,16 +9,24 @@ adjusts a score: the paired tables are shown as the paired stage made them.
 Gates (``gates_from`` + ``preflight_gates``), in this order::
 
     quality:<dataset>      rules.quality_v1 (stored in paired/<dataset>.json)
-    grid_tie:<dataset>     rules.grid_tie_v1     (divergence stage)
+    grid_tie               rules.grid_tie_audit over every dataset's grid_tie_v1
+                           record (divergence stage): one gate, because the
+                           registered cap counts divergent prompts over the audit
     determinism:<dataset>  rules.determinism_v1  (divergence stage; or one
                            gate "determinism" when a single result is given)
-    boundary               rules.boundary_v1     (boundary_gate stage)
+    boundary               rules.boundary_v1     (boundary_gate stage; a PASS
+                           without the max_model_len - 16 case counts INCONCLUSIVE)
     speed                  rules.win2_v1         (speed_decision stage)
     preflight:<arm>        the preflight stage's PASS/FAIL, see below
 
 A gate whose stage is not built or did not run is present with value None:
 promotion-v1 lists it under ``not_evaluated`` and counts it INCONCLUSIVE, so
 the decision can never be PROMOTE on partial evidence.
+
+Identical arms (the same launch ``spec_sha256``) are INCONCLUSIVE, "no change
+under audit", whatever the gates say, unless the decision is made in
+calibration mode (``decide(..., calibration=True)``: an A/A run whose gate
+verdicts are the host's false-alarm evidence).
 
 Preflight policy (our reading; promotion-v1's precedence is kept). A FAILed
 preflight means the arm's API did not behave as the audit assumes, so its
@@ -35,14 +43,23 @@ decision.json (``decide``; ``promotion_stage`` adds ``provenance``)::
     {"schema": "pairaudit.decision/v1", "rule": "promotion-v1",
      "decision": "PROMOTE" | "HOLD" | "REJECT" | "INCONCLUSIVE",
      "reasons": [str, ...],          # promotion-v1: one line per gate, in gate order
-     "deciding_gates": [str, ...],   # the gates whose outcome is the decision
+                                     # (identical arms: "no change under audit: ..." first)
+     "deciding_gates": [str, ...],   # the gates whose outcome is the decision; ["arms"] for identical arms
+     "gate_verdict": str,            # what the gates alone give (differs only for identical arms)
+     "identical_arms": bool,         # control and candidate have the same spec_sha256
+     "calibration": bool,            # decided in A/A calibration mode
+     "deviations": [{"gate", "what", "detail"}],   # every loosening (decision_deviations): gates not
+                                     # evaluated, non-registered parameters, informational gates,
+                                     # gates applied to part of their evidence, calibration
      "gates": {name: None | {"rule", "verdict", "outcome", "reasons": [every reason],
                              "deviations": {...}, ...key numbers of that rule}},
      "not_evaluated": [str, ...],
      "datasets": {name: {"format", "n", "indices", "control_correct", "candidate_correct",
                          "control_only": [int], "candidate_only": [int], "net", "mcnemar_p",
                          "exact_text_matches", "natural_finish": {arm: int},
-                         "bodies_identical", "verdict", "bootstrap": {...} | None}},
+                         "bodies_identical", "verdict",
+                         "mde": stats.minimum_detectable_loss | None,   # smallest detectable net loss
+                         "bootstrap": {...} | None}},
      "arms": {arm: {"mode", "spec_sha256", "env", "command", "model", "served_model_name",
                     "model_sha256", "max_model_len", "url", "packages", "machine",
                     "preflight": "PASS" | "FAIL" | None}},
@@ -67,8 +84,10 @@ in ``pairaudit/speed.py``, and the figures read ``series``, ``bar``,
 ``win2``, ``spread`` and ``archive.path`` from it)::
 
     later = {"divergence": [path, ...], "boundary": path, "speed": path}   # any key may be absent
-    divergence: {"schema": "pairaudit.divergence/v1", "dataset": str,
-                 "grid_tie": <grid_tie_v1>, "determinism": <determinism_v1> | None, ...}
+    divergence: {"schema": "pairaudit.divergence/v1", "dataset": str, "items": [index, ...],
+                 "divergences": [greedy.divergence_records], "grid_tie": <grid_tie_v1>,
+                 "determinism": <determinism_v1> | None, ...}
+                (items + divergences give the selected/compared counts, greedy.comparison_counts)
     boundary:   {"schema": "pairaudit.boundary_gate/v1", "gate": <boundary_v1>, ...}
     speed:      {"schema": "pairaudit.speed_decision/v1", "gate": <win2_v1>, ...}
 
@@ -98,7 +117,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from . import rules
+from . import greedy, rules
 from .artifacts import (
     ArtifactError,
     _atomic_write,
@@ -170,7 +189,12 @@ def check_quality(name: str, doc: Mapping[str, Any]) -> dict:
         if q.get(key) != again[key]:
             raise ValueError(f"paired {name}: stored quality {key} {q.get(key)!r} disagrees with "
                              f"quality-v1 recomputed from its table ({again[key]!r})")
-    return dict(q)
+    out = dict(q)
+    if out.get("mde") is None:
+        # A paired doc made before the detectable-loss field: the same rule states it now.
+        out["mde"] = again["mde"]
+        out["reasons"] = list(out.get("reasons") or []) + [rules.mde_reason(again["mde"])]
+    return out
 
 
 def _per_dataset(kind: str, given: Any, datasets: Sequence[str]) -> dict[str, Any]:
@@ -188,28 +212,69 @@ def _per_dataset(kind: str, given: Any, datasets: Sequence[str]) -> dict[str, An
     return out
 
 
+def grid_tie_gate(divergence: Mapping[str, Any] | None, datasets: Sequence[str], *,
+                  counts: Mapping[str, Mapping[str, Any]] | None = None) -> dict | None:
+    """The one audit-wide grid-tie gate from the per-dataset records (rules.grid_tie_audit).
+
+    None (not evaluated) when no dataset has a record; a dataset without one
+    makes the audit's grid-tie INCONCLUSIVE, naming it. The per-dataset
+    records stay the evidence; the cap and "nothing compared" are the audit's.
+    """
+    per = {k.split(":", 1)[1]: v for k, v in _per_dataset("grid_tie", divergence, datasets).items()}
+    if all(v is None for v in per.values()):
+        return None
+    return rules.grid_tie_audit(per, counts=counts)
+
+
+def boundary_gate(res: Mapping[str, Any] | None) -> dict | None:
+    """boundary-v1 as the decision counts it: a PASS without the capacity tail case is not the gate.
+
+    The schema refuses a boundary config without the max_model_len - 16 tail;
+    a result made without it anyway (an older or hand-made artifact) enters
+    as INCONCLUSIVE with ``stage_verdict`` PASS and the missing cases named.
+    A FAIL stands as it is: a failure found is a failure.
+    """
+    _check_rule("boundary", "boundary", res)
+    if res is None:
+        return None
+    missing = rules.boundary_missing_cases(res)
+    if not missing:
+        return dict(res)
+    out = {**res, "missing_cases": missing, "stage_verdict": res.get("verdict")}
+    why = (f"boundary-v1 not applied in full: required case(s) {missing} (max_model_len - 16 input, 16 output) "
+           "were not run")
+    if res.get("verdict") == "PASS":
+        out.update(verdict="INCONCLUSIVE", reasons=[why] + list(res.get("reasons") or []))
+    else:
+        out["reasons"] = list(res.get("reasons") or []) + [why]
+    return out
+
+
 def gates_from(paired: Mapping[str, Mapping[str, Any]], *, divergence: Mapping[str, Any] | None = None,
+               divergence_counts: Mapping[str, Mapping[str, Any]] | None = None,
                determinism: Any = None, boundary: Mapping[str, Any] | None = None,
                speed: Mapping[str, Any] | None = None) -> dict[str, dict | None]:
     """Every evidence gate, in a fixed order, None where not evaluated.
 
     paired: dataset -> paired doc (its stored quality-v1 is checked, see
-    check_quality). divergence: dataset -> grid_tie_v1 result. determinism:
-    None, one determinism_v1 result (gate ``determinism``) or dataset ->
-    result (gates ``determinism:<dataset>``; the divergence stage repeats a
-    greedy request per dataset). boundary: boundary_v1. speed: win2_v1.
+    check_quality). divergence: dataset -> grid_tie_v1 record, combined into
+    the one audit-wide gate ``grid_tie`` (grid_tie_gate); divergence_counts:
+    dataset -> {"selected", "compared"} for records that lack their own.
+    determinism: None, one determinism_v1 result (gate ``determinism``) or
+    dataset -> result (gates ``determinism:<dataset>``; the divergence stage
+    repeats a greedy request per dataset). boundary: boundary_v1 (see
+    boundary_gate). speed: win2_v1.
     """
     datasets = sorted(paired)
     gates: dict[str, dict | None] = {f"quality:{ds}": check_quality(ds, paired[ds]) for ds in datasets}
-    gates.update(_per_dataset("grid_tie", divergence, datasets))
+    gates["grid_tie"] = grid_tie_gate(divergence, datasets, counts=divergence_counts)
     if isinstance(determinism, Mapping) and "rule" not in determinism:
         gates.update(_per_dataset("determinism", determinism, datasets))
     else:
         _check_rule("determinism", "determinism", determinism)
         gates["determinism"] = determinism
-    _check_rule("boundary", "boundary", boundary)
     _check_rule("speed", "speed", speed)
-    gates["boundary"] = boundary
+    gates["boundary"] = boundary_gate(boundary)
     gates["speed"] = speed
     return gates
 
@@ -243,17 +308,25 @@ def _key_numbers(res: Mapping[str, Any]) -> dict:
     rule = res.get("rule")
     if rule == "quality-v1":
         keys = ("n", "control_correct", "candidate_correct", "control_only", "candidate_only",
-                "net", "mcnemar_p", "params")
+                "net", "mcnemar_p", "params", "mde")
         return {k: res.get(k) for k in keys}
     if rule == "grid-tie-v1":
-        return {"n_divergent": res.get("n_divergent"), "failed_clauses": res.get("failed_clauses"),
+        return {"scope": res.get("scope"), "n_divergent": res.get("n_divergent"),
+                "selected": res.get("selected"), "compared": res.get("compared"),
+                "max_divergent": (res.get("params") or {}).get("max_divergent"),
+                "failed_clauses": res.get("failed_clauses"),
                 "unevaluated_clauses": res.get("unevaluated_clauses"),
-                "probe_verdicts": {str(p.get("index")): p.get("verdict") for p in res.get("probes") or []}}
+                "not_evaluated_datasets": res.get("not_evaluated_datasets"),
+                "counts_unrecorded_datasets": res.get("counts_unrecorded_datasets"),
+                "datasets": res.get("datasets"),
+                "probe_verdicts": {(f"{p['dataset']}:" if p.get("dataset") else "") + str(p.get("index")):
+                                   p.get("verdict") for p in res.get("probes") or []}}
     if rule == "determinism-v1":
         return {"nondeterministic_arms": res.get("nondeterministic_arms"),
                 "repeats": {a: v.get("repeats") for a, v in (res.get("arms") or {}).items()}}
     if rule == "boundary-v1":
-        return {"candidate_cases": res.get("candidate_cases"),
+        return {"stage_verdict": res.get("stage_verdict"), "missing_cases": res.get("missing_cases"),
+                "candidate_cases": res.get("candidate_cases"),
                 "candidate_failures": [f.get("case") for f in res.get("candidate_failures") or []],
                 "control_failures": [f.get("case") for f in res.get("control_failures") or []],
                 "identical_text_cases": res.get("identical_text_cases")}
@@ -301,7 +374,60 @@ def _comparability_notes(arms: Mapping[str, dict]) -> list[str]:
     return notes
 
 
-def _dataset_summary(doc: Mapping[str, Any]) -> dict:
+def identical_arms(arms: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Both arms are the same server spec: no change is under audit."""
+    c, k = arms["control"].get("spec_sha256"), arms["candidate"].get("spec_sha256")
+    return bool(c) and c == k
+
+
+def decision_deviations(gates: Mapping[str, Mapping[str, Any] | None], *, calibration: bool = False,
+                        no_change: bool = False) -> list[dict]:
+    """Every loosening of the registered gates, as ``{"gate", "what", "detail"}``, in gate order.
+
+    A gate not evaluated; a rule parameter other than the registered value;
+    a gate that is informational (only its LOSS gates: ``speed.informational``);
+    a gate applied to part of its evidence (grid-tie datasets not evaluated,
+    boundary cases missing); and the calibration mode of the decision itself.
+    Nothing here changes the decision: it makes what the decision rests on
+    visible beside it.
+    """
+    out: list[dict] = []
+    for name, res in gates.items():
+        if res is None:
+            out.append({"gate": name, "what": "not evaluated",
+                        "detail": "its stage did not run or is disabled: the gate was not applied, so the "
+                                  "decision cannot be PROMOTE"})
+            continue
+        for k, d in (res.get("deviations") or {}).items():
+            detail = (f"used {d.get('used')!r}, registered {d.get('registered')!r}" if isinstance(d, Mapping)
+                      else repr(d))
+            out.append({"gate": name, "what": f"parameter {k}", "detail": detail})
+        if res.get("informational") is True:
+            out.append({"gate": name, "what": "informational",
+                        "detail": f"configured informational (speed.informational: true): only a LOSS of this "
+                                  f"gate gates the decision; its verdict {res.get('verdict')} neither allowed nor "
+                                  "blocked PROMOTE"})
+        if res.get("not_evaluated_datasets"):
+            out.append({"gate": name, "what": "datasets not evaluated",
+                        "detail": f"no record for datasets {res['not_evaluated_datasets']}"})
+        if res.get("counts_unrecorded_datasets"):
+            out.append({"gate": name, "what": "comparison counts not recorded",
+                        "detail": f"selected/compared counts missing for datasets {res['counts_unrecorded_datasets']}"})
+        if res.get("missing_cases"):
+            out.append({"gate": name, "what": "required cases missing",
+                        "detail": f"cases {res['missing_cases']} were not run (the stage said "
+                                  f"{res.get('stage_verdict')}); counted as {res.get('verdict')}"})
+    if calibration:
+        out.append({"gate": "promotion", "what": "calibration",
+                    "detail": "decided in A/A calibration mode: identical arms are decided by their gates (what "
+                              "they flag is false-alarm evidence), not made INCONCLUSIVE"})
+    elif no_change:
+        out.append({"gate": "promotion", "what": rules.NO_CHANGE,
+                    "detail": "identical arms: the decision is INCONCLUSIVE whatever the gates say"})
+    return out
+
+
+def _dataset_summary(doc: Mapping[str, Any], mde: Mapping[str, Any] | None = None) -> dict:
     t, q = doc["table"], doc["quality"]
     return {"format": doc.get("format"), "n": t.get("n"), "indices": t.get("indices"),
             "control_correct": t.get("control_correct"), "candidate_correct": t.get("candidate_correct"),
@@ -309,27 +435,35 @@ def _dataset_summary(doc: Mapping[str, Any]) -> dict:
             "net": t.get("net"), "mcnemar_p": q.get("mcnemar_p"),
             "exact_text_matches": t.get("exact_text_matches"), "natural_finish": t.get("natural_finish"),
             "bodies_identical": t.get("bodies_identical"), "verdict": q.get("verdict"),
-            "bootstrap": doc.get("bootstrap")}
+            "mde": mde if mde is not None else q.get("mde"), "bootstrap": doc.get("bootstrap")}
 
 
 def decide(paired: Mapping[str, Mapping[str, Any]], launch: Mapping[str, Mapping[str, Any]],
-           preflight: Mapping[str, Mapping[str, Any] | None], **later: Any) -> dict:
+           preflight: Mapping[str, Mapping[str, Any] | None], *, calibration: bool = False,
+           **later: Any) -> dict:
     """decision.json (schema in the module docstring) by promotion-v1.
 
     paired: dataset -> paired doc; launch: arm -> launch record (both arms
     required: evidence without a receipt has no server to attribute it to);
     preflight: arm -> preflight doc (a missing arm is a None gate);
-    later: divergence=, determinism=, boundary=, speed= as for gates_from.
+    later: divergence=, divergence_counts=, determinism=, boundary=, speed=
+    as for gates_from. Identical arms (same spec_sha256) are INCONCLUSIVE,
+    "no change under audit", unless ``calibration`` (an A/A run, where the
+    gates' verdicts are the host's false-alarm evidence).
     """
-    unknown = set(later) - {"divergence", "determinism", "boundary", "speed"}
+    unknown = set(later) - {"divergence", "divergence_counts", "determinism", "boundary", "speed"}
     if unknown:
         raise TypeError(f"decide() got unknown later gates {sorted(unknown)}")
     missing = [a for a in ARMS if a not in launch]
     if missing or set(launch) - set(ARMS):
         raise ValueError(f"launch receipts must be exactly {list(ARMS)}, got {sorted(launch)}")
+    if not isinstance(calibration, bool):
+        raise TypeError(f"calibration must be a bool, got {calibration!r}")
     gates = gates_from(paired, **later)
     gates.update(preflight_gates(preflight))
-    prom = rules.promotion_v1(gates)
+    arms = {a: _arm_summary(launch[a], preflight.get(a)) for a in ARMS}
+    same = identical_arms(arms)
+    prom = rules.promotion_v1(gates, identical_arms=same and not calibration)
 
     gate_docs: dict[str, dict | None] = {}
     for name, res in gates.items():
@@ -340,16 +474,22 @@ def decide(paired: Mapping[str, Mapping[str, Any]], launch: Mapping[str, Mapping
                            "outcome": prom["gates"][name]["outcome"],
                            "reasons": list(res.get("reasons") or []),
                            "deviations": res.get("deviations") or {}, **_key_numbers(res)}
-    arms = {a: _arm_summary(launch[a], preflight.get(a)) for a in ARMS}
     return {
         "schema": DECISION_SCHEMA,
         "rule": prom["rule"],
         "decision": prom["verdict"],
         "reasons": prom["reasons"],
-        "deciding_gates": [g for g, v in prom["gates"].items() if v["outcome"] == prom["verdict"]],
+        # Identical arms: the arms themselves decide, not any gate.
+        "deciding_gates": (["arms"] if prom["no_change"] else
+                           [g for g, v in prom["gates"].items() if v["outcome"] == prom["verdict"]]),
+        "gate_verdict": prom["gate_verdict"],
+        "identical_arms": same,
+        "calibration": calibration,
+        "deviations": decision_deviations(gates, calibration=calibration, no_change=prom["no_change"]),
         "gates": gate_docs,
         "not_evaluated": prom["not_evaluated"],
-        "datasets": {ds: _dataset_summary(paired[ds]) for ds in sorted(paired)},
+        "datasets": {ds: _dataset_summary(paired[ds], (gates.get(f"quality:{ds}") or {}).get("mde"))
+                     for ds in sorted(paired)},
         "arms": arms,
         "switch_diff": env_diff(arms["control"].get("env") or {}, arms["candidate"].get("env") or {}),
         "notes": _comparability_notes(arms),
@@ -1204,6 +1344,10 @@ def _load_later(later: Mapping[str, Any] | None) -> tuple[dict, list[str], dict]
     if later.get("divergence"):
         docs["divergence"] = _load_keyed(later["divergence"], LATER_SCHEMAS["divergence"], "dataset")
         kw["divergence"] = {ds: d.get("grid_tie") for ds, d in docs["divergence"].items()}
+        # The artifact's own items and divergence records say what was compared.
+        kw["divergence_counts"] = {ds: greedy.comparison_counts(d["items"], d["divergences"])
+                                   for ds, d in docs["divergence"].items()
+                                   if isinstance(d.get("items"), list) and isinstance(d.get("divergences"), list)}
         # Determinism is evaluated per dataset inside the divergence stage.
         kw["determinism"] = {ds: d.get("determinism") for ds, d in docs["divergence"].items()}
         paths += [str(p) for p in later["divergence"]]
@@ -1227,7 +1371,7 @@ def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Seq
                     out_archive_plot: str | os.PathLike | None = None,
                     score_paths: Sequence[str | os.PathLike] = (),
                     ledger_path: str | os.PathLike | None = None, audit: str | None = None,
-                    config: Any = None) -> None:
+                    config: Any = None, calibration: bool = False) -> None:
     """Read every input, decide, and write decision.json, the reports, the figures and the manifest.
 
     The manifest is written after every other output and lists every input
@@ -1249,10 +1393,10 @@ def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Seq
     items = load_item_outcomes(paired, score_paths) if score_paths else None
     inputs = [str(p) for p in (*paired_paths, *launch_paths, *preflight_paths, *score_paths)] + later_paths
 
-    decision = decide(paired, launch, preflight, **later_kw)
+    decision = decide(paired, launch, preflight, calibration=calibration, **later_kw)
     decision["evidence"] = {"boundary_cases": boundary_evidence(later_docs.get("boundary")),
                             "speed": speed_evidence(speed)}
-    decision["provenance"] = provenance(inputs, params={"rule": "promotion-v1",
+    decision["provenance"] = provenance(inputs, params={"rule": "promotion-v1", "calibration": calibration,
                                                         "datasets": sorted(paired), "arms": list(ARMS)})
     spec = (launch.get("candidate") or {}).get("spec_sha256")
     earlier = earlier_decisions(read_jsonl_lines(ledger_path), spec) if ledger_path else []

@@ -16,7 +16,7 @@ but it is never silent: it appears under ``deviations`` and as a reason.
 Verdict vocabularies:
 
 - quality-v1:      PASS | HOLD | FAIL | INVALID
-- grid-tie-v1:     PASS | STOP
+- grid-tie-v1:     PASS | STOP | INCONCLUSIVE (nothing compared, or a dataset not evaluated)
 - determinism-v1:  PASS | STOP
 - boundary-v1:     PASS | FAIL | INCONCLUSIVE (no candidate case at all, or a configuration error)
 - win2-v1:         WIN | NO_WIN | LOSS | INCONCLUSIVE
@@ -31,7 +31,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .stats import mcnemar_exact_p, paired_t_interval
+from .stats import MDE_POWER, mcnemar_exact_p, minimum_detectable_loss, paired_t_interval
 
 NATURAL_FINISH = "stop"
 
@@ -57,6 +57,11 @@ def quality_v1(table: Mapping[str, Any], *, max_net_loss: int = 0, alpha: float 
     unanswered in either arm. Otherwise net = candidate_only - control_only:
     PASS if net >= -max_net_loss; HOLD if worse but McNemar p >= alpha (an
     unresolved difference, not a proof of harm); FAIL if worse and p < alpha.
+
+    Beside the verdict (never deciding): ``mde``, the smallest net loss this
+    table's item count and observed discordance would FAIL with power 0.8
+    (stats.minimum_detectable_loss), and one reason line saying so, so that
+    a PASS or HOLD is read as "no loss of that size", not "no loss".
     """
     params, dev, reasons = _params({"max_net_loss": max_net_loss, "alpha": alpha}, QUALITY_V1)
     c_only = list(table["control_only"])
@@ -92,6 +97,10 @@ def quality_v1(table: Mapping[str, Any], *, max_net_loss: int = 0, alpha: float 
         verdict = "FAIL"
         reasons.append(f"candidate worse: net {net:+d} (control-only {c_only}, "
                        f"candidate-only {k_only}), McNemar p={p:.4g} < alpha {alpha}")
+    n_items = int(table.get("n") or 0)
+    mde = minimum_detectable_loss(n_items, min(n_items, len(c_only) + len(k_only)), alpha=alpha,
+                                  power=MDE_POWER, max_net_loss=max_net_loss)
+    reasons.append(mde_reason(mde))
     return {
         "rule": "quality-v1",
         "verdict": verdict,
@@ -105,7 +114,18 @@ def quality_v1(table: Mapping[str, Any], *, max_net_loss: int = 0, alpha: float 
         "candidate_only": k_only,
         "net": net,
         "mcnemar_p": p,
+        "mde": mde,
     }
+
+
+def mde_reason(mde: Mapping[str, Any]) -> str:
+    """One line: the smallest net loss the table could detect, or that it could detect none."""
+    head = (f"detectable: at alpha {mde['alpha']} and power {100 * mde['target_power']:.0f} % (exact McNemar, "
+            f"{mde['n']} items, observed discordance {mde['discordant']}/{mde['n']})")
+    if mde.get("net_loss") is None:
+        return f"{head}, no net loss of up to all {mde['n']} items would be found: this table cannot show a loss"
+    return (f"{head}, a net loss of {mde['net_loss']} items ({100 * mde['rate']:.1f} % of the items) or more "
+            "would be found; a smaller loss can go unseen")
 
 
 # --------------------------------------------------------------- grid-tie-v1
@@ -114,6 +134,8 @@ GRID_TIE_V1 = {"max_divergent": 3}
 GRID_TIE_REGISTRATION = "pp4-r12-logit-grid-tie"
 PROBE_CLAUSES = (
     "finite_values",
+    "full_top_list",
+    "unrounded_fp32",
     "candidate_token_is_top",
     "both_tokens_present",
     "grid_step_power_of_two",
@@ -122,6 +144,8 @@ PROBE_CLAUSES = (
     "equal_prefix_lengths",
 )
 COUNT_CLAUSE = "at_most_3_divergent"
+TOP_N = 20  # the top-k the greedy stage requests (vLLM's max_logprobs)
+ROUNDED_DECIMALS = 4  # the decimal rounding of the evidence the registration rejects
 
 EPS32 = 2.0 ** -23  # FP32 machine epsilon; ulp(x) <= EPS32 * |x| for normal x
 FP32_TOL_FACTOR = 1.0
@@ -197,6 +221,66 @@ def _validate_probe(p: Mapping[str, Any]) -> list[str]:
     return bad
 
 
+def required_top_len(probe: Mapping[str, Any]) -> int:
+    """Entries a full top list has: the 20 requested, or the whole vocabulary when it is smaller."""
+    v = probe.get("vocab_size")
+    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+        return min(TOP_N, v)
+    return TOP_N
+
+
+def is_fp32(v: float) -> bool:
+    """v is exactly a float32 value (JSON carries served FP32 logprobs exactly)."""
+    return float(np.float32(v)) == v
+
+
+def at_decimals(v: float, places: int = ROUNDED_DECIMALS) -> bool:
+    """v is what rounding to ``places`` decimals leaves, kept as float64 or cast back to float32.
+
+    A served FP32 logprob is z - C with a log-partition C of no short decimal
+    form. Of the FP32 values within 1e-4 of a 4-decimal number only the
+    nearest one passes, so a value of magnitude below 16 (the top of any
+    list is above -ln(vocabulary), about -11) passes by chance about once in
+    a hundred, and a whole list essentially never; rounded evidence always
+    does. (Below -1024 FP32 spacing exceeds 1e-4 and every value passes,
+    which is why the clause asks it of every value of the list.)
+    """
+    r = round(v, places)
+    return float(r) == v or float(np.float32(r)) == v
+
+
+def _top_list_facts(top: Sequence[Sequence[Any]]) -> dict:
+    vals = [float(v) for _, v in top]
+    return {"n": len(vals),
+            "not_fp32": [int(t) for t, v in top if not is_fp32(float(v))],
+            "all_at_4_decimals": bool(vals) and all(at_decimals(v) for v in vals)}
+
+
+def _evidence_clauses(probe: Mapping[str, Any], rec: dict, clauses: dict, reasons: list[str]) -> None:
+    """full_top_list and unrounded_fp32 over both top lists (well formed by now)."""
+    need = required_top_len(probe)
+    rec["required_top_len"] = need
+    facts = {name: _top_list_facts(probe[name]) for name in ("candidate_top", "control_top")}
+    short = {name: f["n"] for name, f in facts.items() if f["n"] < need}
+    clauses["full_top_list"] = not short
+    for name, n in short.items():
+        reasons.append(f"full_top_list: {name} has {n} entries, fewer than the {need} requested: sparse "
+                       "evidence (the all-pairs grid check needs every entry)")
+    rec["all_values_fp32_exact"] = not facts["candidate_top"]["not_fp32"]
+    rec["control_values_fp32_exact"] = not facts["control_top"]["not_fp32"]
+    rec["rounded_lists"] = [name for name, f in facts.items() if f["all_at_4_decimals"]]
+    bad = []
+    for name, f in facts.items():
+        if f["not_fp32"]:
+            bad.append(f"{name} values of tokens {f['not_fp32'][:5]}"
+                       + (f" and {len(f['not_fp32']) - 5} more" if len(f["not_fp32"]) > 5 else "")
+                       + " are not FP32-exact (served FP32 logprobs survive JSON exactly)")
+        if f["all_at_4_decimals"]:
+            bad.append(f"{name}: every value is representable at {ROUNDED_DECIMALS} decimals: rounded evidence")
+    clauses["unrounded_fp32"] = not bad
+    reasons += [f"unrounded_fp32: {b}; rounded artifacts cannot pass" for b in bad]
+
+
 def _nearest_power_of_two(g: float) -> int:
     lo = math.floor(math.log2(g))
     return min((lo, lo + 1), key=lambda k: abs(g - 2.0 ** k))
@@ -216,6 +300,7 @@ def grid_tie_probe(probe: Mapping[str, Any]) -> dict:
         "candidate_prefix_len": probe.get("candidate_prefix_len"),
         "candidate_top": probe.get("candidate_top"),
         "control_top": probe.get("control_top"),
+        "vocab_size": probe.get("vocab_size"),
     }
     clauses: dict[str, bool | None] = dict.fromkeys(PROBE_CLAUSES)
     reasons: list[str] = []
@@ -226,6 +311,9 @@ def grid_tie_probe(probe: Mapping[str, Any]) -> dict:
         reasons.append("other clauses not evaluated on malformed evidence")
         return _finish_probe(rec, clauses, reasons)
 
+    # Sparse or rounded evidence STOPs, but the other clauses are still
+    # evaluated and recorded: a reader sees everything the record shows.
+    _evidence_clauses(probe, rec, clauses, reasons)
     cand_id, ctrl_id = probe["candidate_token_id"], probe["control_token_id"]
     ids = [int(t) for t, _ in probe["candidate_top"]]
     vals = [float(v) for _, v in probe["candidate_top"]]
@@ -237,8 +325,6 @@ def grid_tie_probe(probe: Mapping[str, Any]) -> dict:
     rec["top_token_ids"] = [t for t, v in zip(ids, vals) if v == top_value]
     rec["candidate_token_value"] = value.get(cand_id)
     rec["control_token_value"] = value.get(ctrl_id)
-    # FP32 values survive JSON exactly; rounded (decimal) evidence does not.
-    rec["all_values_fp32_exact"] = all(float(np.float32(v)) == v for v in vals)
 
     # Exact equality: log-softmax is monotone under rounding, so the greedy
     # argmax always carries the maximal served value; a tie is allowed.
@@ -354,15 +440,43 @@ def _finish_probe(rec: dict, clauses: dict, reasons: list[str]) -> dict:
     return rec
 
 
-def grid_tie_v1(probes: Sequence[Mapping[str, Any]], *, max_divergent: int = 3) -> dict:
-    """grid-tie-v1 (seed 000, "pp4-r12-logit-grid-tie") over a dataset's divergences.
+PROBE_INPUT_KEYS = ("index", "control_token_id", "candidate_token_id", "candidate_top", "control_top",
+                    "control_prefix_len", "candidate_prefix_len", "vocab_size")
 
-    One probe record per divergent greedy prompt::
+
+def _count(name: str, v: Any) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{name} must be a non-negative int or None, got {v!r}")
+    return v
+
+
+def _check_counts(selected: int | None, compared: int | None, n_probes: int) -> None:
+    if selected is not None and compared is not None and compared > selected:
+        raise ValueError(f"compared {compared} > selected {selected}")
+    if selected is not None and n_probes > selected:
+        raise ValueError(f"{n_probes} divergent prompts but only {selected} items selected")
+
+
+def grid_tie_v1(probes: Sequence[Mapping[str, Any]], *, max_divergent: int = 3,
+                selected: int | None = None, compared: int | None = None) -> dict:
+    """grid-tie-v1 (registered as "pp4-r12-logit-grid-tie") over one dataset's divergences.
+
+    This is the per-dataset record; the decision applies the rule over the
+    whole audit with :func:`grid_tie_audit` (the divergent-prompt cap counts
+    every dataset together). One probe record per divergent greedy prompt::
 
         {"index": int, "control_token_id": int, "candidate_token_id": int,
-         "candidate_top": [[token_id, logprob], ...],   # <= 20, unrounded FP32
+         "candidate_top": [[token_id, logprob], ...],   # 20, unrounded FP32
          "control_top":   [[token_id, logprob], ...],
-         "control_prefix_len": int, "candidate_prefix_len": int}
+         "control_prefix_len": int, "candidate_prefix_len": int,
+         "vocab_size": int (optional; a vocabulary under 20 needs only that many entries)}
+
+    selected / compared: how many items the greedy selection held and how
+    many of them both arms' greedy outputs were compared on (an item whose
+    greedy run failed is not compared; it is a probe with no evidence and
+    STOPs). Unknown counts are None.
 
     Per probe (clause names as recorded):
 
@@ -370,6 +484,15 @@ def grid_tie_v1(probes: Sequence[Mapping[str, Any]], *, max_divergent: int = 3) 
       unique ids), every value finite, > -9999 (the server's -inf clamp) and
       <= 0; token ids and prefix lengths non-negative ints; the two compared
       ids differ. Malformed evidence stops before anything else is computed.
+    - full_top_list: both top lists have the 20 entries requested (or the
+      whole vocabulary, when ``vocab_size`` says it is smaller). A shorter
+      list is sparse evidence: the all-pairs clause would have almost nothing
+      to check (a 2-entry list has one gap).
+    - unrounded_fp32: every value of both lists is FP32-exact, and no list
+      is entirely representable at 4 decimals: the registration demands
+      unrounded values, so rounded artifacts cannot pass (a BF16 top-20
+      rounded to 4 decimals keeps its 0.5 gaps and would pass every other
+      clause).
     - candidate_token_is_top: the candidate's token carries the maximal value
       of the candidate's own top list (exact; ties allowed).
     - both_tokens_present: both compared ids are in the candidate top list.
@@ -385,8 +508,11 @@ def grid_tie_v1(probes: Sequence[Mapping[str, Any]], *, max_divergent: int = 3) 
       from the candidate top list) <= 2^k + tolerance.
     - equal_prefix_lengths: the forced prefixes have equal token counts.
 
-    Dataset level: at_most_3_divergent (len(probes) <= max_divergent).
-    Zero probes -> PASS (nothing to explain).
+    Dataset level: at_most_3_divergent (len(probes) <= max_divergent; the
+    audit applies the same cap to all datasets together). Verdict: STOP on
+    any failed clause; else INCONCLUSIVE when nothing was compared
+    (compared == 0, or no probe and no counts given: zero divergences shown
+    on zero comparisons is not evidence); else PASS.
 
     Tolerance: see fp32_gap_tolerance. Mixed-binade evidence: the step is the
     finest gap observed across the whole list, so values from a coarser
@@ -394,36 +520,38 @@ def grid_tie_v1(probes: Sequence[Mapping[str, Any]], *, max_divergent: int = 3) 
     pass) while a lone value from a finer binade whose gaps are odd multiples
     of a half coarse step is off the observed grid and STOPs; a control token
     one coarse step below the top counts as two fine steps and STOPs. This is
-    the conservative direction the seed allows ("may conservatively STOP").
+    the conservative direction the registration allows ("sparse or
+    mixed-binade evidence may conservatively STOP").
     """
     params, dev, reasons = _params({"max_divergent": max_divergent}, GRID_TIE_V1)
+    selected, compared = _count("selected", selected), _count("compared", compared)
+    _check_counts(selected, compared, len(probes))
     idx = [p.get("index") for p in probes]
     dup = sorted({i for i in idx if idx.count(i) > 1}, key=repr)
     if dup:
         raise ValueError(f"duplicate probe indices {dup}")
     results = [grid_tie_probe(p) for p in probes]
     count_ok = len(probes) <= max_divergent
-    failed: list[str] = []
-    unevaluated: list[str] = []
-    for r in results:
-        if r["verdict"] != "PASS":
-            # Every STOP has at least one failed clause; unevaluated ones are
-            # consequences (e.g. no step, so no grid check) and listed apart.
-            reasons.append(f"index {r['index']}: STOP on {r['failed_clauses']}")
-            reasons += [f"index {r['index']}: {x}" for x in r["reasons"]]
-            failed += [c for c in r["failed_clauses"] if c not in failed]
-            unevaluated += [c for c in r["unevaluated_clauses"] if c not in unevaluated]
+    failed, unevaluated = _collect_probe_failures(results, reasons, prefix="")
     if not count_ok:
         failed.append(COUNT_CLAUSE)
         reasons.append(f"{COUNT_CLAUSE}: {len(probes)} divergent prompts > {max_divergent}")
-    all_pass = all(r["verdict"] == "PASS" for r in results) and count_ok
-    verdict = "PASS" if all_pass and not failed else "STOP"
-    if verdict == "PASS":
-        reasons.append("no divergent prompts" if not probes else
-                       f"all {len(probes)} divergences are one-step ties on the FP32-rounded binary grid")
+    nothing = compared == 0 or (compared is None and not probes)
+    counts = f"{_n(selected)} selected, {_n(compared)} compared"
+    if failed:
+        verdict = "STOP"
+    elif nothing:
+        verdict = "INCONCLUSIVE"
+        reasons.append(f"nothing compared: {counts}; no divergence shown is not evidence of none")
+    else:
+        verdict = "PASS"
+        reasons.append(f"no divergent prompts ({counts})" if not probes else
+                       f"all {len(probes)} divergences are one-step ties on the FP32-rounded binary grid "
+                       f"({counts})")
     return {
         "rule": "grid-tie-v1",
         "registered_as": GRID_TIE_REGISTRATION,
+        "scope": "dataset",
         "verdict": verdict,
         "reasons": reasons,
         "params": params,
@@ -432,9 +560,151 @@ def grid_tie_v1(probes: Sequence[Mapping[str, Any]], *, max_divergent: int = 3) 
         "unevaluated_clauses": unevaluated,
         "clauses": {COUNT_CLAUSE: count_ok},
         "n_divergent": len(probes),
+        "selected": selected,
+        "compared": compared,
+        "nothing_compared": nothing,
         "tolerance_model": "tol(a,b) = 1 * 2^-23 * (|a| + |b|) per pair; exact 2^k step",
         "probes": results,
     }
+
+
+def _n(v: int | None) -> str:
+    return "?" if v is None else str(v)
+
+
+def _collect_probe_failures(results: Sequence[dict], reasons: list[str], *, prefix: str) -> tuple[list, list]:
+    failed: list[str] = []
+    unevaluated: list[str] = []
+    for r in results:
+        if r["verdict"] != "PASS":
+            # Every STOP has at least one failed clause; unevaluated ones are
+            # consequences (e.g. no step, so no grid check) and listed apart.
+            reasons.append(f"{prefix}index {r['index']}: STOP on {r['failed_clauses']}")
+            reasons += [f"{prefix}index {r['index']}: {x}" for x in r["reasons"]]
+            failed += [c for c in r["failed_clauses"] if c not in failed]
+            unevaluated += [c for c in r["unevaluated_clauses"] if c not in unevaluated]
+    return failed, unevaluated
+
+
+def grid_tie_audit(per_dataset: Mapping[str, Mapping[str, Any] | None], *, max_divergent: int | None = None,
+                   counts: Mapping[str, Mapping[str, Any]] | None = None) -> dict:
+    """grid-tie-v1 as registered: over every divergent prompt of the audit, all datasets together.
+
+    per_dataset: dataset -> that dataset's grid_tie_v1 record, or None when
+    its divergence stage did not run. Every probe is evaluated again from the
+    inputs its record keeps (so a record made under an older or edited rule
+    cannot carry a PASS), and the cap ``at_most_3_divergent`` counts the
+    divergent prompts of all datasets: three datasets with three passing
+    flips each are nine flips and STOP. counts: dataset -> {"selected",
+    "compared"} for records that do not carry their own (taken from the
+    divergence artifact, see ``greedy.comparison_counts``).
+
+    Verdict, in this order:
+
+    - STOP: any probe fails a clause, or more than max_divergent divergent
+      prompts over the audit;
+    - INCONCLUSIVE: a dataset's divergence did not run (named), or nothing
+      was compared over the audit (the reason gives the selected and
+      compared counts; an empty greedy selection in every dataset cannot
+      pass), or no record at all;
+    - PASS otherwise.
+
+    max_divergent: None takes the value the per-dataset records used (they
+    must agree); a value other than the registered 3 is a deviation.
+    """
+    if max_divergent is None:
+        used = {int((r.get("params") or {}).get("max_divergent", GRID_TIE_V1["max_divergent"]))
+                for r in per_dataset.values() if r is not None}
+        if len(used) > 1:
+            raise ValueError(f"datasets were evaluated with different max_divergent {sorted(used)}")
+        max_divergent = used.pop() if used else GRID_TIE_V1["max_divergent"]
+    params, dev, reasons = _params({"max_divergent": max_divergent}, GRID_TIE_V1)
+    counts = counts or {}
+    missing = sorted(ds for ds, r in per_dataset.items() if r is None)
+    datasets: dict[str, dict] = {}
+    probes: list[dict] = []
+    failed: list[str] = []
+    unevaluated: list[str] = []
+    unrecorded: list[str] = []
+    for ds in sorted(ds for ds, r in per_dataset.items() if r is not None):
+        rec = per_dataset[ds]
+        if rec.get("rule") != "grid-tie-v1":
+            raise ValueError(f"grid_tie:{ds}: expected a grid-tie-v1 record, got {rec.get('rule')!r}")
+        inputs = [{k: p.get(k) for k in PROBE_INPUT_KEYS} for p in rec.get("probes") or []]
+        idx = [p["index"] for p in inputs]
+        dup = sorted({i for i in idx if idx.count(i) > 1}, key=repr)
+        if dup:
+            raise ValueError(f"grid_tie:{ds}: duplicate probe indices {dup}")
+        given = counts.get(ds) or {}
+        sel = _count(f"{ds} selected", rec.get("selected") if rec.get("selected") is not None
+                     else given.get("selected"))
+        com = _count(f"{ds} compared", rec.get("compared") if rec.get("compared") is not None
+                     else given.get("compared"))
+        _check_counts(sel, com, len(inputs))
+        if com is None:
+            unrecorded.append(ds)
+        results = [{"dataset": ds, **grid_tie_probe(p)} for p in inputs]
+        f, u = _collect_probe_failures(results, reasons, prefix=f"{ds} ")
+        failed += [c for c in f if c not in failed]
+        unevaluated += [c for c in u if c not in unevaluated]
+        probes += results
+        datasets[ds] = {"selected": sel, "compared": com, "n_divergent": len(inputs),
+                        "recorded_verdict": rec.get("verdict"),
+                        "probe_verdicts": {str(r["index"]): r["verdict"] for r in results}}
+    n_div = len(probes)
+    count_ok = n_div <= max_divergent
+    if not count_ok:
+        failed.append(COUNT_CLAUSE)
+        per = ", ".join(f"{ds} {d['n_divergent']}" for ds, d in datasets.items() if d["n_divergent"])
+        reasons.append(f"{COUNT_CLAUSE}: {n_div} divergent prompts over the audit ({per}) > {max_divergent}")
+    selected = sum(d["selected"] or 0 for d in datasets.values())
+    # A dataset whose counts were not recorded still shows a comparison for
+    # every probe that passed (both arms answered and were compared there).
+    compared = sum(d["compared"] if d["compared"] is not None
+                   else sum(v == "PASS" for v in d["probe_verdicts"].values()) for d in datasets.values())
+    tally = (f"{selected} items selected, {compared} compared over {len(datasets)} dataset(s)"
+             + (f" (counts not recorded for {unrecorded})" if unrecorded else ""))
+    if failed:
+        verdict = "STOP"
+    elif not datasets:
+        verdict = "INCONCLUSIVE"
+        reasons.append("no grid-tie record for any dataset")
+    elif missing:
+        verdict = "INCONCLUSIVE"
+        reasons.append(f"grid-tie not evaluated for datasets {missing}: their divergence stage did not run")
+    elif compared == 0:
+        verdict = "INCONCLUSIVE"
+        reasons.append(f"nothing compared: {tally}"
+                       + ("; the greedy selection is empty, so grid-tie cannot pass" if selected == 0 else ""))
+    else:
+        verdict = "PASS"
+        reasons.append(("no divergent prompts" if not n_div else
+                        f"all {n_div} divergent prompts are one-step ties on the FP32-rounded binary grid "
+                        f"(<= {max_divergent} over the audit)") + f"; {tally}")
+    if missing and failed:
+        reasons.append(f"grid-tie not evaluated for datasets {missing}: their divergence stage did not run")
+    return {
+        "rule": "grid-tie-v1",
+        "registered_as": GRID_TIE_REGISTRATION,
+        "scope": "audit",
+        "verdict": verdict,
+        "reasons": reasons,
+        "params": params,
+        "deviations": dev,
+        "failed_clauses": failed,
+        "unevaluated_clauses": unevaluated,
+        "clauses": {COUNT_CLAUSE: count_ok},
+        "n_divergent": n_div,
+        "selected": selected,
+        "compared": compared,
+        "nothing_compared": bool(datasets) and compared == 0,
+        "not_evaluated_datasets": missing,
+        "counts_unrecorded_datasets": unrecorded,
+        "datasets": datasets,
+        "tolerance_model": "tol(a,b) = 1 * 2^-23 * (|a| + |b|) per pair; exact 2^k step",
+        "probes": probes,
+    }
+
 
 
 # ------------------------------------------------------------ determinism-v1
@@ -467,6 +737,18 @@ def determinism_v1(hashes_by_arm: Mapping[str, Sequence[str]]) -> dict:
 
 
 # --------------------------------------------------------------- boundary-v1
+
+# The capacity tail (max_model_len - 16 input, 16 output) is the case the
+# boundary gate exists for; a boundary run without it is not the gate.
+CAPACITY_TAIL_CASE = "tail-16"
+BOUNDARY_REQUIRED_CASES = (CAPACITY_TAIL_CASE,)
+
+
+def boundary_missing_cases(result: Mapping[str, Any]) -> list[str]:
+    """Required boundary cases absent from a boundary-v1 result's candidate cases."""
+    have = set(result.get("candidate_cases") or [])
+    return [c for c in BOUNDARY_REQUIRED_CASES if c not in have]
+
 
 def boundary_v1(cases: Sequence[Mapping[str, Any]]) -> dict:
     """boundary-v1: every candidate case correct with natural EOS.
@@ -707,7 +989,10 @@ _GATE_OUTCOME = {
 _PRECEDENCE = ("REJECT", "HOLD", "INCONCLUSIVE", "PROMOTE")
 
 
-def promotion_v1(gates: Mapping[str, Mapping[str, Any] | None]) -> dict:
+NO_CHANGE = "no change under audit"
+
+
+def promotion_v1(gates: Mapping[str, Mapping[str, Any] | None], *, identical_arms: bool = False) -> dict:
     """promotion-v1: one decision from every gate's rule result.
 
     gates: name -> rule result (with "verdict") or None (not evaluated).
@@ -730,6 +1015,12 @@ def promotion_v1(gates: Mapping[str, Mapping[str, Any] | None]) -> dict:
     evaluated gate stands even if other evidence is incomplete (completing it
     cannot lift the concern); a missing gate never allows PROMOTE. No gates
     at all is INCONCLUSIVE. Every gate gets one reason line.
+
+    identical_arms (control and candidate are the same server spec, and the
+    decision is not an A/A calibration): INCONCLUSIVE, "no change under
+    audit", whatever the gates say -- there is no change to promote or to
+    reject, and a gate that flags something there flagged noise. The gates'
+    own verdict is kept as ``gate_verdict``.
     """
     per_gate, reasons, not_evaluated, informational = {}, [], [], []
     by_outcome: dict[str, list[str]] = {k: [] for k in _PRECEDENCE}
@@ -759,7 +1050,13 @@ def promotion_v1(gates: Mapping[str, Mapping[str, Any] | None]) -> dict:
         reasons.append("only informational gates were given")
     else:
         verdict = next(k for k in _PRECEDENCE if by_outcome[k])
+    gate_verdict = verdict
+    if identical_arms is True:
+        verdict = "INCONCLUSIVE"
+        reasons.insert(0, f"{NO_CHANGE}: control and candidate are the same server spec (same spec_sha256); "
+                          f"the gates alone would give {gate_verdict}, which says nothing about a change")
     return {"rule": "promotion-v1", "verdict": verdict, "reasons": reasons, "params": {},
             "deviations": {}, "gates": per_gate, "not_evaluated": not_evaluated,
+            "gate_verdict": gate_verdict, "no_change": identical_arms is True,
             "rejecting": by_outcome["REJECT"], "holding": by_outcome["HOLD"],
             "inconclusive": by_outcome["INCONCLUSIVE"], "informational": informational}

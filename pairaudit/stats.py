@@ -55,7 +55,7 @@ def mcnemar_exact_p(b: int, c: int) -> float:
 
     Under H0 each discordant pair is equally likely to go either way, so
     min(b, c) ~ Binomial(b + c, 1/2); doubling the smaller tail and capping at
-    1 gives the two-sided p (FIELD-NOTES, "Paired statistics").
+    1 gives the two-sided p.
     """
     for name, v in (("b", b), ("c", c)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
@@ -223,3 +223,92 @@ def paired_t_interval(diffs: Iterable[float], level: float = 0.95) -> tuple[floa
     se = float(d.std(ddof=1)) / math.sqrt(d.size)
     half = float(_st.t.ppf((1.0 + level) / 2.0, d.size - 1)) * se
     return m, m - half, m + half
+
+
+# ------------------------------------------------- minimum detectable effect
+
+MDE_POWER = 0.8  # the conventional 80 %: a loss this large is found four times in five
+
+
+def _fail_limits(n: int, alpha: float, max_net_loss: int) -> np.ndarray:
+    """Per discordant count k = b + c: the largest c for which quality-v1 FAILs (b = k - c), or -1.
+
+    FAIL needs b - c > max_net_loss and the exact two-sided p < alpha, with
+    p = 2 * P(Binomial(k, 1/2) <= c) for c < b -- the same formula as
+    mcnemar_exact_p. Both conditions hold for every c up to a limit.
+    """
+    k = np.arange(n + 1)
+    # ppf gives the smallest c with cdf >= alpha/2; the answer is next to it.
+    # Checking its neighbours with the exact test formula keeps float edge
+    # cases (a cdf exactly at alpha/2) on the same side as mcnemar_exact_p.
+    c0 = np.nan_to_num(_st.binom.ppf(alpha / 2.0, k, 0.5), nan=-1.0).astype(int)
+    lim = np.full(n + 1, -1, dtype=int)
+    for shift in (-2, -1, 0, 1):
+        c = c0 + shift
+        ok = (c >= 0) & (c <= k) & (2.0 * _st.binom.cdf(c, k, 0.5) < alpha)
+        lim = np.where(ok, np.maximum(lim, c), lim)
+    return np.minimum(lim, (k - max_net_loss - 1) // 2).clip(min=-1)
+
+
+def mcnemar_loss_power(n: int, p_control_only: float, p_candidate_only: float, *, alpha: float = 0.05,
+                       max_net_loss: int = 0, _limits: np.ndarray | None = None) -> float:
+    """Exact probability that quality-v1 FAILs n paired items (b - c > max_net_loss and McNemar p < alpha).
+
+    Items are independent; each is control-only with probability
+    p_control_only, candidate-only with p_candidate_only, concordant
+    otherwise. Summed exactly over the discordant count k ~ Binomial(n, pd)
+    and, given k, c ~ Binomial(k, p_candidate_only / pd).
+    """
+    pb, pc = float(p_control_only), float(p_candidate_only)
+    if n < 0 or pb < 0 or pc < 0 or pb + pc > 1 + 1e-12:
+        raise ValueError(f"need n >= 0 and probabilities with pb + pc <= 1, got n={n}, pb={pb}, pc={pc}")
+    pd = min(1.0, pb + pc)
+    if n == 0 or pd == 0:
+        return 0.0
+    lim = _fail_limits(n, alpha, max_net_loss) if _limits is None else _limits
+    k = np.arange(n + 1)
+    given_k = np.where(lim >= 0, _st.binom.cdf(lim, k, pc / pd), 0.0)
+    return float(np.sum(_st.binom.pmf(k, n, pd) * given_k))
+
+
+def minimum_detectable_loss(n: int, discordant: int, *, alpha: float = 0.05, power: float = MDE_POWER,
+                            max_net_loss: int = 0) -> dict[str, Any]:
+    """The smallest expected net loss (in items) a paired table of n items would FAIL with the given power.
+
+    A net loss of d items is control_only - candidate_only = d in
+    expectation: per item pb - pc = d / n. The discordance pb + pc is
+    estimated by the observed discordant fraction (b + c) / n, raised to
+    d / n when that is smaller (a loss of d items needs at least d discordant
+    items). Power is exact (mcnemar_loss_power) for quality-v1's FAIL region,
+    so "no significant loss" on this table means "no loss of ``net_loss``
+    items or more, four times in five" -- not "no loss". ``net_loss`` is
+    None when no loss of up to n items reaches the power (e.g. n < 6 at
+    alpha 0.05: even b = n, c = 0 has p >= 0.0625).
+    """
+    for name, v in (("n", n), ("discordant", discordant), ("max_net_loss", max_net_loss)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
+    if discordant > n:
+        raise ValueError(f"discordant {discordant} > n {n}")
+    if not 0 < alpha < 1 or not 0 < power < 1:
+        raise ValueError("need 0 < alpha < 1 and 0 < power < 1")
+    out: dict[str, Any] = {"net_loss": None, "rate": None, "power": None, "target_power": power,
+                           "alpha": alpha, "max_net_loss": int(max_net_loss), "n": int(n),
+                           "discordant": int(discordant), "discordance": (discordant / n) if n else None,
+                           "method": "exact McNemar power of quality-v1's FAIL region; discordance = "
+                                     "max(observed (b + c) / n, d / n)"}
+    if n == 0:
+        return out
+    lim = _fail_limits(n, alpha, max_net_loss)
+    q = discordant / n
+    # Power grows with d (more discordance, and more of it the control's way),
+    # so the first d that reaches the target is the minimum.
+    for d in range(max_net_loss + 1, n + 1):
+        delta = d / n
+        pd = max(q, delta)
+        pw = mcnemar_loss_power(n, (pd + delta) / 2, (pd - delta) / 2, alpha=alpha,
+                                max_net_loss=max_net_loss, _limits=lim)
+        if pw >= power:
+            out.update(net_loss=d, rate=delta, power=pw)
+            break
+    return out

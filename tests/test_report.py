@@ -86,12 +86,13 @@ def preflights(control="PASS", candidate="PASS"):
 
 def passing_later(datasets):
     return {
-        "divergence": {ds: grid_tie_v1([]) for ds in datasets},
+        # Greedy compared each dataset's discordant items and two concordant ones; none diverged.
+        "divergence": {ds: grid_tie_v1([], selected=4, compared=4) for ds in datasets},
         "determinism": {ds: determinism_v1({"control": ["a", "a", "a"], "candidate": ["b", "b", "b"]})
                         for ds in datasets},
         "boundary": boundary_v1([
             {"arm": arm, "case": case, "correct": True, "finish_reason": "stop", "expected": "173", "text": "173"}
-            for arm in ("control", "candidate") for case in ("frac0.5", "tail16", "tail32")]),
+            for arm in ("control", "candidate") for case in ("retrieval-0.5", "tail-16", "tail-32")]),
         "speed": win2_v1({"output_tok_s": [[100.0, 110.0, 100.0], [101.0, 111.5, 100.0], [100.0, 110.2, 101.0]]},
                          primary="output_tok_s"),
     }
@@ -101,17 +102,18 @@ def passing_later(datasets):
 
 def test_gates_from_lists_unbuilt_gates_as_none():
     g = report.gates_from(passing_pair())
-    assert list(g) == ["quality:gsm8k", "quality:mbpp", "grid_tie:gsm8k", "grid_tie:mbpp",
-                       "determinism", "boundary", "speed"]
+    # grid-tie is one audit-wide gate: its cap counts every dataset's divergences together
+    assert list(g) == ["quality:gsm8k", "quality:mbpp", "grid_tie", "determinism", "boundary", "speed"]
     assert g["quality:gsm8k"]["verdict"] == "PASS"
-    assert all(g[k] is None for k in ("grid_tie:gsm8k", "grid_tie:mbpp", "determinism", "boundary", "speed"))
+    assert all(g[k] is None for k in ("grid_tie", "determinism", "boundary", "speed"))
 
 
 def test_gates_from_per_dataset_determinism_and_missing_divergence():
     later = passing_later(["gsm8k"])  # mbpp's divergence never ran
     g = report.gates_from(passing_pair(), **later)
-    assert g["grid_tie:gsm8k"]["verdict"] == "PASS"
-    assert g["grid_tie:mbpp"] is None
+    # one dataset's divergence missing: the audit's grid-tie names it and cannot pass
+    assert g["grid_tie"]["verdict"] == "INCONCLUSIVE" and g["grid_tie"]["not_evaluated_datasets"] == ["mbpp"]
+    assert g["grid_tie"]["datasets"]["gsm8k"]["recorded_verdict"] == "PASS"
     assert g["determinism:gsm8k"]["verdict"] == "PASS" and g["determinism:mbpp"] is None
     assert "determinism" not in g
 
@@ -148,7 +150,7 @@ def test_all_quality_pass_without_later_gates_is_inconclusive_never_promote():
     d = report.decide(passing_pair(), launches(), preflights())
     assert d["schema"] == "pairaudit.decision/v1" and d["rule"] == "promotion-v1"
     assert d["decision"] == "INCONCLUSIVE"
-    assert d["not_evaluated"] == ["grid_tie:gsm8k", "grid_tie:mbpp", "determinism", "boundary", "speed"]
+    assert d["not_evaluated"] == ["grid_tie", "determinism", "boundary", "speed"]
     assert set(d["deciding_gates"]) == set(d["not_evaluated"])
     assert any(r == "speed: not evaluated" for r in d["reasons"])
     json.dumps(d)  # plain JSON
@@ -246,7 +248,7 @@ def test_render_markdown_has_decision_reasons_indices_and_switches():
     assert "| mbpp | 22/24 | 21/24 | indices 211, 244 | index 273 |" in md
     assert "candidate did not finish naturally: index 230" in md
     assert "`PAIRAUDIT_REF_BF16_HEAD` | `0` | (unset: server default)" in md
-    assert "- grid_tie:mbpp" in md and "- speed" in md  # not evaluated list
+    assert "- grid_tie\n" in md and "- speed" in md  # not evaluated list
     assert "strict-extractor miss stays a miss" in md
     assert "**Total** | 50/54 | 49/54 | 2 | 1" in md
 
@@ -379,3 +381,163 @@ def test_promotion_stage_checks_schemas_and_duplicates(tmp_path):
     with pytest.raises(ArtifactError, match="second artifact"):
         report.promotion_stage(ins["paired"] + ins["paired"][:1], ins["launch"], ins["preflight"], *outs)
     assert not (tmp_path / "o" / "d.json").exists()  # nothing written on a bad input
+
+
+# ------------------------------------------------------------------ decision integrity
+#
+# Known-answer cases for the paths that used to PROMOTE by accident.
+
+def one_step_flip(index):
+    """A divergence that passes every grid-tie clause: a full, unrounded top-20 on a 0.125 grid."""
+    import numpy as np
+    top = [[k, float(np.float32(-1 / 3 - 0.125 * k))] for k in range(20)]
+    return {"index": index, "candidate_token_id": 0, "control_token_id": 1, "candidate_top": top,
+            "control_top": top, "control_prefix_len": 30, "candidate_prefix_len": 30}
+
+
+def test_three_datasets_with_three_passing_flips_each_hold():
+    pair = {ds: paired_doc(ds, both=range(10), control_only=(20, 21, 22), candidate_only=(23, 24, 25))
+            for ds in ("a", "b", "c")}
+    later = passing_later(pair)
+    later["divergence"] = {ds: grid_tie_v1([one_step_flip(i) for i in (20, 21, 22)], selected=8, compared=8)
+                           for ds in pair}
+    assert all(r["verdict"] == "PASS" for r in later["divergence"].values())
+    d = report.decide(pair, launches(), preflights(), **later)
+    assert d["decision"] == "HOLD" and d["deciding_gates"] == ["grid_tie"]
+    g = d["gates"]["grid_tie"]
+    assert g["verdict"] == "STOP" and g["failed_clauses"] == ["at_most_3_divergent"]
+    assert g["n_divergent"] == 9 and g["selected"] == 24 and g["compared"] == 24
+    assert g["probe_verdicts"] == {f"{ds}:{i}": "PASS" for ds in pair for i in (20, 21, 22)}
+    # one flip per dataset is three over the audit: PROMOTE
+    later["divergence"] = {ds: grid_tie_v1([one_step_flip(20)], selected=8, compared=8) for ds in pair}
+    assert report.decide(pair, launches(), preflights(), **later)["decision"] == "PROMOTE"
+
+
+def test_an_empty_greedy_selection_cannot_pass_grid_tie():
+    pair = passing_pair()
+    later = passing_later(pair)
+    later["divergence"] = {ds: grid_tie_v1([], selected=0, compared=0) for ds in pair}
+    d = report.decide(pair, launches(), preflights(), **later)
+    assert d["decision"] == "INCONCLUSIVE" and d["deciding_gates"] == ["grid_tie"]
+    g = d["gates"]["grid_tie"]
+    assert g["verdict"] == "INCONCLUSIVE" and (g["selected"], g["compared"]) == (0, 0)
+    assert any("nothing compared: 0 items selected, 0 compared over 2 dataset(s)" in r for r in g["reasons"])
+
+
+def test_identical_arms_are_no_change_under_audit_except_in_calibration():
+    pair = passing_pair()
+    la = launches()
+    la["candidate"] = launch_rec("candidate", la["control"]["env"], spec=la["control"]["spec_sha256"])
+    d = report.decide(pair, la, preflights(), **passing_later(pair))
+    assert d["identical_arms"] is True and d["calibration"] is False
+    assert d["decision"] == "INCONCLUSIVE" and d["gate_verdict"] == "PROMOTE"
+    assert d["reasons"][0].startswith("no change under audit")
+    assert d["deciding_gates"] == ["arms"]
+    assert {"gate": "promotion", "what": "no change under audit",
+            "detail": "identical arms: the decision is INCONCLUSIVE whatever the gates say"} in d["deviations"]
+    cal = report.decide(pair, la, preflights(), calibration=True, **passing_later(pair))
+    assert cal["decision"] == "PROMOTE" and cal["calibration"] is True and cal["deciding_gates"] != ["arms"]
+    assert [x["what"] for x in cal["deviations"]] == ["calibration"]
+    # different arms: nothing changes
+    d = report.decide(pair, launches(), preflights(), **passing_later(pair))
+    assert d["decision"] == "PROMOTE" and d["identical_arms"] is False and d["deviations"] == []
+    with pytest.raises(TypeError):
+        report.decide(pair, la, preflights(), calibration="yes")
+
+
+def test_informational_speed_and_looser_parameters_are_listed_as_deviations():
+    pair = passing_pair()
+    later = passing_later(pair)
+    flat = win2_v1({"output_tok_s": [[100.0, 100.5, 100.0], [101.0, 100.0, 100.0], [100.0, 101.0, 101.0]]},
+                   primary="output_tok_s")
+    assert flat["verdict"] == "NO_WIN"
+    later["speed"] = {**flat, "informational": True}
+    pair["mbpp"] = paired_doc("mbpp", both=range(10), control_only=(20,))
+    pair["mbpp"]["quality"] = quality_v1(pair["mbpp"]["table"], max_net_loss=1)
+    d = report.decide(pair, launches(), preflights(), **later)
+    assert d["decision"] == "PROMOTE"  # informational NO_WIN still does not block: but it is visible
+    assert d["deviations"] == [
+        {"gate": "quality:mbpp", "what": "parameter max_net_loss", "detail": "used 1, registered 0"},
+        {"gate": "speed", "what": "informational",
+         "detail": "configured informational (speed.informational: true): only a LOSS of this gate gates the "
+                   "decision; its verdict NO_WIN neither allowed nor blocked PROMOTE"},
+    ]
+    json.dumps(d["deviations"])
+
+
+def test_gates_not_evaluated_and_partial_gates_are_deviations():
+    pair = passing_pair()
+    later = passing_later(pair)
+    del later["speed"]
+    later["divergence"] = {"gsm8k": later["divergence"]["gsm8k"]}
+    d = report.decide(pair, launches(), preflights(), **later)
+    assert d["decision"] == "INCONCLUSIVE"
+    whats = {(x["gate"], x["what"]) for x in d["deviations"]}
+    assert whats == {("speed", "not evaluated"), ("grid_tie", "datasets not evaluated")}
+
+
+def test_a_boundary_pass_without_the_capacity_tail_is_not_the_gate():
+    pair = passing_pair()
+    later = passing_later(pair)
+    later["boundary"] = boundary_v1([
+        {"arm": arm, "case": case, "correct": True, "finish_reason": "stop", "expected": "173", "text": "173"}
+        for arm in ("control", "candidate") for case in ("retrieval-0.5", "tail-32")])
+    assert later["boundary"]["verdict"] == "PASS"
+    d = report.decide(pair, launches(), preflights(), **later)
+    assert d["decision"] == "INCONCLUSIVE" and d["deciding_gates"] == ["boundary"]
+    g = d["gates"]["boundary"]
+    assert g["verdict"] == "INCONCLUSIVE" and g["stage_verdict"] == "PASS" and g["missing_cases"] == ["tail-16"]
+    assert g["reasons"][0].startswith("boundary-v1 not applied in full")
+    assert any(x["gate"] == "boundary" and x["what"] == "required cases missing" for x in d["deviations"])
+    # a FAIL without the tail stays a FAIL
+    later["boundary"] = boundary_v1([{"arm": "candidate", "case": "tail-32", "correct": False,
+                                      "finish_reason": "stop", "expected": "1", "text": "2"}])
+    assert report.decide(pair, launches(), preflights(), **later)["decision"] == "REJECT"
+
+
+def test_every_paired_table_states_its_minimum_detectable_loss():
+    pair = passing_pair()
+    d = report.decide(pair, launches(), preflights(), **passing_later(pair))
+    for ds, doc in pair.items():
+        m = d["datasets"][ds]["mde"]
+        assert m == doc["quality"]["mde"] and m["n"] == doc["table"]["n"]
+        assert d["gates"][f"quality:{ds}"]["mde"] == m
+        assert any(r.startswith("detectable:") for r in d["gates"][f"quality:{ds}"]["reasons"])
+    # a paired doc written before the field existed gets it from the same rule
+    old = copy.deepcopy(pair)
+    for doc in old.values():
+        del doc["quality"]["mde"]
+        doc["quality"]["reasons"] = doc["quality"]["reasons"][:-1]
+    d2 = report.decide(old, launches(), preflights(), **passing_later(old))
+    assert d2["datasets"]["mbpp"]["mde"] == d["datasets"]["mbpp"]["mde"]
+
+
+def test_promotion_stage_counts_compared_items_from_the_divergence_artifact(tmp_path):
+    pair = passing_pair()
+    ins = _write_inputs(tmp_path / "in", pair, launches(), preflights())
+    lg = passing_later(pair)
+
+    def run(items, divergences, name):
+        div = []
+        for ds in pair:
+            p = tmp_path / name / f"{ds}.json"
+            # a per-dataset record without counts (as the divergence stage wrote it before they existed)
+            write_json(p, {"schema": "pairaudit.divergence/v1", "dataset": ds, "items": items,
+                           "divergences": divergences, "grid_tie": grid_tie_v1([]),
+                           "determinism": lg["determinism"][ds]})
+            div.append(str(p))
+        bp, sp = tmp_path / name / "boundary_gate.json", tmp_path / name / "speed_decision.json"
+        write_json(bp, {"schema": "pairaudit.boundary_gate/v1", "gate": lg["boundary"]})
+        write_json(sp, {"schema": "pairaudit.speed_decision/v1", "gate": lg["speed"]})
+        out = tmp_path / name / "out"
+        report.promotion_stage(ins["paired"], ins["launch"], ins["preflight"], out / "d.json", out / "r.md",
+                               out / "m.json", out / "p.png",
+                               later={"divergence": div, "boundary": str(bp), "speed": str(sp)})
+        return read_json(out / "d.json")
+
+    d = run([3, 7], [{"index": 3, "diverged": False}, {"index": 7, "diverged": False}], "two")
+    assert d["decision"] == "PROMOTE", d["reasons"]
+    assert (d["gates"]["grid_tie"]["selected"], d["gates"]["grid_tie"]["compared"]) == (4, 4)
+    assert d["provenance"]["params"]["calibration"] is False
+    d = run([], [], "none")
+    assert d["decision"] == "INCONCLUSIVE" and d["deciding_gates"] == ["grid_tie"]

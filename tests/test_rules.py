@@ -4,21 +4,24 @@ cases built to fail, with the failing clause named."""
 import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from pairaudit.rules import (
     PROBE_CLAUSES,
+    boundary_missing_cases,
     boundary_v1,
     determinism_v1,
     fp32_gap_tolerance,
+    grid_tie_audit,
     grid_tie_probe,
     grid_tie_v1,
     promotion_v1,
     quality_v1,
     win2_v1,
 )
-from pairaudit.stats import paired_table
+from pairaudit.stats import minimum_detectable_loss, paired_table
 
 
 # ------------------------------------------------------------------ quality-v1
@@ -311,9 +314,13 @@ def test_grid_count_clause():
     assert loose["deviations"] == {"max_divergent": {"registered": 3, "used": 4}}
 
 
-def test_grid_zero_divergent_prompts_pass():
-    out = grid_tie_v1([])
+def test_grid_zero_divergent_prompts_pass_only_on_compared_items():
+    # Zero divergences PASS only when items were compared; before the counts
+    # existed, grid_tie_v1([]) passed like compared-and-passed evidence.
+    out = grid_tie_v1([], selected=4, compared=4)
     assert out["verdict"] == "PASS" and out["n_divergent"] == 0
+    assert out["selected"] == 4 and out["compared"] == 4 and out["nothing_compared"] is False
+    assert "4 selected, 4 compared" in out["reasons"][-1]
 
 
 @pytest.mark.parametrize("bad", [-9999.0, float("nan"), float("-inf"), float("inf"), 0.25, "x", None])
@@ -343,24 +350,32 @@ def test_grid_stop_malformed_records():
         assert r["verdict"] == "STOP" and r["failed_clauses"] == ["finite_values"], c
 
 
+def f32(x):
+    return float(np.float32(x))
+
+
 def test_grid_one_ulp_difference_is_a_tie_not_a_step():
     # Two values one FP32 ulp apart must not become a 2^-22 "step" (that would
-    # make every gap on grid, a fine-GCD rescue). Hand-built served values.
+    # make every gap on grid, a fine-GCD rescue). Hand-built served values,
+    # padded to a full top-20 on the 0.125 grid (a shorter list is sparse).
     top = [[1, -2.0], [2, -2.0 - 2.0 ** -22], [3, -2.125], [4, -2.25], [5, -2.625]]
+    top += [[6 + k, -3.0 - 0.125 * k] for k in range(15)]
     r = grid_tie_probe(probe(top, cand=1, ctrl=3))
     assert r["step"] == 0.125
     assert r["verdict"] == "PASS", r["reasons"]
-    # same set with the last value moved off grid by 1e-3 (smallest gap still
+    # same set with one value moved off grid by 1e-3 (smallest gap still
     # 0.125): STOP
-    top[4] = [5, -2.626]
+    top[4] = [5, f32(-2.626)]
     r = grid_tie_probe(probe(top, cand=1, ctrl=3))
-    assert r["verdict"] == "STOP" and "all_gaps_on_grid" in r["failed_clauses"]
+    assert r["verdict"] == "STOP" and r["failed_clauses"] == ["all_gaps_on_grid"]
 
 
 def test_grid_sparse_set_is_never_rescued_by_a_finer_divisor():
     # Gaps 0.25 and 0.375: a GCD would be 0.125, but 0.125 is not observed,
-    # so the observable step is 0.25 and 0.375 is off it.
-    top = [[1, -1.0], [2, -1.25], [3, -1.625]]
+    # so the observable step is 0.25 and 0.375 is off it. (Padded to 20 on
+    # the 0.25 grid, every value shifted by a served-looking log-partition.)
+    vals = [-1.0, -1.25, -1.625] + [-2.0 - 0.25 * k for k in range(17)]
+    top = [[1 + k, f32(v - 1 / 3)] for k, v in enumerate(vals)]
     r = grid_tie_probe(probe(top, cand=1, ctrl=2))
     assert r["step"] == 0.25
     assert r["verdict"] == "STOP" and r["failed_clauses"] == ["all_gaps_on_grid"]
@@ -702,3 +717,248 @@ def test_grid_step_inside_fp32_noise_is_not_a_grid():
     assert r["min_positive_gap"] == 2.0 ** -20 and r["step_resolvable"] is False
     assert r["verdict"] == "STOP"
     assert "grid_step_power_of_two" in r["failed_clauses"]
+
+
+# ------------------------------------------- grid-tie-v1: evidence, counts, audit
+#
+# Known answers for the clauses that make grid-tie-v1 the registered rule:
+# unrounded FP32 evidence, full top lists, "nothing compared" as its own
+# outcome, and the divergent-prompt cap over the whole audit.
+
+def test_grid_real_bf16_top20_rounded_to_4_decimals_stops_on_unrounded_fp32():
+    # The 0.5-step top-20 of test_grid_seed000..., rounded as a decimal
+    # diagnostic would store it: the 0.5 gaps survive and every other clause
+    # passes, so only the new clause can stop it.
+    top = served_top({t: 100.0 - 0.5 * t for t in range(20)})
+    assert grid_tie_probe(probe(top, cand=0, ctrl=1))["verdict"] == "PASS"
+    rounded = [[t, round(v, 4)] for t, v in top]
+    r = grid_tie_probe(probe(rounded, cand=0, ctrl=1))
+    assert r["verdict"] == "STOP" and r["failed_clauses"] == ["unrounded_fp32"], r["reasons"]
+    assert r["all_values_fp32_exact"] is False
+    assert any("rounded artifacts cannot pass" in x for x in r["reasons"])
+    # rounded, then stored as float32 again: FP32-exact, but still 4-decimal values
+    recast = [[t, f32(v)] for t, v in rounded]
+    r = grid_tie_probe(probe(recast, cand=0, ctrl=1))
+    assert r["all_values_fp32_exact"] is True
+    assert r["verdict"] == "STOP" and r["failed_clauses"] == ["unrounded_fp32"]
+    assert r["rounded_lists"] == ["candidate_top", "control_top"]
+
+
+def test_grid_fp32_exact_values_all_at_4_decimals_stop():
+    # A 0.125 grid at -1, -1.125, ...: FP32-exact and on-grid, but a whole list
+    # of short decimals is what rounding leaves, never what log_softmax serves.
+    top = [[k, -1.0 - 0.125 * k] for k in range(20)]
+    r = grid_tie_probe(probe(top, cand=0, ctrl=1))
+    assert r["verdict"] == "STOP" and r["failed_clauses"] == ["unrounded_fp32"]
+    # the same grid under a served-looking log-partition passes
+    served = [[k, f32(-1 / 3 - 0.125 * k)] for k in range(20)]
+    assert grid_tie_probe(probe(served, cand=0, ctrl=1))["verdict"] == "PASS"
+
+
+def test_grid_one_non_fp32_value_stops_naming_its_token():
+    top = served_top(one_binade())
+    tid, v = top[7]
+    top[7] = [tid, v + 1e-9]  # float64 noise: no FP32 server serves this
+    r = grid_tie_probe(probe(top, cand=7, ctrl=9, control_top=served_top(one_binade())))
+    assert r["verdict"] == "STOP" and "unrounded_fp32" in r["failed_clauses"]
+    assert any(f"tokens [{tid}]" in x and "not FP32-exact" in x for x in r["reasons"])
+    # control evidence counts too
+    r = grid_tie_probe(probe(served_top(one_binade()), cand=7, ctrl=9, control_top=top))
+    assert r["failed_clauses"] == ["unrounded_fp32"] and r["control_values_fp32_exact"] is False
+
+
+def test_grid_short_top_list_stops_as_sparse():
+    # A 2-entry list one grid step apart passed before: the all-pairs clause
+    # had one gap to check.
+    top = [[7, f32(-1 / 3)], [9, f32(-1 / 3 - 0.125)]]
+    r = grid_tie_probe(probe(top, cand=7, ctrl=9))
+    assert r["verdict"] == "STOP" and r["failed_clauses"] == ["full_top_list"]
+    assert r["required_top_len"] == 20
+    assert any("sparse" in x and "2 entries" in x for x in r["reasons"])
+    # a vocabulary of 2 has nothing more to give: the list is full
+    r = grid_tie_probe({**probe(top, cand=7, ctrl=9), "vocab_size": 2})
+    assert r["verdict"] == "PASS", r["reasons"]
+    # a full candidate list with a short control list is still sparse evidence
+    full = served_top(one_binade())
+    r = grid_tie_probe(probe(full, cand=7, ctrl=9, control_top=full[:19]))
+    assert r["failed_clauses"] == ["full_top_list"]
+    assert any("control_top has 19 entries" in x for x in r["reasons"])
+
+
+def test_grid_nothing_compared_is_its_own_outcome():
+    out = grid_tie_v1([], selected=0, compared=0)
+    assert out["verdict"] == "INCONCLUSIVE" and out["nothing_compared"] is True
+    assert "nothing compared: 0 selected, 0 compared" in out["reasons"][-1]
+    out = grid_tie_v1([])  # counts unknown, no probe: nothing shown compared
+    assert out["verdict"] == "INCONCLUSIVE" and "? selected, ? compared" in out["reasons"][-1]
+    # probes alone show a comparison happened
+    p = probe(served_top(one_binade()), cand=7, ctrl=9)
+    assert grid_tie_v1([p])["verdict"] == "PASS"
+    # an item that could not be compared is a probe without evidence: STOP, not INCONCLUSIVE
+    unresolved = {"index": 4, "control_token_id": None, "candidate_token_id": None, "candidate_top": None,
+                  "control_top": None, "control_prefix_len": None, "candidate_prefix_len": None}
+    assert grid_tie_v1([unresolved], selected=1, compared=0)["verdict"] == "STOP"
+    with pytest.raises(ValueError, match="compared 3 > selected 2"):
+        grid_tie_v1([], selected=2, compared=3)
+    with pytest.raises(ValueError, match="only 0 items selected"):
+        grid_tie_v1([p], selected=0, compared=0)
+
+
+def flips(n, start=0):
+    return [probe(served_top(one_binade(seed=start + k)), cand=7, ctrl=9, index=start + k) for k in range(n)]
+
+
+def dataset_record(n_flips, *, selected=None, compared=None, start=0, **kw):
+    selected = n_flips + 2 if selected is None else selected
+    compared = selected if compared is None else compared
+    return grid_tie_v1(flips(n_flips, start), selected=selected, compared=compared, **kw)
+
+
+def test_grid_audit_caps_divergent_prompts_over_all_datasets():
+    # Three datasets, three passing flips each: every dataset PASSes its own
+    # cap, but the audit has nine divergent prompts and STOPs.
+    per = {ds: dataset_record(3, start=10 * k) for k, ds in enumerate(("a", "b", "c"))}
+    assert all(r["verdict"] == "PASS" for r in per.values())
+    out = grid_tie_audit(per)
+    assert out["rule"] == "grid-tie-v1" and out["scope"] == "audit"
+    assert out["verdict"] == "STOP" and out["failed_clauses"] == ["at_most_3_divergent"]
+    assert out["n_divergent"] == 9 and out["clauses"]["at_most_3_divergent"] is False
+    assert any("9 divergent prompts over the audit (a 3, b 3, c 3) > 3" in x for x in out["reasons"])
+    assert promotion_v1({"grid_tie": out})["verdict"] == "HOLD"
+    # one flip in each of three datasets is three over the audit: PASS
+    per = {ds: dataset_record(1, start=10 * k) for k, ds in enumerate(("a", "b", "c"))}
+    out = grid_tie_audit(per)
+    assert out["verdict"] == "PASS", out["reasons"]
+    assert (out["selected"], out["compared"], out["n_divergent"]) == (9, 9, 3)
+    assert out["datasets"]["b"] == {"selected": 3, "compared": 3, "n_divergent": 1, "recorded_verdict": "PASS",
+                                    "probe_verdicts": {"10": "PASS"}}
+
+
+def test_grid_audit_two_and_two_is_four():
+    out = grid_tie_audit({"a": dataset_record(2), "b": dataset_record(2, start=20)})
+    assert out["verdict"] == "STOP" and out["failed_clauses"] == ["at_most_3_divergent"]
+    loose = grid_tie_audit({"a": dataset_record(2, max_divergent=4), "b": dataset_record(2, start=20,
+                                                                                         max_divergent=4)})
+    assert loose["verdict"] == "PASS"
+    assert loose["deviations"] == {"max_divergent": {"registered": 3, "used": 4}}
+    with pytest.raises(ValueError, match="different max_divergent"):
+        grid_tie_audit({"a": dataset_record(1, max_divergent=4), "b": dataset_record(1, start=20)})
+
+
+def test_grid_audit_empty_selection_cannot_pass():
+    per = {"a": grid_tie_v1([], selected=0, compared=0), "b": grid_tie_v1([], selected=0, compared=0)}
+    out = grid_tie_audit(per)
+    assert out["verdict"] == "INCONCLUSIVE" and out["nothing_compared"] is True
+    assert "nothing compared: 0 items selected, 0 compared over 2 dataset(s)" in out["reasons"][-1]
+    assert "greedy selection is empty" in out["reasons"][-1]
+    # one dataset with an empty selection beside one that compared items: PASS
+    per["b"] = grid_tie_v1([], selected=3, compared=3)
+    out = grid_tie_audit(per)
+    assert out["verdict"] == "PASS" and (out["selected"], out["compared"]) == (3, 3)
+
+
+def test_grid_audit_counts_from_the_artifact_and_missing_datasets():
+    legacy = {"a": grid_tie_v1([]), "b": grid_tie_v1([])}  # records without counts
+    out = grid_tie_audit(legacy)
+    assert out["verdict"] == "INCONCLUSIVE" and out["counts_unrecorded_datasets"] == ["a", "b"]
+    out = grid_tie_audit(legacy, counts={"a": {"selected": 2, "compared": 2}, "b": {"selected": 1, "compared": 1}})
+    assert out["verdict"] == "PASS" and out["compared"] == 3 and out["counts_unrecorded_datasets"] == []
+    # a dataset whose divergence never ran is named, and the audit cannot pass
+    out = grid_tie_audit({"a": dataset_record(1), "b": None})
+    assert out["verdict"] == "INCONCLUSIVE" and out["not_evaluated_datasets"] == ["b"]
+    assert any("not evaluated for datasets ['b']" in x for x in out["reasons"])
+    # a STOP found elsewhere still stands
+    bad = grid_tie_v1([probe(served_top(one_binade(30.875, 31.0)), cand=7, ctrl=9)], selected=3, compared=3)
+    out = grid_tie_audit({"a": bad, "b": None})
+    assert out["verdict"] == "STOP" and out["failed_clauses"] == ["candidate_token_is_top"]
+    assert any(x.startswith("a index 0: STOP") for x in out["reasons"])
+
+
+def test_grid_audit_reevaluates_records_made_under_an_older_rule():
+    # A record stored as PASS on rounded, short evidence (what the rule used to
+    # accept) cannot carry its PASS into the decision.
+    top = [[t, round(v, 4)] for t, v in served_top({t: 100.0 - 0.5 * t for t in range(20)})][:2]
+    old = grid_tie_v1([probe(top, cand=0, ctrl=1)], selected=3, compared=3)
+    old["verdict"] = "PASS"
+    old["probes"][0]["verdict"] = "PASS"
+    out = grid_tie_audit({"a": old})
+    assert out["verdict"] == "STOP"
+    assert set(out["failed_clauses"]) == {"full_top_list", "unrounded_fp32"}
+    assert out["datasets"]["a"]["recorded_verdict"] == "PASS"
+    with pytest.raises(ValueError, match="grid-tie-v1"):
+        grid_tie_audit({"a": {"rule": "quality-v1", "verdict": "PASS"}})
+
+
+# ------------------------------------------------- quality-v1: detectable loss
+
+def test_quality_states_its_minimum_detectable_loss_without_changing_the_verdict():
+    t = make_table(control_only=2, candidate_only=2)  # n = 17, 4 discordant
+    r = quality_v1(t)
+    assert r["verdict"] == "PASS"
+    m = r["mde"]
+    assert m == minimum_detectable_loss(17, 4)
+    assert m["net_loss"] is not None and m["power"] >= 0.8 and m["target_power"] == 0.8
+    assert r["reasons"][-1].startswith("detectable: at alpha 0.05 and power 80 %")
+    assert f"a net loss of {m['net_loss']} items" in r["reasons"][-1]
+    # too few items for any loss to be found: said in words
+    tiny = quality_v1(make_table(control_only=0, candidate_only=0, both=3, neither=1))
+    assert tiny["verdict"] == "PASS" and tiny["mde"]["net_loss"] is None
+    assert "this table cannot show a loss" in tiny["reasons"][-1]
+
+
+def test_quality_mde_follows_the_rule_parameters():
+    t = make_table(control_only=3, candidate_only=1, both=60, neither=10)
+    base = quality_v1(t)["mde"]["net_loss"]
+    assert quality_v1(t, max_net_loss=2)["mde"]["net_loss"] >= base  # a looser bar hides as much or more
+    assert quality_v1(t, max_net_loss=10)["mde"]["net_loss"] > base
+    assert quality_v1(t, alpha=0.01)["mde"]["net_loss"] > base
+
+
+# ---------------------------------------------- promotion-v1: identical arms
+
+def test_promotion_identical_arms_are_no_change_under_audit():
+    gates = {"quality": g("PASS"), "grid": g("PASS"), "speed": g("WIN")}
+    r = promotion_v1(gates, identical_arms=True)
+    assert r["verdict"] == "INCONCLUSIVE" and r["no_change"] is True and r["gate_verdict"] == "PROMOTE"
+    assert r["reasons"][0].startswith("no change under audit")
+    # not even a REJECT: there is no change to reject
+    r = promotion_v1({"quality": g("FAIL")}, identical_arms=True)
+    assert r["verdict"] == "INCONCLUSIVE" and r["gate_verdict"] == "REJECT"
+    # only a literal True opts in; the default decides by the gates
+    assert promotion_v1(gates, identical_arms="yes")["verdict"] == "PROMOTE"
+    assert promotion_v1(gates)["no_change"] is False
+
+
+# ------------------------------------------------- boundary: the capacity tail
+
+def test_boundary_required_cases_and_schema_refuses_a_config_without_the_tail():
+    res = boundary_v1([{"arm": "candidate", "case": c, "correct": True, "finish_reason": "stop",
+                        "expected": "1", "text": "1"} for c in ("retrieval-0.5", "tail-32")])
+    assert res["verdict"] == "PASS" and boundary_missing_cases(res) == ["tail-16"]
+    res["candidate_cases"].append("tail-16")
+    assert boundary_missing_cases(res) == []
+
+    import copy
+    from pathlib import Path
+
+    import yaml
+    from snakemake.utils import validate
+    from snakemake_interface_common.exceptions import WorkflowError
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = yaml.safe_load((root / "tests" / "data" / "tiny_config.yaml").read_text())
+    schema = str(root / "config" / "schema.yaml")
+    validate(copy.deepcopy(cfg), schema)
+    for offsets in ([], [32], [8, 32]):
+        bad = copy.deepcopy(cfg)
+        bad["boundary"]["tail_offsets"] = offsets
+        with pytest.raises(WorkflowError, match="tail_offsets"):
+            validate(bad, schema)
+    ok = copy.deepcopy(cfg)
+    ok["boundary"]["tail_offsets"] = [32, 16, 64]
+    validate(ok, schema)
+    # the default (no tail_offsets given) is filled with [16, 32]
+    dflt = copy.deepcopy(cfg)
+    del dflt["boundary"]["tail_offsets"]
+    validate(dflt, schema)
+    assert dflt["boundary"]["tail_offsets"] == [16, 32]

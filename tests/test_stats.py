@@ -5,7 +5,15 @@ import math
 import pytest
 from scipy import stats as st
 
-from pairaudit.stats import mcnemar_exact_p, paired_bootstrap_ci, paired_t_interval, paired_table
+from pairaudit.stats import (
+    MDE_POWER,
+    mcnemar_exact_p,
+    mcnemar_loss_power,
+    minimum_detectable_loss,
+    paired_bootstrap_ci,
+    paired_t_interval,
+    paired_table,
+)
 
 
 # ------------------------------------------------------------------ McNemar
@@ -173,3 +181,69 @@ def test_paired_t_zero_spread_and_level():
 def test_paired_t_needs_two():
     with pytest.raises(ValueError):
         paired_t_interval([1.0])
+
+
+# ------------------------------------------------- minimum detectable loss
+
+def _quality_fail_table(n, b, c):
+    """The smallest table quality_v1 reads, with b control-only and c candidate-only items."""
+    return {"n": n, "control_only": list(range(b)), "candidate_only": list(range(b, b + c)),
+            "bodies_identical": True}
+
+
+def _enumerated_fail_probability(n, pb, pc, *, alpha=0.05, max_net_loss=0):
+    """P(quality-v1 FAILs) by summing the trinomial over every (b, c) -- with quality_v1's own verdict."""
+    from pairaudit.rules import quality_v1
+    fails = {}
+    total = 0.0
+    for b in range(n + 1):
+        for c in range(n + 1 - b):
+            if (b, c) not in fails:
+                fails[b, c] = quality_v1(_quality_fail_table(n, b, c), alpha=alpha,
+                                         max_net_loss=max_net_loss)["verdict"] == "FAIL"
+            if fails[b, c]:
+                total += st.multinomial.pmf([b, c, n - b - c], n, [pb, pc, 1 - pb - pc])
+    return total
+
+
+@pytest.mark.parametrize("n,pb,pc,alpha,m", [(14, 0.4, 0.05, 0.05, 0), (16, 0.25, 0.1, 0.05, 1),
+                                             (12, 0.6, 0.0, 0.1, 0), (10, 0.3, 0.3, 0.05, 0)])
+def test_mcnemar_loss_power_is_the_exact_fail_probability_of_quality_v1(n, pb, pc, alpha, m):
+    got = mcnemar_loss_power(n, pb, pc, alpha=alpha, max_net_loss=m)
+    assert got == pytest.approx(_enumerated_fail_probability(n, pb, pc, alpha=alpha, max_net_loss=m), abs=1e-12)
+
+
+def test_minimum_detectable_loss_is_the_first_loss_reaching_the_power():
+    n, discordant = 40, 6
+    m = minimum_detectable_loss(n, discordant)
+    d = m["net_loss"]
+
+    def power(loss):
+        pd = max(discordant / n, loss / n)
+        return mcnemar_loss_power(n, (pd + loss / n) / 2, (pd - loss / n) / 2)
+
+    assert m["power"] == pytest.approx(power(d)) and power(d) >= 0.8 > power(d - 1)
+    assert m["rate"] == d / n and m["discordance"] == discordant / n and m["target_power"] == MDE_POWER == 0.8
+
+
+def test_minimum_detectable_loss_without_observed_discordance():
+    # No discordant pair seen: a loss of d items is d control-only items, so
+    # FAIL needs b >= 6 at alpha 0.05 (2 * 0.5**6 < 0.05 <= 2 * 0.5**5) and the
+    # power is P(Binomial(n, d/n) >= 6): an independent closed form.
+    for n in (50, 200):
+        want = next(d for d in range(1, n + 1) if st.binom.sf(5, n, d / n) >= 0.8)
+        assert minimum_detectable_loss(n, 0)["net_loss"] == want
+    assert minimum_detectable_loss(200, 0)["net_loss"] == 8
+
+
+def test_minimum_detectable_loss_grows_with_discordance_and_is_none_when_nothing_can_fail():
+    assert minimum_detectable_loss(200, 0)["net_loss"] < minimum_detectable_loss(200, 40)["net_loss"] \
+        < minimum_detectable_loss(200, 120)["net_loss"]
+    # five items: even five control-only items have p = 0.0625 >= 0.05
+    m = minimum_detectable_loss(5, 0)
+    assert m["net_loss"] is None and m["power"] is None
+    assert minimum_detectable_loss(0, 0)["net_loss"] is None
+    with pytest.raises(ValueError):
+        minimum_detectable_loss(10, 11)
+    with pytest.raises(ValueError):
+        minimum_detectable_loss(10, 2, power=1.0)
