@@ -1,4 +1,5 @@
-"""The speed stage: win2-v1 known answers through the stage's decision path,
+"""The speed stage: win2-v1 and win2-v2 known answers through the stage's decision path,
+clock facts before/after every start (unverifiable, changed within a start),
 a control-vs-control noise simulation, metric pooling on known numbers, the
 control archive, clock facts, config errors, and the OFF/ON/OFF bracket end
 to end on real reference servers (n-gram speculation ON vs OFF)."""
@@ -14,10 +15,11 @@ import pytest
 
 from pairaudit import artifacts, launch, rules, speed
 
-CFG = speed.resolve_config({"cells": [{"name": "short-c1", "prompt": "short", "decide": True},
-                                      {"name": "rnd-c4", "prompt": "random", "concurrency": 4,
-                                       "decide": False}],
-                            "repeats": 3})
+CELLS = [{"name": "short-c1", "prompt": "short", "decide": True},
+         {"name": "rnd-c4", "prompt": "random", "concurrency": 4, "decide": False}]
+# win2-v1 known answers: the rule stays selectable and decides as it always did.
+CFG = speed.resolve_config({"cells": CELLS, "repeats": 3, "rule": "win2-v1"})
+CFG_V2 = speed.resolve_config({"cells": CELLS, "repeats": 3})
 STARTS = ("s1", "s2", "s3")
 QUIET = {"governor": "performance", "scaling_max_freq_khz": 3000000, "cpu_mhz": 2990.0, "loadavg": [0.1, 0.1, 0.1],
          "gpus": None}
@@ -45,7 +47,8 @@ def bracket(control, candidate, *, after=None, other=None, **kw):
 
 
 def quiet_clock(n=3, **override):
-    return speed.clock_check([{**QUIET, **override} if i == 1 else dict(QUIET) for i in range(n)])
+    facts = [{**QUIET, **override} if i == 1 else dict(QUIET) for i in range(n)]
+    return speed.clock_check(facts, after=facts)
 
 
 # ------------------------------------------------------- win2-v1 known answers
