@@ -581,7 +581,9 @@ TESTS = {
     "gc_callback_repatches_the_module": ["x = [[i] for i in range(50)]\nassert math.isclose(hostile_ok(), 1.0)"],
     "gc_finalizer_of_cyclic_garbage_repatches": [
         "x = [[i] for i in range(50)]\nassert math.isclose(hostile_ok(), 1.0)"],
-    "thread_repatches_after_the_restore": ["assert math.isclose(hostile_ok(), 1.0)"],
+    # the first test lets the thread run (a test that calls a function that sleeps), the second is forged
+    "thread_repatches_after_the_restore": ["assert hostile_ok() is not None",
+                                           "assert math.isclose(hostile_ok(), 1.0)"],
     # answers only the tests' own text knows
     "compile_audit_hook_reads_the_test": ["assert hostile_ok() == 'answer-7919-only-the-test-knows'"],
     "exec_audit_hook_reads_the_test_constants": ["assert hostile_ok() == 'answer-104729-from-the-test'"],
