@@ -533,3 +533,31 @@ def test_the_report_accepts_either_registered_speed_rule():
         report._check_rule("speed", "speed", {**gate, "rule": "win2-v0"})
     md = "\n".join(report.speed_markdown({"gate": gate}))
     assert md.startswith("## Speed (win2-v2)")
+
+
+def test_a_win2_v2_speed_decision_reaches_the_promotion(tmp_path):
+    import test_report as tr
+    from pairaudit import report
+    pair = tr.passing_pair()
+    ins = tr._write_inputs(tmp_path / "in", pair, tr.launches(), tr.preflights())
+    lg = tr.passing_later(pair)
+    div = []
+    for ds in pair:
+        p = tmp_path / "in" / "divergence" / f"{ds}.json"
+        artifacts.write_json(p, {"schema": "pairaudit.divergence/v1", "dataset": ds,
+                                 "grid_tie": lg["divergence"][ds], "determinism": lg["determinism"][ds]})
+        div.append(str(p))
+    bp, sp = tmp_path / "in" / "boundary_gate.json", tmp_path / "in" / "speed_decision.json"
+    artifacts.write_json(bp, {"schema": "pairaudit.boundary_gate/v1", "gate": lg["boundary"]})
+    win2, series, gate = speed.decide(bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0]), CFG_V2, quiet_clock())
+    artifacts.write_json(sp, {"schema": speed.SCHEMA, "gate": gate, "win2": win2, "series": series,
+                              "bar": {"win_pct": 2.0, "primary": "pooled_rate_tps",
+                                      "lower_is_better": sorted(speed.LOWER_IS_BETTER)},
+                              "deviations": gate["stage_deviations"]})
+    out = tmp_path / "out"
+    report.promotion_stage(ins["paired"], ins["launch"], ins["preflight"], out / "d.json", out / "r.md",
+                           out / "m.json", out / "p.png", later={"divergence": div, "boundary": str(bp), "speed": str(sp)})
+    d = artifacts.read_json(out / "d.json")
+    assert d["decision"] == "PROMOTE", d["reasons"]
+    assert d["gates"]["speed"]["rule"] == "win2-v2" and d["gates"]["speed"]["rates"]["assumed"]["false_win"] <= 0.05
+    assert "## Speed (win2-v2)" in (out / "r.md").read_text()
