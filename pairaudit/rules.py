@@ -31,6 +31,7 @@ import math
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
+from scipy.stats import norm as _norm
 
 from .stats import mcnemar_exact_p, paired_t_interval
 
@@ -710,8 +711,7 @@ WIN2_V2_RATE_SEED = 0
 
 
 def _z(p: float) -> float:
-    from scipy.stats import norm
-    return float(norm.ppf(p))
+    return float(_norm.ppf(p))
 
 
 def _v2_metric(x: np.ndarray, lower_is_better: bool) -> dict:
