@@ -6,7 +6,9 @@ filled in by pairaudit.speed), writes its artifacts to a scratch directory
 (``--archive`` moves it; the archive is the point: day-to-day spread), then
 prints per cell and repeat the primary metric of s1/s2/s3, the candidate's
 ratio to the bracketing control mean, the in-window control/control spread
-beside the 2 % bar, the archive's spread, win2-v1's verdict, and the wall time.
+beside the 2 % bar, the archive's spread, the rule's verdict and reasons
+(win2-v2 by default: the window's noise and the rule's error rates at it),
+and the wall time.
 
 Usage: .venv/bin/python bench/speed_bracket.py [--config config/config.yaml] [--out DIR] [--archive PATH]
 Run it on a quiet machine: the numbers are the machine's, not the code's.
@@ -79,10 +81,15 @@ def main(argv=None) -> int:
               f"{_f(sp['archive_with_window_pct'], '{:.2f}')} % over {sp['archive_with_window_n']} control starts")
         for m in scfg["guards"] + scfg["reported"]:
             mm = (w.get("guards") or {}).get(m) or (w.get("reported") or {}).get(m)
-            if mm:
+            if mm and "control" in mm:
                 print(f"  {m}: control {[round(x, 4) for x in mm['control']]} candidate "
                       f"{[round(x, 4) for x in mm['candidate']]} ({_f(mm['point_gain_pct'], '{:+.2f}')} %)")
-    print(f"\nspeed gate: {doc['gate']['verdict']}; artifacts in {out}")
+            elif mm:
+                print(f"  {m}: {_f(mm.get('point_gain_pct'), '{:+.2f}')} % ({mm.get('guard_verdict') or mm.get('verdict')})")
+    gate = doc["gate"]
+    print(f"\nspeed gate ({gate['rule']}): {gate['verdict']}; artifacts in {out}")
+    for r in gate["reasons"]:
+        print(f"  - {r}")
     return 0
 
 

@@ -148,7 +148,7 @@ _EXPECTED_RULE = {
     "grid_tie": "grid-tie-v1",
     "determinism": "determinism-v1",
     "boundary": "boundary-v1",
-    "speed": "win2-v1",
+    "speed": ("win2-v2", "win2-v1"),   # speed.rule selects; win2-v2 is the default
 }
 
 NOT_ADJUSTED = (
@@ -167,8 +167,9 @@ def _check_rule(kind: str, name: str, res: Mapping[str, Any] | None) -> None:
     if not isinstance(res, Mapping):
         raise ValueError(f"gate {name}: expected a rule result dict, got {type(res).__name__}")
     want = _EXPECTED_RULE[kind]
-    if res.get("rule") != want:
-        raise ValueError(f"gate {name}: expected a {want} result, got rule {res.get('rule')!r}")
+    if res.get("rule") not in (want if isinstance(want, tuple) else (want,)):
+        raise ValueError(f"gate {name}: expected a {' or '.join(want) if isinstance(want, tuple) else want} "
+                         f"result, got rule {res.get('rule')!r}")
 
 
 def check_quality(name: str, doc: Mapping[str, Any]) -> dict:
@@ -336,6 +337,12 @@ def _key_numbers(res: Mapping[str, Any]) -> dict:
                 "point_gain_pct": prim.get("point_gain_pct"), "t_interval": prim.get("t_interval"),
                 "win_pct": prim.get("win_pct"), "max_control_spread_pct": prim.get("max_control_spread_pct"),
                 "guard_verdicts": {g: r.get("guard_verdict") for g, r in (res.get("guards") or {}).items()}}
+    if rule == "win2-v2":
+        return {"primary": (res.get("params") or {}).get("primary"), "repeats": res.get("repeats"),
+                "point_gain_pct": res.get("pooled_gain_pct"), "lower_bound_pct": res.get("lower_bound_pct"),
+                "half_width_pct": res.get("half_width_pct"), "win_pct": (res.get("params") or {}).get("win_pct"),
+                "noise": res.get("noise"), "rates": res.get("rates"), "needed": res.get("needed"),
+                "stage_deviations": res.get("stage_deviations")}
     if rule == "preflight":
         return {"stage_verdict": res.get("stage_verdict"), "failed_probe": res.get("failed_probe")}
     return {}
@@ -1138,6 +1145,7 @@ def speed_markdown(doc: Mapping[str, Any] | None) -> list[str]:
         return out + ["Not run: the speed stage has not produced `speed/decision.json` for this audit, so the "
                       "speed gate is not evaluated (the decision cannot be PROMOTE)."]
     gate = doc.get("gate") or {}
+    out[0] = f"## Speed ({gate.get('rule') or 'win2-v1'})"
     out += [f"Verdict: **{gate.get('verdict')}**" + (" (informational: only a LOSS gates)"
                                                       if gate.get("informational") else ""), ""]
     out += [f"- {_cell(r)}" for r in gate.get("reasons") or []]
@@ -1154,7 +1162,9 @@ def speed_markdown(doc: Mapping[str, Any] | None) -> list[str]:
                              _cell(sp.get("archive_n")), _cell(sp.get("win_pct"))]))
     primary = _speed_primary(doc)
     if primary and doc.get("series"):
-        out += ["", f"Primary metric `{primary}` per repeat (win2-v1 pairs s2 with the mean of s1 and s3):", ""]
+        how = ("win2-v2 compares s2 with s1 and s3 over all repeats and deciding cells"
+               if gate.get("rule") == "win2-v2" else "win2-v1 pairs s2 with the mean of s1 and s3")
+        out += ["", f"Primary metric `{primary}` per repeat ({how}):", ""]
         out += _speed_repeat_rows(doc, primary)
     if doc.get("bench_serve"):
         out += ["", "Client timings per start, as `vllm bench serve` reports them:", ""] + _speed_bench_rows(doc)

@@ -43,14 +43,23 @@ The verdict of a test run (``run_tests``) cannot be faked by the exit code or
 by printing: the harness reads a random per-run nonce from an inherited
 descriptor that it closes before any model code runs, and reports the test
 outcome, prefixed by the nonce, on a separate pipe only after every test ran.
-Before the tests it restores the state of every imported module (``builtins``,
-``sys``, the test imports...), clears trace/profile hooks, and runs the tests
-with a clean copy of the builtins, so patching ``assert``/``AssertionError``,
-builtins, ``sys.exit`` or modules the tests use does not help. What remains
-possible for a program written against this harness: reading the nonce out of
-the harness's own memory (frame/gc introspection, ctypes), returning objects
-whose ``__eq__`` is always true, or patching state while a test calls it. Such
-a program is still contained; its score is what cannot be trusted.
+Before any model code it installs an audit hook that refuses every later
+audit hook, compiles the tests (so nothing sees their text being compiled),
+and saves the collector's callbacks and thresholds. After the model's code it
+turns automatic collection off, puts the callbacks and thresholds back (so no
+gc callback or finalizer of the program's cyclic garbage runs again), fails
+the run when the program left a thread running (it could re-patch), restores
+the state of every imported module (``builtins``, ``sys``, the test
+imports...), clears trace/profile hooks, and runs the tests with a clean copy
+of the builtins, so patching ``assert``/``AssertionError``, builtins,
+``sys.exit`` or modules the tests use, or re-patching them from a hook, does
+not help. What remains possible for a program written against this harness
+(docs/sandbox.md): reading the nonce out of the harness's own memory
+(frame/gc introspection, ctypes), returning objects whose ``__eq__`` is always
+true, patching state while a test calls it (from the tested function, or a
+finalizer that a test's own objects trigger), or rewriting
+interpreter memory with ctypes. Such a program is still contained; its score
+is what cannot be trusted.
 
 Result record (plain dict)::
 
@@ -129,10 +138,22 @@ def _pa_main():
         os.setuid(job["uid"])
     if job["mode"] == "program":
         return job["code"]
+
+    # Installed before any model code: every later audit hook is refused
+    # (sys.addaudithook does not add a hook when an existing one raises), so
+    # the program cannot watch the harness compile and run the tests, nor
+    # re-patch what the harness restores each time an audited event fires.
+    def _refuse_hooks(event, args):
+        if event == "sys.addaudithook":
+            raise RuntimeError("the scoring harness allows no audit hooks")
+
+    sys.addaudithook(_refuse_hooks)
+    import gc
     _write, _exit, _repr, _exec, _compile = os.write, os._exit, repr, exec, compile
     _settrace, _setprofile, _modules = sys.settrace, sys.setprofile, sys.modules
     _BaseException, _type, _str, _dict, _list, _len = BaseException, type, str, dict, list, len
     _join = str.join
+    _listdir = os.listdir
     rfd, nonce, imports = job["result_fd"], job["nonce"], "\n".join(job["imports"])
     code, tests, keep = job["code"], job["tests"], set(job["keep"])
     job = None
@@ -157,7 +178,20 @@ def _pa_main():
             except _BaseException:
                 pass
 
-    _exec(imports, {})
+    # Everything the harness will run after the model's code is compiled now,
+    # before that code exists: nothing can read the tests' text as they compile.
+    imports_code = _compile(imports, "<imports>", "exec")
+    test_codes = []
+    for src in tests:
+        try:
+            test_codes.append((src, _compile(src, "<test>", "exec"), None))
+        except _BaseException as exc:
+            test_codes.append((src, None, fmt(exc)))
+    # The collector's callbacks list (the very object the collector calls,
+    # whatever the gc module's attribute is later set to), thresholds and state.
+    _gc_callbacks, _gc_saved = gc.callbacks, _list(gc.callbacks)
+    _gc_threshold, _gc_disable, _gc_set_threshold = gc.get_threshold(), gc.disable, gc.set_threshold
+    _exec(imports_code, {})
     clean_builtins = _dict(builtins.__dict__)
     # The module type's own __dict__ slot: a module whose __class__ the program
     # swaps cannot run code when we read its namespace back.
@@ -172,6 +206,29 @@ def _pa_main():
         _exit(1)
     _settrace(None)
     _setprofile(None)
+    # No collection from here on: a gc callback, or a finalizer of the
+    # program's cyclic garbage, would run the program's code again after the
+    # restore below. Callbacks and thresholds go back to their values from
+    # before the program; the tests run without automatic collection.
+    try:
+        _gc_disable()
+        del _gc_callbacks[:]
+        _gc_callbacks.extend(_gc_saved)
+        _gc_set_threshold(*_gc_threshold)
+    except _BaseException as exc:
+        report({"stage": "solution", "error": "could not restore the collector: " + fmt(exc),
+                "total": _len(tests), "failed": None})
+        _exit(1)
+    # A thread of the program's could re-patch what is restored below, between
+    # the restore and a test; checked before the restore, so none can start later.
+    try:
+        n_threads = _len(_listdir("/proc/self/task"))
+    except _BaseException:
+        n_threads = 1
+    if n_threads != 1:
+        report({"stage": "solution", "error": "the program left threads running (" + _str(n_threads - 1)
+                + " besides the harness's)", "total": _len(tests), "failed": None})
+        _exit(1)
     # Old values stay referenced until we exit: dropping the last reference
     # could run a finalizer of the program's that re-patches what we restored.
     graveyard = []
@@ -188,13 +245,16 @@ def _pa_main():
     tns = {k: v for k, v in ns.items()
            if k in keep or k not in clean_builtins or v is clean_builtins[k]}
     tns["__builtins__"] = _dict(clean_builtins)
-    _exec(imports, tns)
+    _exec(imports_code, tns)
     failed = []
-    for src in tests:
+    for src, test_code, compile_error in test_codes:
         _settrace(None)
         _setprofile(None)
+        if test_code is None:
+            failed.append({"test": src[:200], "error": compile_error})
+            continue
         try:
-            _exec(_compile(src, "<test>", "exec"), tns)
+            _exec(test_code, tns)
         except _BaseException as exc:
             failed.append({"test": src[:200], "error": fmt(exc)})
     report({"stage": "tests", "error": None, "total": _len(tests), "failed": failed})

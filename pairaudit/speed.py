@@ -1,4 +1,10 @@
-"""Speed stage (seed 004): the OFF/ON/OFF bracket decided by win2-v1.
+"""Speed stage (seed 004): the OFF/ON/OFF bracket decided by win2-v2 (default) or win2-v1.
+
+``speed.rule`` selects the registered rule: win2-v2 (rules.win2_v2, the
+default; docs/speed.md) decides over all deciding cells at once against an
+interval that keeps the start-to-start noise, and says INCONCLUSIVE when the
+window is too noisy to decide at the bar; win2-v1 (rules.win2_v1, kept
+unchanged and selectable, reported as a deviation) pairs by repeat per cell.
 
 One job runs three fresh servers on the same host, one after the other:
 s1 = control, s2 = candidate, s3 = control, each from its arm's spec and
@@ -65,18 +71,33 @@ Artifacts
 ``results/<audit>/speed/decision.json`` (``schema: pairaudit.speed_decision/v1``)::
 
     schema, audit,
-    gate:          the speed verdict as a rule result: {"rule": "win2-v1",
-                   "verdict": WIN|NO_WIN|LOSS|INCONCLUSIVE, "reasons": [...],
-                   "params", "deviations", "informational": bool,
-                   "decision_cells": [...], "cells": {cell: verdict},
-                   "clock_check": "OK"|"DIFFERENT"}.
-                   verdict over the decision cells: LOSS if any is LOSS;
+    gate:          the speed verdict as a rule result: {"rule": "win2-v2"|
+                   "win2-v1", "verdict": WIN|NO_WIN|LOSS|INCONCLUSIVE,
+                   "reasons": [...], "params", "deviations" (the rule's
+                   {param: {registered, used}}), "stage_deviations": [{gate,
+                   what, detail}] (an accepted unverifiable clock, a
+                   non-default rule, rule parameters off their registered
+                   values), "informational": bool, "decision_cells": [...],
+                   "cells": {cell: verdict}, "clock_check": "OK"|"DIFFERENT"|
+                   "UNVERIFIABLE"}; under win2-v2 also noise {rep_sd_pct,
+                   start_sd_pct, start_sd_used_pct, s1_s3_diff_pct, guards},
+                   rates {measured, assumed: false_win, false_loss, power,
+                   ...}, needed {repeats_needed, brackets_needed,
+                   half_width_pct}, pooled_gain_pct, half_width_pct,
+                   lower_bound_pct, loss_tests, repeats, reported.
+                   win2-v2's verdict is its own (rules.win2_v2).
+                   win2-v1's verdict over the decision cells: LOSS if any is LOSS;
                    else INCONCLUSIVE if any is INCONCLUSIVE; else WIN if
                    every one WINs; else NO_WIN. ``informational`` (config
                    ``speed.informational``) tells promotion-v1 that only a
                    LOSS may gate (it REJECTs); WIN/NO_WIN/INCONCLUSIVE are
                    then recorded, not decisive.
-    win2:          {cell: full win2-v1 result (rules.win2_v1): primary /
+    win2:          win2-v2: {cell: {rule, decides, verdict, primary
+                   {point_gain_pct, s1_s3_diff_pct, within_sd_pct}, guards
+                   {metric: {point_gain_pct, guard_verdict}}, losses,
+                   archive_spread_pct}} (a deciding cell's verdict is LOSS,
+                   ABOVE_BAR or NOT_ABOVE_BAR: the gate decides over all).
+                   win2-v1: {cell: full win2-v1 result (rules.win2_v1): primary /
                    guards / reported per metric with control (list per
                    repeat), candidate, control_before, control_after, diff,
                    point_gain_pct, t_interval {mean, lo, hi, level},
@@ -92,13 +113,16 @@ Artifacts
                    host (socket.gethostname()), slurm_job_id,
                    slurmd_nodename (null when unset), clock: clock facts
                    (below) taken before the server starts, clock_after: the
-                   same after it stopped, started_at, stopped_at,
+                   same after its last wave, before it stops, started_at, stopped_at,
                    warmup: {error, ttft_s, e2el_s}, server: {pid, url,
                    ready_s, identity_check, stop}}]
     hosts:         sorted distinct hosts of the starts (one, by construction)
-    clock_check:   {cap_keys, caps: [cap facts per start], mismatch: [keys
-                   that differ], expected, off_expected: [keys], throttled:
-                   [keys], verdict: "OK"|"DIFFERENT"}
+    deviations:    gate.stage_deviations (for decision.json)
+    clock_check:   {cap_keys, caps: [cap facts per start], caps_after,
+                   mismatch: [keys that differ], expected, off_expected:
+                   [keys], throttled: [keys], within_start: [{start,
+                   changed, before, after}], unverifiable: [{start, gaps}],
+                   verdict: "OK"|"DIFFERENT"|"UNVERIFIABLE"}
     cells:         [cell config as run (name, prompt, input_len,
                    concurrency, decide, prompt_tokens)]
     pooled:        {cell: {start: [per repeat: {requests,
@@ -143,8 +167,14 @@ per GPU {clocks.sm, clocks.max.sm, clocks.applications.graphics,
 clocks_throttle_reasons.active, power.limit}. The *cap* facts (governor,
 scaling_max_freq_khz, per GPU clocks.max.sm, clocks.applications.graphics,
 power.limit and whether throttle reasons other than idle are active) must
-be equal across the three starts, else win2-v1 says INCONCLUSIVE. CPU MHz
-and load average are recorded, not decisive.
+be equal across the three starts, equal within each start (before it and
+after its last wave: a governor or max frequency that moved, GPU clocks or
+power limit that moved, a throttle reason that appeared), and show no
+throttle reason, else the gate is INCONCLUSIVE under either rule. A start
+without clock facts (no cpufreq, no nvidia-smi: typical of a VM) makes the
+gate INCONCLUSIVE ("clock unverifiable") unless ``speed.
+accept_unverifiable_clock: true``, which is then listed as a deviation. CPU
+MHz and load average are recorded, not decisive.
 """
 
 from __future__ import annotations
@@ -179,6 +209,7 @@ START_ROLES = (("s1", "control_before", "control"), ("s2", "candidate", "candida
 PROMPT_KINDS = ("short", "long", "random", "repetitive")
 METRICS = ("pooled_rate_tps", "accepted_per_round", "ms_per_round", "decode_tps", "ttft_s")
 LOWER_IS_BETTER = frozenset({"ms_per_round", "ttft_s"})
+RULES = ("win2-v2", "win2-v1")
 
 # The issue's defaults (seed 004's shape). The embedded config/config.yaml
 # shrinks them so one bracket fits in minutes on a 2-core CPU.
@@ -200,6 +231,9 @@ DEFAULTS: dict[str, Any] = {
     "win_pct": 2.0,
     "informational": False,
     "expected_clock_cap": None,
+    "accept_unverifiable_clock": False,
+    "rule": "win2-v2",
+    "start_noise_pct": 3.0,
     "request_timeout_s": 900,
     "archive": "results/control-archive.jsonl",
 }
@@ -230,11 +264,16 @@ def resolve_config(cfg: Mapping[str, Any] | None) -> dict:
         raise SpeedConfigError("speed.output_len: must be >= 2 (TPOT and decode rounds need a second token)")
     if isinstance(out["base_seed"], bool) or not isinstance(out["base_seed"], int):
         raise SpeedConfigError(f"speed.base_seed: {out['base_seed']!r} is not an integer")
-    for k in ("enabled", "informational"):
+    for k in ("enabled", "informational", "accept_unverifiable_clock"):
         if not isinstance(out[k], bool):
             raise SpeedConfigError(f"speed.{k}: {out[k]!r} is not one of true, false")
     if isinstance(out["win_pct"], bool) or not isinstance(out["win_pct"], (int, float)) or out["win_pct"] < 0:
         raise SpeedConfigError(f"speed.win_pct: {out['win_pct']!r} is not a non-negative number")
+    if out["rule"] not in RULES:
+        raise SpeedConfigError(f"speed.rule: {out['rule']!r} is not one of {', '.join(RULES)}")
+    snp = out["start_noise_pct"]
+    if isinstance(snp, bool) or not isinstance(snp, (int, float)) or not 0 <= snp < 100:
+        raise SpeedConfigError(f"speed.start_noise_pct: {snp!r} is not a number in [0, 100)")
     if out["primary"] not in METRICS:
         raise SpeedConfigError(f"speed.primary: {out['primary']!r} is not one of {', '.join(METRICS)}")
     for k in ("guards", "reported"):
@@ -356,15 +395,90 @@ def cap_facts(facts: Mapping[str, Any]) -> dict:
     return cap
 
 
-def clock_check(facts_per_start: Sequence[Mapping[str, Any]], expected: Mapping[str, Any] | None = None) -> dict:
+def clock_gaps(facts: Mapping[str, Any]) -> list[str]:
+    """Why one reading cannot vouch for the clocks ([] when it can).
+
+    A reading vouches when it has a CPU cap fact (cpufreq governor or max
+    frequency) or GPU facts, and no GPU query failed. A VM without cpufreq
+    and without nvidia-smi has none: its clocks are unverifiable.
+    """
+    gaps = []
+    gpus = facts.get("gpus") or []
+    for i, g in enumerate(gpus):
+        if "error" in g:
+            gaps.append(f"gpu{i}: {g['error']}")
+    cpu = facts.get("governor") is not None or facts.get("scaling_max_freq_khz") is not None
+    if not cpu and not gpus:
+        gaps.append("no cpufreq governor or max frequency and no nvidia-smi")
+    return gaps
+
+
+def clock_check(facts_per_start: Sequence[Mapping[str, Any]], expected: Mapping[str, Any] | None = None,
+                after: Sequence[Mapping[str, Any]] | None = None,
+                starts: Sequence[str] = ("s1", "s2", "s3")) -> dict:
+    """Cap facts across the starts, and within each start (before it vs after its last wave).
+
+    verdict: DIFFERENT when the starts' cap facts differ, differ from
+    ``expected``, a GPU reports a throttle reason (before or after), or a
+    start's facts after its work differ from its facts before (a governor or
+    max frequency changed, a GPU's clocks or power limit moved, a throttle
+    reason appeared); else UNVERIFIABLE when some reading has no clock facts
+    at all (``clock_gaps``); else OK.
+    """
     caps = [cap_facts(f) for f in facts_per_start]
+    caps_after = [cap_facts(f) for f in after] if after is not None else []
     keys = sorted(set().union(*caps)) if caps else []
     mismatch = [k for k in keys if len({json.dumps(c.get(k)) for c in caps}) > 1]
     off = sorted(k for k, v in (expected or {}).items() if any(str(c.get(k)) != str(v) for c in caps))
-    throttled = sorted(k for c in caps for k, v in c.items() if k.endswith(".throttled") and v)
-    return {"cap_keys": keys, "caps": caps, "mismatch": mismatch, "expected": dict(expected or {}),
-            "off_expected": off, "throttled": sorted(set(throttled)),
-            "verdict": "OK" if not (mismatch or off or throttled) else "DIFFERENT"}
+    throttled = sorted(k for c in caps + caps_after for k, v in c.items() if k.endswith(".throttled") and v)
+    within = []
+    for name, b, a in zip(starts, caps, caps_after):
+        changed = sorted(k for k in set(b) | set(a) if json.dumps(b.get(k)) != json.dumps(a.get(k)))
+        if changed:
+            within.append({"start": name, "changed": changed,
+                           "before": {k: b.get(k) for k in changed}, "after": {k: a.get(k) for k in changed}})
+    unverifiable = []
+    for name, f, fa in zip(starts, facts_per_start, list(after) if after is not None else [None] * len(caps)):
+        gaps = clock_gaps(f) + ([] if fa is None else [f"after: {g}" for g in clock_gaps(fa)])
+        if gaps:
+            unverifiable.append({"start": name, "gaps": gaps})
+    if mismatch or off or throttled or within:
+        verdict = "DIFFERENT"
+    elif unverifiable:
+        verdict = "UNVERIFIABLE"
+    else:
+        verdict = "OK"
+    return {"cap_keys": keys, "caps": caps, "caps_after": caps_after, "mismatch": mismatch,
+            "expected": dict(expected or {}), "off_expected": off, "throttled": sorted(set(throttled)),
+            "within_start": within, "unverifiable": unverifiable, "verdict": verdict}
+
+
+def clock_findings(clock: Mapping[str, Any], cfg: Mapping[str, Any]) -> tuple[list[str], list[dict]]:
+    """(reasons that make the gate INCONCLUSIVE, deviations) from a clock_check.
+
+    Every condition the rule itself does not see is here, so win2-v1 and
+    win2-v2 are held to the same clocks.
+    """
+    incon, devs = [], []
+    if clock.get("off_expected"):
+        incon.append(f"clock cap facts {clock['off_expected']} differ from "
+                     f"speed.expected_clock_cap {clock.get('expected')}")
+    for w in clock.get("within_start") or []:
+        incon.append(f"{w['start']}: clock facts changed during the start ({', '.join(w['changed'])}: "
+                     f"before {w['before']}, after {w['after']})")
+    if clock.get("throttled"):
+        incon.append(f"throttling was flagged inside the bracket ({', '.join(clock['throttled'])})")
+    unv = clock.get("unverifiable") or []
+    if unv:
+        what = "; ".join(f"{u['start']}: {', '.join(u['gaps'])}" for u in unv)
+        if cfg.get("accept_unverifiable_clock"):
+            devs.append({"gate": "speed", "what": "accept_unverifiable_clock",
+                         "detail": f"clock unverifiable, accepted by speed.accept_unverifiable_clock ({what}): "
+                                   "a start may have run at another clock than the others"})
+        else:
+            incon.append(f"clock unverifiable ({what}); speed.accept_unverifiable_clock: true accepts this "
+                         "as a reported deviation")
+    return incon, devs
 
 
 # ------------------------------------------------------------------ prompts
@@ -738,16 +852,22 @@ def _archive_line(*, audit: str, start: str, cell: Mapping[str, Any], chash: str
             "metrics": means, "per_repeat": per_repeat, "clock": dict(clock), "host": host}
 
 
-def decide(results: Mapping[str, Mapping[str, Any]], cfg: Mapping[str, Any], clock: Mapping[str, Any],
-           archive_pct: Mapping[str, float | None] | None = None) -> tuple[dict, dict, dict]:
-    """(win2 per cell, series per cell, gate) from ``results[start][cell]["pooled"]``."""
+def _rule_deviations(rule: str, res: Mapping[str, Any]) -> list[dict]:
+    devs = [{"gate": "speed", "what": f"rule.{k}", "detail": f"{rule} {k}={v['used']!r} instead of the "
+             f"registered {v['registered']!r}"} for k, v in (res.get("deviations") or {}).items()]
+    if rule != RULES[0]:
+        devs.append({"gate": "speed", "what": "rule", "detail": f"speed.rule {rule} instead of the default "
+                     f"{RULES[0]} (win2-v1 does not bound its false WIN/LOSS under start-level noise)"})
+    return devs
+
+
+def _decide_v1(series: Mapping[str, Mapping], cfg: Mapping[str, Any], clock: Mapping[str, Any],
+               archive_pct: Mapping[str, float | None], incon: list[str]) -> tuple[dict, dict]:
     metrics = [cfg["primary"], *cfg["guards"], *cfg["reported"]]
-    win2, series = {}, {}
     caps = [json.dumps(c, sort_keys=True) for c in clock["caps"]]
+    win2 = {}
     for c in cfg["cells"]:
-        name = c["name"]
-        s = series_for({st: results[st][name] for st, _, _ in START_ROLES}, metrics)
-        series[name] = s
+        name, s = c["name"], series[c["name"]]
         missing = sorted({m for m, reps in s.items() for tr in reps for x in tr if x is None})
         if missing:
             win2[name] = {"rule": "win2-v1", "verdict": "INCONCLUSIVE", "params": {}, "deviations": {},
@@ -757,17 +877,82 @@ def decide(results: Mapping[str, Mapping[str, Any]], cfg: Mapping[str, Any], clo
         res = rules.win2_v1(s, primary=cfg["primary"], guards=cfg["guards"], reported=cfg["reported"],
                             win_pct=cfg["win_pct"], clock_caps=caps,
                             lower_is_better=[m for m in metrics if m in LOWER_IS_BETTER],
-                            throttled=bool(clock["throttled"]),
-                            archive_spread_pct=(archive_pct or {}).get(name))
-        if clock["off_expected"]:
+                            throttled=bool(clock["throttled"]), archive_spread_pct=archive_pct.get(name))
+        # win2-v1 itself sees cap mismatches and throttling; the rest is the stage's.
+        own = [r for r in incon if not r.startswith("throttling was flagged")]
+        if own:
             res["verdict"] = "INCONCLUSIVE"
-            res["reasons"].insert(0, f"clock cap facts {clock['off_expected']} differ from "
-                                     f"speed.expected_clock_cap {clock['expected']}")
+            res["reasons"][:0] = own
         if clock["mismatch"]:
             res["reasons"].insert(0, f"starts differ in clock cap facts {clock['mismatch']}")
         win2[name] = res
     gate = combine(win2, [c["name"] for c in cfg["cells"] if c["decide"]],
                    informational=cfg["informational"], clock=clock)
+    return win2, gate
+
+
+def _decide_v2(series: Mapping[str, Mapping], cfg: Mapping[str, Any], clock: Mapping[str, Any],
+               archive_pct: Mapping[str, float | None], incon: list[str]) -> tuple[dict, dict]:
+    metrics = [cfg["primary"], *cfg["guards"], *cfg["reported"]]
+    deciding = [c["name"] for c in cfg["cells"] if c["decide"]]
+    missing = {name: sorted({m for m, reps in series[name].items() for tr in reps for x in tr if x is None})
+               for name in series}
+    usable = [n for n in series if not missing[n]]
+    kw = dict(primary=cfg["primary"], guards=cfg["guards"], reported=cfg["reported"],
+              lower_is_better=[m for m in metrics if m in LOWER_IS_BETTER], win_pct=cfg["win_pct"],
+              start_noise_pct=cfg["start_noise_pct"])
+    blocked = [n for n in deciding if missing[n]]
+    if blocked or not usable:
+        res = {"rule": "win2-v2", "verdict": "INCONCLUSIVE", "params": {}, "deviations": {}, "cells": {},
+               "noise": None, "rates": None,
+               "reasons": [f"{n}: metric(s) {missing[n]} have no value in some repeat (0 rounds or 0 decode "
+                           "seconds): nothing to compare" for n in blocked]}
+    else:
+        res = rules.win2_v2({n: series[n] for n in usable}, decide=deciding, **kw)
+    if clock["mismatch"]:
+        incon = [f"starts differ in clock cap facts {clock['mismatch']}", *incon]
+    if incon:
+        res["verdict"] = "INCONCLUSIVE"
+        res["reasons"][:0] = incon
+    per_cell = dict(res.get("cells") or {})
+    for n in series:
+        if missing[n]:
+            per_cell[n] = {"decides": n in deciding, "verdict": "INCONCLUSIVE",
+                           "reasons": [f"metric(s) {missing[n]} have no value in some repeat"]}
+        per_cell[n]["archive_spread_pct"] = archive_pct.get(n)
+    win2 = {n: {"rule": "win2-v2", **per_cell[n]} for n in series}
+    reasons = list(res["reasons"])
+    if cfg["informational"]:
+        reasons.append("speed is informational (config speed.informational): only a LOSS gates the decision")
+    gate = {"rule": "win2-v2", "verdict": res["verdict"], "reasons": reasons, "params": res.get("params", {}),
+            "deviations": res.get("deviations", {}), "informational": bool(cfg["informational"]),
+            "decision_cells": deciding, "cells": {n: win2[n].get("verdict") for n in win2},
+            "clock_check": clock.get("verdict"),
+            **{k: res.get(k) for k in ("noise", "rates", "needed", "pooled_gain_pct", "half_width_pct",
+                                       "lower_bound_pct", "loss_tests", "repeats", "reported")}}
+    return win2, gate
+
+
+def decide(results: Mapping[str, Mapping[str, Any]], cfg: Mapping[str, Any], clock: Mapping[str, Any],
+           archive_pct: Mapping[str, float | None] | None = None) -> tuple[dict, dict, dict]:
+    """(win2 per cell, series per cell, gate) from ``results[start][cell]["pooled"]`` under ``cfg["rule"]``.
+
+    Clock findings (``clock_findings``) make the gate INCONCLUSIVE under either
+    rule; the gate carries ``stage_deviations`` (list of {gate, what,
+    detail}): an accepted unverifiable clock, a non-default rule, rule
+    parameters off their registered values.
+    """
+    metrics = [cfg["primary"], *cfg["guards"], *cfg["reported"]]
+    rule = cfg.get("rule", RULES[0])
+    series = {c["name"]: series_for({st: results[st][c["name"]] for st, _, _ in START_ROLES}, metrics)
+              for c in cfg["cells"]}
+    incon, devs = clock_findings(clock, cfg)
+    fn = _decide_v2 if rule == "win2-v2" else _decide_v1
+    win2, gate = fn(series, cfg, clock, archive_pct or {}, incon)
+    rule_res = gate if rule == "win2-v2" else next((w for w in win2.values() if w.get("deviations")), {})
+    gate["stage_deviations"] = devs + _rule_deviations(rule, rule_res)
+    for d in devs:
+        gate["reasons"].append(f"deviation: {d['detail']}")
     return win2, series, gate
 
 
@@ -807,9 +992,11 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
                                         cfg["base_seed"])
             results[start], recs = run_start(srv.endpoint, model=model, cfg=cfg, prompts=prompts, start=start,
                                              arm=arm, progress=progress)
+            # Read while the server still holds its clocks: a GPU's throttle
+            # reasons clear soon after the load stops.
+            rec["clock_after"] = clock_facts()
             srv.assert_alive()
             facts = srv.facts()
-        rec["clock_after"] = clock_facts()
         rec["stopped_at"] = utc_now()
         rec["server"] = {k: facts.get(k) for k in ("pid", "url", "ready_s", "identity_check", "stop")}
         rec["warmup"] = next({k: r[k] for k in ("error", "ttft_s", "e2el_s")} for r in recs if r["cell"] == "warmup")
@@ -821,7 +1008,8 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
                               pooled=results[start][c["name"]]["pooled"], clock=rec["clock"], host=rec["host"])
                 for c in cfg["cells"]])
     hosts = sorted({s["host"] for s in starts})
-    clock = clock_check([s["clock"] for s in starts], cfg["expected_clock_cap"])
+    clock = clock_check([s["clock"] for s in starts], cfg["expected_clock_cap"],
+                        after=[s["clock_after"] for s in starts], starts=[s["start"] for s in starts])
     if len(hosts) > 1:  # cannot happen in one process; kept so a future split cannot pass silently
         clock["mismatch"].append("host")
         clock["verdict"] = "DIFFERENT"
@@ -855,6 +1043,7 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
         "pooled": {c["name"]: {st: results[st][c["name"]]["pooled"] for st, _, _ in START_ROLES}
                    for c in cfg["cells"]},
         "series": series,
+        "deviations": gate["stage_deviations"],
         "bench_serve": {c["name"]: {st: results[st][c["name"]]["bench_serve"] for st, _, _ in START_ROLES}
                         for c in cfg["cells"]},
         "spread": spread,

@@ -440,6 +440,81 @@ def hostile_ok():
     time.sleep(2)
     return False
 """,
+    "audit_hook_repatches_the_module": """
+import math, sys
+def hook(event, args):
+    m = sys.modules.get("math")
+    if m is not None:
+        try:
+            m.isclose = lambda *a, **k: True
+        except Exception:
+            pass
+sys.addaudithook(hook)
+def hostile_ok():
+    return 0
+""",
+    "gc_callback_repatches_the_module": """
+import gc, math, sys
+def cb(phase, info):
+    m = sys.modules.get("math")
+    if m is not None:
+        m.isclose = lambda *a, **k: True
+gc.callbacks.append(cb)
+gc.set_threshold(1, 1, 1)
+def hostile_ok():
+    return 0
+""",
+    "gc_finalizer_of_cyclic_garbage_repatches": """
+import gc, sys
+class Phoenix:
+    def __init__(self):
+        self.me = self
+    def __del__(self):
+        m = sys.modules.get("math")
+        if m is not None:
+            m.isclose = lambda *a, **k: True
+        Phoenix()
+gc.set_threshold(1, 1, 1)
+Phoenix()
+def hostile_ok():
+    return 0
+""",
+    "thread_repatches_after_the_restore": """
+import math, sys, threading, time
+def loop():
+    while True:
+        m = sys.modules.get("math")
+        if m is not None:
+            m.isclose = lambda *a, **k: True
+        time.sleep(0)
+threading.Thread(target=loop, daemon=True).start()
+time.sleep(0.05)
+def hostile_ok():
+    time.sleep(0.05)
+    return 0
+""",
+    "compile_audit_hook_reads_the_test": """
+import sys
+ANSWER = []
+def hook(event, args):
+    if event == "compile" and args and isinstance(args[0], (str, bytes)):
+        src = args[0].decode() if isinstance(args[0], bytes) else args[0]
+        if "hostile_ok() ==" in src:
+            ANSWER.append(src.split("==", 1)[1].strip()[1:-1])
+sys.addaudithook(hook)
+def hostile_ok():
+    return ANSWER[-1] if ANSWER else None
+""",
+    "exec_audit_hook_reads_the_test_constants": """
+import sys
+ANSWER = []
+def hook(event, args):
+    if event == "exec" and args and hasattr(args[0], "co_consts"):
+        ANSWER.extend(c for c in args[0].co_consts if isinstance(c, str) and c.startswith("answer-"))
+sys.addaudithook(hook)
+def hostile_ok():
+    return ANSWER[-1] if ANSWER else None
+""",
     # -- kernel interfaces
     "ctypes_raw_syscalls": """
 import ctypes, os
@@ -502,7 +577,25 @@ def hostile_ok():
 TESTS = {
     "patch_module_the_tests_use": ["assert math.isclose(hostile_ok(), 1.0)"],
     "monkeypatch_builtins": ["assert len(hostile_ok()) == 1", "assert bool(hostile_ok())"],
+    "audit_hook_repatches_the_module": ["assert math.isclose(hostile_ok(), 1.0)"],
+    "gc_callback_repatches_the_module": ["x = [[i] for i in range(50)]\nassert math.isclose(hostile_ok(), 1.0)"],
+    "gc_finalizer_of_cyclic_garbage_repatches": [
+        "x = [[i] for i in range(50)]\nassert math.isclose(hostile_ok(), 1.0)"],
+    # the first test lets the thread run (a test that calls a function that sleeps), the second is forged
+    "thread_repatches_after_the_restore": ["assert hostile_ok() is not None",
+                                           "assert math.isclose(hostile_ok(), 1.0)"],
+    # answers only the tests' own text knows
+    "compile_audit_hook_reads_the_test": ["assert hostile_ok() == 'answer-7919-only-the-test-knows'"],
+    "exec_audit_hook_reads_the_test_constants": ["assert hostile_ok() == 'answer-104729-from-the-test'"],
 }
+# Verdict forgeries that each beat the harness before it compiled the tests
+# first, refused audit hooks after its own, restored the collector and refused
+# a program that leaves a thread running
+# (test_the_verdict_forgeries_do_fool_a_harness_without_those_guards).
+FORGERIES = ["audit_hook_repatches_the_module", "gc_callback_repatches_the_module",
+             "gc_finalizer_of_cyclic_garbage_repatches", "thread_repatches_after_the_restore",
+             "compile_audit_hook_reads_the_test",
+             "exec_audit_hook_reads_the_test_constants"]
 # What each resource attack is expected to hit (beyond "not passed").
 EXPECT_TIMEOUT = {"infinite_loop", "sleep_forever", "infinite_loop_in_the_tested_function"}
 # Attacks only bubblewrap's private mount namespace (and /proc) stops: the
@@ -612,6 +705,39 @@ def test_the_fakes_do_fool_an_exit_code_verdict(name, host):
     prog = _program(name, host, "unused") + "\nassert hostile_ok()\n"
     res = sandbox.run_python(prog, **LIMITS)
     assert res["status"] == "passed", res
+
+
+# What the harness did before it guarded against these: restore every module's
+# state after the program, then compile and run each test.
+_UNGUARDED = """
+import math as _m
+_saved = dict(_m.__dict__)
+{program}
+_m.__dict__.update(_saved)
+_g = dict(globals())
+exec("import math", _g)
+for _src in {tests!r}:
+    exec(compile(_src, "<test>", "exec"), _g)
+"""
+
+
+@pytest.mark.parametrize("name", FORGERIES)
+def test_the_verdict_forgeries_do_fool_a_harness_without_those_guards(name, host):
+    """Control: restoring module state and compiling each test afterwards is not enough; each forgery passes."""
+    prog = _UNGUARDED.format(program=_program(name, host, "unused"), tests=TESTS[name])
+    res = sandbox.run_python(prog, **LIMITS)
+    assert res["status"] == "passed", res
+
+
+def test_honest_code_that_uses_the_collector_and_audit_hooks_still_passes():
+    code = ("import gc, sys\nseen = []\nsys.addaudithook(lambda e, a: None)\ngc.collect()\n"
+            "def hostile_ok():\n    x = []\n    x.append(x)\n    return gc.isenabled() in (True, False)\n")
+    res = sandbox.run_tests(code, ["assert hostile_ok()", "assert (1 +"], keep=["hostile_ok"], **LIMITS)
+    # the second test does not compile: a failed test, reported by the harness, not a harness error
+    assert res["harness"]["stage"] == "tests" and res["harness"]["total"] == 2
+    assert [f["test"] for f in res["harness"]["failed"]] == ["assert (1 +"]
+    assert "SyntaxError" in res["harness"]["failed"][0]["error"]
+    assert sandbox.run_tests(code, ["assert hostile_ok()"], keep=["hostile_ok"], **LIMITS)["status"] == "passed"
 
 
 def test_an_honest_solution_still_passes_with_the_same_harness():

@@ -1,4 +1,5 @@
-"""The speed stage: win2-v1 known answers through the stage's decision path,
+"""The speed stage: win2-v1 and win2-v2 known answers through the stage's decision path,
+clock facts before/after every start (unverifiable, changed within a start),
 a control-vs-control noise simulation, metric pooling on known numbers, the
 control archive, clock facts, config errors, and the OFF/ON/OFF bracket end
 to end on real reference servers (n-gram speculation ON vs OFF)."""
@@ -14,10 +15,11 @@ import pytest
 
 from pairaudit import artifacts, launch, rules, speed
 
-CFG = speed.resolve_config({"cells": [{"name": "short-c1", "prompt": "short", "decide": True},
-                                      {"name": "rnd-c4", "prompt": "random", "concurrency": 4,
-                                       "decide": False}],
-                            "repeats": 3})
+CELLS = [{"name": "short-c1", "prompt": "short", "decide": True},
+         {"name": "rnd-c4", "prompt": "random", "concurrency": 4, "decide": False}]
+# win2-v1 known answers: the rule stays selectable and decides as it always did.
+CFG = speed.resolve_config({"cells": CELLS, "repeats": 3, "rule": "win2-v1"})
+CFG_V2 = speed.resolve_config({"cells": CELLS, "repeats": 3})
 STARTS = ("s1", "s2", "s3")
 QUIET = {"governor": "performance", "scaling_max_freq_khz": 3000000, "cpu_mhz": 2990.0, "loadavg": [0.1, 0.1, 0.1],
          "gpus": None}
@@ -45,7 +47,8 @@ def bracket(control, candidate, *, after=None, other=None, **kw):
 
 
 def quiet_clock(n=3, **override):
-    return speed.clock_check([{**QUIET, **override} if i == 1 else dict(QUIET) for i in range(n)])
+    facts = [{**QUIET, **override} if i == 1 else dict(QUIET) for i in range(n)]
+    return speed.clock_check(facts, after=facts)
 
 
 # ------------------------------------------------------- win2-v1 known answers
@@ -142,6 +145,111 @@ def test_informational_gate_only_rejects_on_loss():
     assert rules.promotion_v1({"quality": {"rule": "quality-v1", "verdict": "PASS"},
                                "speed": not_info})["verdict"] == "INCONCLUSIVE"
     loss = speed.decide(bracket([100.0, 101.0, 99.0], [90.0, 91.0, 89.5]), cfg, quiet_clock())[2]
+    assert rules.promotion_v1({"quality": {"rule": "quality-v1", "verdict": "PASS"},
+                               "speed": loss})["verdict"] == "REJECT"
+
+
+# ------------------------------------------------------- win2-v2 through the stage, clock facts
+
+NO_CLOCK = {**QUIET, "governor": None, "scaling_max_freq_khz": None}   # a VM: no cpufreq, no GPU
+GPU = {"clocks.sm": "1980", "clocks.max.sm": "2300", "clocks.applications.graphics": "2300",
+       "power.limit": "300", "clocks_throttle_reasons.active": "0x0000000000000000"}
+
+
+def test_default_rule_is_win2_v2_and_decides_over_the_deciding_cells():
+    res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
+    win2, _, gate = speed.decide(res, CFG_V2, quiet_clock())
+    assert CFG_V2["rule"] == "win2-v2"
+    assert gate["rule"] == "win2-v2" and gate["verdict"] == "WIN", gate["reasons"]
+    assert gate["decision_cells"] == ["short-c1"] and win2["rnd-c4"]["decides"] is False
+    assert gate["noise"]["start_sd_used_pct"] == 3.0 and gate["rates"]["assumed"]["false_win"] <= 0.05
+    assert gate["stage_deviations"] == [] and gate["clock_check"] == "OK"
+    # win2-v2 judges the same numbers by its own rule: a +3 % bracket is too noisy to decide here
+    small = bracket([100.0, 101.0, 99.0], [103.0, 104.03, 101.97])
+    assert speed.decide(small, CFG_V2, quiet_clock())[2]["verdict"] == "INCONCLUSIVE"
+    assert speed.decide(small, CFG, quiet_clock())[2]["verdict"] == "WIN"  # win2-v1 calls it a WIN
+
+
+def test_win2_v1_selected_is_a_deviation():
+    res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
+    _, _, gate = speed.decide(res, CFG, quiet_clock())
+    assert gate["rule"] == "win2-v1"
+    assert [d["what"] for d in gate["stage_deviations"]] == ["rule"]
+    assert gate["stage_deviations"][0]["gate"] == "speed"
+
+
+@pytest.mark.parametrize("cfg", [CFG, CFG_V2], ids=["win2-v1", "win2-v2"])
+def test_no_clock_facts_is_inconclusive_unless_accepted_as_a_deviation(cfg):
+    res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
+    clock = speed.clock_check([NO_CLOCK] * 3, after=[NO_CLOCK] * 3)
+    assert clock["verdict"] == "UNVERIFIABLE" and [u["start"] for u in clock["unverifiable"]] == ["s1", "s2", "s3"]
+    _, _, gate = speed.decide(res, cfg, clock)
+    assert gate["verdict"] == "INCONCLUSIVE"
+    assert any(r.startswith("clock unverifiable") for r in gate["reasons"] + sum(
+        (w.get("reasons", []) for w in speed.decide(res, cfg, clock)[0].values()), []))
+    ok = {**cfg, "accept_unverifiable_clock": True}
+    _, _, gate = speed.decide(res, ok, clock)
+    assert gate["verdict"] == "WIN"
+    dev = [d for d in gate["stage_deviations"] if d["what"] == "accept_unverifiable_clock"]
+    assert len(dev) == 1 and dev[0]["gate"] == "speed" and "clock unverifiable" in dev[0]["detail"]
+    # one start without facts is enough
+    some = speed.clock_check([QUIET, NO_CLOCK, QUIET], after=[QUIET] * 3)
+    assert [u["start"] for u in some["unverifiable"]] == ["s2"]
+    assert speed.decide(res, cfg, some)[2]["verdict"] == "INCONCLUSIVE"
+
+
+def test_a_failing_nvidia_smi_is_unverifiable_and_gpu_facts_alone_verify():
+    assert speed.clock_gaps({**NO_CLOCK, "gpus": [GPU]}) == []
+    assert speed.clock_gaps({**QUIET, "gpus": [{"error": "nvidia-smi exit 9: boom"}]}) == ["gpu0: nvidia-smi exit 9: boom"]
+    assert speed.clock_gaps(NO_CLOCK) and speed.clock_gaps(QUIET) == []
+
+
+@pytest.mark.parametrize("cfg", [CFG, CFG_V2], ids=["win2-v1", "win2-v2"])
+def test_clocks_that_change_inside_a_start_are_inconclusive(cfg):
+    res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
+    before = [QUIET] * 3
+    # the candidate's start ends on another governor / max frequency
+    for change in ({"governor": "powersave"}, {"scaling_max_freq_khz": 2000000}):
+        after = [QUIET, {**QUIET, **change}, QUIET]
+        clock = speed.clock_check(before, after=after)
+        assert clock["verdict"] == "DIFFERENT" and clock["mismatch"] == []
+        assert clock["within_start"][0]["start"] == "s2"
+        _, _, gate = speed.decide(res, cfg, clock)
+        assert gate["verdict"] == "INCONCLUSIVE"
+    # a GPU throttle reason that appears only after the work (SW thermal slowdown)
+    hot = {**GPU, "clocks_throttle_reasons.active": "0x0000000000000020"}
+    g = [{**QUIET, "gpus": [GPU]}] * 3
+    clock = speed.clock_check(g, after=[g[0], g[1], {**QUIET, "gpus": [hot]}])
+    assert clock["within_start"] == [{"start": "s3", "changed": ["gpu0.throttled"], "before": {"gpu0.throttled": False},
+                                      "after": {"gpu0.throttled": True}}]
+    assert "gpu0.throttled" in clock["throttled"]
+    assert speed.decide(res, cfg, clock)[2]["verdict"] == "INCONCLUSIVE"
+    # the GPU's application clock moved during s1
+    capped = {**GPU, "clocks.applications.graphics": "2100"}
+    clock = speed.clock_check(g, after=[{**QUIET, "gpus": [capped]}, g[1], g[2]])
+    assert clock["within_start"][0]["changed"] == ["gpu0.clocks.applications.graphics"]
+    assert speed.decide(res, cfg, clock)[2]["verdict"] == "INCONCLUSIVE"
+    # current MHz and load move all the time: not a change of the clock caps
+    clock = speed.clock_check(g, after=[{**QUIET, "gpus": [{**GPU, "clocks.sm": "2250"}], "cpu_mhz": 1700.0,
+                                         "loadavg": [4.0, 3.0, 2.0]}] * 3)
+    assert clock["verdict"] == "OK" and speed.decide(res, cfg, clock)[2]["verdict"] == "WIN"
+
+
+def test_win2_v2_missing_values_in_a_deciding_cell_are_inconclusive_not_in_a_reported_one():
+    res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
+    res["s2"]["rnd-c4"]["pooled"] = [dict(p) for p in res["s2"]["rnd-c4"]["pooled"]]
+    res["s2"]["rnd-c4"]["pooled"][0]["pooled_rate_tps"] = None
+    win2, _, gate = speed.decide(res, CFG_V2, quiet_clock())
+    assert gate["verdict"] == "WIN" and win2["rnd-c4"]["verdict"] == "INCONCLUSIVE"
+    res["s2"]["short-c1"]["pooled"][1]["pooled_rate_tps"] = None
+    _, _, gate = speed.decide(res, CFG_V2, quiet_clock())
+    assert gate["verdict"] == "INCONCLUSIVE" and any("short-c1" in r for r in gate["reasons"])
+
+
+def test_win2_v2_informational_gate_only_rejects_on_loss():
+    cfg = {**CFG_V2, "informational": True}
+    loss = speed.decide(bracket([100.0, 101.0, 99.0], [80.0, 81.0, 79.5]), cfg, quiet_clock())[2]
+    assert loss["verdict"] == "LOSS" and loss["informational"] is True
     assert rules.promotion_v1({"quality": {"rule": "quality-v1", "verdict": "PASS"},
                                "speed": loss})["verdict"] == "REJECT"
 
@@ -310,6 +418,9 @@ def test_clock_facts_here_and_nvidia_smi_parsing(tmp_path):
     ({"cells": [{"name": "a", "prompt": "short"}, {"name": "a", "prompt": "long"}]}, "speed.cells[1].name"),
     ({"wins": 2}, "unknown key"),
     ({"informational": "yes"}, "speed.informational"),
+    ({"rule": "win2-v3"}, "speed.rule"),
+    ({"start_noise_pct": -1}, "speed.start_noise_pct"),
+    ({"accept_unverifiable_clock": "yes"}, "speed.accept_unverifiable_clock"),
 ])
 def test_config_errors_name_the_key(bad, where):
     with pytest.raises(speed.SpeedConfigError, match=where.replace("[", r"\[").replace("]", r"\]")):
@@ -349,14 +460,15 @@ def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
     n = 16
     cfg = {"cells": [{"name": "rep-c1", "prompt": "repetitive", "input_len": 40, "concurrency": 1},
                      {"name": "rnd-c2", "prompt": "random", "input_len": 16, "concurrency": 2, "decide": False}],
-           "repeats": 2, "waves": 1, "output_len": n, "archive": str(archive)}
+           "repeats": 2, "waves": 1, "output_len": n, "archive": str(archive),
+           "accept_unverifiable_clock": True}
     out, streams = tmp_path / "speed" / "decision.json", tmp_path / "speed" / "streams.jsonl"
     logs = {s: str(tmp_path / f"server-{s}.log") for s in STARTS}
     doc = speed.speed_stage(launch_paths=lp, preflight_paths=pp, arm_cfgs=arms, speed_cfg=cfg, audit="e2e",
                             out_path=str(out), streams_path=str(streams), archive_path=str(archive),
                             server_logs=logs)
     saved = artifacts.check_schema(artifacts.read_json(out), speed.SCHEMA, out)
-    assert saved["gate"] == doc["gate"] and saved["gate"]["rule"] == "win2-v1"
+    assert saved["gate"] == doc["gate"] and saved["gate"]["rule"] == "win2-v2"
     # three fresh servers, in bracket order, on one host
     assert [(s["start"], s["role"], s["arm"]) for s in saved["starts"]] == [
         ("s1", "control_before", "control"), ("s2", "candidate", "candidate"), ("s3", "control_after", "control")]
@@ -378,14 +490,20 @@ def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
     g = saved["win2"]["rep-c1"]["guards"]["accepted_per_round"]
     assert all(k > c for k, c in zip(g["candidate"], g["control"]))
     assert g["guard_verdict"] == "OK"
-    # the verdict follows the stored series (timing noise here decides WIN vs NO_WIN; the rule must not drift)
-    s = saved["series"]["rep-c1"]
-    again = rules.win2_v1(s, primary="pooled_rate_tps", guards=["accepted_per_round", "decode_tps"],
+    # the verdict follows the stored series (timing noise here decides it; the rule must not drift)
+    again = rules.win2_v2(saved["series"], primary="pooled_rate_tps", guards=["accepted_per_round", "decode_tps"],
                           reported=["ms_per_round", "ttft_s"], lower_is_better=["ms_per_round", "ttft_s"],
-                          clock_caps=[json.dumps(c, sort_keys=True) for c in saved["clock_check"]["caps"]])
-    assert again["verdict"] == saved["win2"]["rep-c1"]["verdict"] == saved["gate"]["cells"]["rep-c1"]
-    assert saved["gate"]["verdict"] == saved["gate"]["cells"]["rep-c1"]  # the only decision cell
-    assert saved["clock_check"]["verdict"] == "OK" and saved["gate"]["verdict"] != "INCONCLUSIVE"
+                          decide=["rep-c1"], with_rates=False)
+    assert again["verdict"] == saved["gate"]["verdict"]
+    assert saved["win2"]["rnd-c2"]["decides"] is False
+    # clock facts were read before and after every start; a VM without cpufreq has none,
+    # which this config accepts, and that acceptance is listed as a deviation
+    assert all(s["clock_after"]["time"] >= s["clock"]["time"] for s in saved["starts"])
+    cv = saved["clock_check"]["verdict"]
+    assert cv in ("OK", "UNVERIFIABLE")
+    accepted = [d for d in saved["deviations"] if d["what"] == "accept_unverifiable_clock"]
+    assert bool(accepted) == (cv == "UNVERIFIABLE")
+    assert saved["gate"]["stage_deviations"] == saved["deviations"]
     # bench-serve table per cell and start; raw timings beside
     bs = saved["bench_serve"]["rnd-c2"]["s2"]
     assert bs["completed"] == 4 and bs["failed"] == 0 and bs["total_output_tokens"] == 4 * n
@@ -402,3 +520,44 @@ def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
                                                               ("s3", "rep-c1"), ("s3", "rnd-c2")]
     assert saved["spread"]["rep-c1"]["archive_n"] == 0 and saved["spread"]["rep-c1"]["archive_with_window_n"] == 2
     assert saved["archive"]["appended"] == 4
+
+
+def test_the_report_accepts_either_registered_speed_rule():
+    from pairaudit import report
+    res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
+    for cfg in (CFG, CFG_V2):
+        gate = speed.decide(res, cfg, quiet_clock())[2]
+        report._check_rule("speed", "speed", gate)
+    assert report._key_numbers(gate)["point_gain_pct"] > 2 and report._key_numbers(gate)["rates"]
+    with pytest.raises(ValueError, match="win2-v2 or win2-v1"):
+        report._check_rule("speed", "speed", {**gate, "rule": "win2-v0"})
+    md = "\n".join(report.speed_markdown({"gate": gate}))
+    assert md.startswith("## Speed (win2-v2)")
+
+
+def test_a_win2_v2_speed_decision_reaches_the_promotion(tmp_path):
+    import test_report as tr
+    from pairaudit import report
+    pair = tr.passing_pair()
+    ins = tr._write_inputs(tmp_path / "in", pair, tr.launches(), tr.preflights())
+    lg = tr.passing_later(pair)
+    div = []
+    for ds in pair:
+        p = tmp_path / "in" / "divergence" / f"{ds}.json"
+        artifacts.write_json(p, {"schema": "pairaudit.divergence/v1", "dataset": ds,
+                                 "grid_tie": lg["divergence"][ds], "determinism": lg["determinism"][ds]})
+        div.append(str(p))
+    bp, sp = tmp_path / "in" / "boundary_gate.json", tmp_path / "in" / "speed_decision.json"
+    artifacts.write_json(bp, {"schema": "pairaudit.boundary_gate/v1", "gate": lg["boundary"]})
+    win2, series, gate = speed.decide(bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0]), CFG_V2, quiet_clock())
+    artifacts.write_json(sp, {"schema": speed.SCHEMA, "gate": gate, "win2": win2, "series": series,
+                              "bar": {"win_pct": 2.0, "primary": "pooled_rate_tps",
+                                      "lower_is_better": sorted(speed.LOWER_IS_BETTER)},
+                              "deviations": gate["stage_deviations"]})
+    out = tmp_path / "out"
+    report.promotion_stage(ins["paired"], ins["launch"], ins["preflight"], out / "d.json", out / "r.md",
+                           out / "m.json", out / "p.png", later={"divergence": div, "boundary": str(bp), "speed": str(sp)})
+    d = artifacts.read_json(out / "d.json")
+    assert d["decision"] == "PROMOTE", d["reasons"]
+    assert d["gates"]["speed"]["rule"] == "win2-v2" and d["gates"]["speed"]["rates"]["assumed"]["false_win"] <= 0.05
+    assert "## Speed (win2-v2)" in (out / "r.md").read_text()
