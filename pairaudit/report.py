@@ -536,6 +536,101 @@ def _cmd(c: Any) -> str:
     return "(attach)" if c is None else str(c)
 
 
+# --------------------------------------------------------------- front page
+
+# What a gate's outcome does to the decision, in words: the gate's own verdict
+# (PASS, STOP, WIN ...) is shown beside it, never re-labelled as a decision.
+_EFFECT = {"PROMOTE": "no objection", "REJECT": "rejects", "HOLD": "holds", "INCONCLUSIVE": "incomplete",
+           "INFORMATIONAL": "informational only"}
+REASON_CHARS = 140  # one line in a table cell; the gate's details keep every reason in full
+
+
+def slug(text: str) -> str:
+    """The anchor GitHub and markdown_html give a heading: lowercase, punctuation dropped, spaces -> '-'."""
+    import re
+
+    return re.sub(r"[^a-z0-9 _-]", "", text.strip().lower()).replace(" ", "-")
+
+
+def _gate_heading(name: str) -> str:
+    return f"Gate {name}"
+
+
+def _one_line(text: str, limit: int = REASON_CHARS) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
+def gate_rows(decision: Mapping[str, Any]) -> list[dict]:
+    """One row per gate for the front page: name, verdict, effect, first reason, evidence artifact."""
+    rows = []
+    for name, g in decision["gates"].items():
+        kind, _, ds = name.partition(":")
+        evidence = {"quality": f"paired/{ds}.json", "grid_tie": f"divergence/{ds}.json",
+                    "determinism": f"divergence/{ds}.json" if ds else "divergence/",
+                    "boundary": "boundary/gate.json", "speed": "speed/decision.json",
+                    "preflight": f"preflight/{ds}.json"}.get(kind)
+        if g is None:
+            rows.append({"gate": name, "verdict": "not evaluated", "effect": _EFFECT["INCONCLUSIVE"],
+                         "reason": "its stage produced no result", "evidence": evidence})
+            continue
+        verdict = g.get("verdict") or "?"
+        if g.get("stage_verdict") not in (None, verdict):
+            verdict += f" (stage {g['stage_verdict']})"
+        reasons = g.get("reasons") or []
+        rows.append({"gate": name, "verdict": verdict, "effect": _EFFECT.get(g.get("outcome"), g.get("outcome")),
+                     "reason": _one_line(reasons[0]) if reasons else "(no reason recorded)",
+                     "evidence": evidence})
+    return rows
+
+
+def deviations(decision: Mapping[str, Any]) -> list[dict]:
+    """decision.json's ``deviations`` ({gate, what, detail}) when present; absent or malformed -> []."""
+    devs = decision.get("deviations")
+    if not isinstance(devs, list):
+        return []
+    return [d for d in devs if isinstance(d, Mapping)]
+
+
+def _banner(decision: Mapping[str, Any]) -> list[str]:
+    deciding = decision.get("deciding_gates") or []
+    # Gates that also fall short of PROMOTE but are outranked by the decision:
+    # a reader must see them too (fixing the deciding gate does not clear them).
+    others = [f"{n} ({'not evaluated' if g is None else g['outcome']})" for n, g in decision["gates"].items()
+              if n not in deciding and (g is None or g["outcome"] != "PROMOTE")]
+    line = (f"> **{decision['decision']}** — deciding gates: {', '.join(deciding) or 'none'}. "
+            f"Rule {decision['rule']}: PROMOTE only if every gate passes; precedence REJECT > HOLD > "
+            f"INCONCLUSIVE > PROMOTE.")
+    out = [line]
+    if others:
+        out += [">", "> Also short of PROMOTE: " + ", ".join(others) + "."]
+    return out
+
+
+def _deviations_box(decision: Mapping[str, Any]) -> list[str]:
+    devs = deviations(decision)
+    if not devs:
+        return []
+    out = ["> **Deviations** from the registered procedure (they do not change a score; read them before the "
+           "verdict):", ">", "> " + _row(["Gate", "what", "detail"]), "> " + _row(["---"] * 3)]
+    out += ["> " + _row([_cell(d.get("gate", "")), _cell(d.get("what", "")), _cell(d.get("detail", ""))])
+            for d in devs]
+    return out
+
+
+def _gates_table(decision: Mapping[str, Any]) -> list[str]:
+    out = ["## Gates", "", _row(["Gate", "verdict", "effect on the decision", "reason", "evidence"]),
+           _row(["---"] * 5)]
+    for r in gate_rows(decision):
+        link = f"[details](#{slug(_gate_heading(r['gate']))})"
+        ev = link + (f" · {_code(r['evidence'])}" if r["evidence"] else "")
+        out.append(_row([_cell(r["gate"]), _cell(r["verdict"]), r["effect"], _cell(r["reason"]), ev]))
+    ne = decision.get("not_evaluated") or []
+    out += ["", (f"Not evaluated: {', '.join(ne)} (incomplete evidence: the decision cannot be PROMOTE)."
+                 if ne else "Every gate was evaluated.")]
+    return out
+
+
 def _arms_section(decision: Mapping[str, Any]) -> list[str]:
     arms = decision["arms"]
     c, k = arms["control"], arms["candidate"]
@@ -584,7 +679,7 @@ def _preflight_section(preflight: Mapping[str, Mapping[str, Any] | None]) -> lis
 
 def _paired_section(paired: Mapping[str, Mapping[str, Any]]) -> list[str]:
     head = ["Dataset", "control", "candidate", "control-only correct", "candidate-only correct",
-            "exact text matches", "natural finish (control, candidate)", "McNemar p", "quality-v1"]
+            "McNemar p", "natural finish (control, candidate)", "exact text matches", "quality-v1"]
     out = ["## Paired results", "", _row(head), _row(["---"] * len(head))]
     tot = {"n": 0, "c": 0, "k": 0, "co": 0, "ko": 0, "x": 0, "fc": 0, "fk": 0}
     for ds in sorted(paired):
@@ -592,10 +687,9 @@ def _paired_section(paired: Mapping[str, Mapping[str, Any]]) -> list[str]:
         n = t["n"]
         nf = t.get("natural_finish") or {}
         out.append(_row([_cell(ds), f"{t['control_correct']}/{n}", f"{t['candidate_correct']}/{n}",
-                         _idx(t["control_only"]), _idx(t["candidate_only"]),
-                         f"{t.get('exact_text_matches')}/{n}",
+                         _idx(t["control_only"]), _idx(t["candidate_only"]), _p(q.get("mcnemar_p")),
                          f"{nf.get('control')}/{n}, {nf.get('candidate')}/{n}",
-                         _p(q.get("mcnemar_p")), q.get("verdict")]))
+                         f"{t.get('exact_text_matches')}/{n}", q.get("verdict")]))
         for key, v in (("n", n), ("c", t["control_correct"]), ("k", t["candidate_correct"]),
                        ("co", len(t["control_only"])), ("ko", len(t["candidate_only"])),
                        ("x", t.get("exact_text_matches") or 0), ("fc", nf.get("control") or 0),
@@ -604,7 +698,7 @@ def _paired_section(paired: Mapping[str, Mapping[str, Any]]) -> list[str]:
     if len(paired) > 1:
         # Counts only: a pooled McNemar p over datasets is not a registered rule.
         out.append(_row(["**Total**", f"{tot['c']}/{tot['n']}", f"{tot['k']}/{tot['n']}", tot["co"], tot["ko"],
-                         f"{tot['x']}/{tot['n']}", f"{tot['fc']}/{tot['n']}, {tot['fk']}/{tot['n']}", "", ""]))
+                         "", f"{tot['fc']}/{tot['n']}, {tot['fk']}/{tot['n']}", f"{tot['x']}/{tot['n']}", ""]))
     out.append("")
     bad = [ds for ds in sorted(paired) if not paired[ds]["table"].get("bodies_identical")]
     out.append("All paired request bodies match." if not bad else
@@ -640,56 +734,56 @@ def _indices_section(paired: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def _gates_section(decision: Mapping[str, Any]) -> list[str]:
-    out = ["## Gates (promotion-v1)", "", _row(["Gate", "rule", "verdict", "outcome"]), _row(["---"] * 4)]
+def _gate_details(decision: Mapping[str, Any]) -> list[str]:
+    """Every reason of every gate, one heading each (the front page's evidence links land here)."""
+    out = ["## Gate details", ""]
     for name, g in decision["gates"].items():
-        out.append(_row([name, "—", "not evaluated", "INCONCLUSIVE"]) if g is None else
-                   _row([name, g["rule"], g["verdict"] + (f" (stage {g['stage_verdict']})"
-                                                          if g.get("stage_verdict") not in (None, g["verdict"]) else ""),
-                         g["outcome"]]))
-    for name, g in decision["gates"].items():
+        out += [f"### {_gate_heading(name)}", ""]
         if g is None:
+            out += ["Not evaluated: its stage produced no result. A gate that was not evaluated counts as "
+                    "incomplete evidence: the decision cannot be PROMOTE.", ""]
             continue
-        out += ["", f"**{name}** ({g['rule']} {g['verdict']}):"]
+        out.append(f"Rule {g['rule']}, verdict **{g['verdict']}**"
+                   + (f" (stage {g['stage_verdict']})" if g.get("stage_verdict") not in (None, g["verdict"]) else "")
+                   + f"; effect on the decision: {_EFFECT.get(g['outcome'], g['outcome'])}.")
+        out.append("")
         out += [f"- {_cell(r)}" for r in g["reasons"]] or ["- (no reasons recorded)"]
         for k, d in (g.get("deviations") or {}).items():
             out.append(f"- deviation: {k} = {d.get('used')!r} (registered {d.get('registered')!r})")
-    out += ["", "### Not evaluated", ""]
-    ne = decision.get("not_evaluated") or []
-    out += [f"- {n}" for n in ne] if ne else ["Every gate was evaluated."]
-    if ne:
-        out += ["", "A gate that was not evaluated counts as incomplete evidence: the decision cannot be PROMOTE."]
+        out.append("")
     return out
 
 
 def render_markdown(decision: Mapping[str, Any], paired: Mapping[str, Mapping[str, Any]],
                     launch: Mapping[str, Mapping[str, Any]],
                     preflight: Mapping[str, Mapping[str, Any] | None]) -> str:
-    """The report people read: decision and every reason first, then the evidence.
+    """The report people read: a front page read at a glance, then the details.
+
+    Front page: the decision as a banner (with the deciding gates and every
+    other gate short of PROMOTE), a "Deviations" box when decision.json lists
+    any, one table row per gate (verdict, its effect on the decision, its first
+    reason, a link to its details and its artifact), and the paired table per
+    dataset. Below: arms, preflight, item indices, every reason of every gate.
 
     ``launch`` is accepted for symmetry with decide(); the arms section reads
     the summary decide() already took from it, so the report and
     decision.json cannot disagree about an arm.
     """
     del launch  # see docstring
-    deciding = decision.get("deciding_gates") or []
-    # Gates that also fall short of PROMOTE but are outranked by the decision:
-    # a reader must see them too (fixing the deciding gate does not clear them).
-    others = [f"{n} ({'not evaluated' if g is None else g['outcome']})" for n, g in decision["gates"].items()
-              if n not in deciding and (g is None or g["outcome"] != "PROMOTE")]
-    out = [f"# pairaudit decision: {decision['decision']}", "",
-           f"Rule {decision['rule']} (PROMOTE only if every gate passes; precedence REJECT > HOLD > "
-           f"INCONCLUSIVE > PROMOTE). Deciding gates: {', '.join(deciding) or 'none'}."]
-    if others:
-        out += ["", "Also short of PROMOTE: " + ", ".join(others) + "."]
-    out += ["", "## Reasons", ""]
-    out += [f"- {_cell(r)}" for r in decision["reasons"]]
-    out.append("")
+    out = [f"# pairaudit decision: {decision['decision']}", ""] + _banner(decision) + [""]
+    box = _deviations_box(decision)
+    if box:
+        out += box + [""]
+    out += _gates_table(decision) + [""]
+    out += _paired_section(paired) + [""]
+    out += ["## Details", "",
+            "Below: [arms and switches](#arms), [preflight](#preflight), [item indices](#item-indices), "
+            "[every reason of every gate](#gate-details), [what is not adjusted](#what-is-not-adjusted), "
+            "then the boundary cases, the speed bracket and earlier decisions.", ""]
     out += _arms_section(decision) + [""]
     out += _preflight_section(preflight) + [""]
-    out += _paired_section(paired) + [""]
     out += _indices_section(paired)
-    out += _gates_section(decision) + [""]
+    out += _gate_details(decision)
     out += ["## What is not adjusted", "", NOT_ADJUSTED, ""]
     prov = decision.get("provenance")
     if prov:
@@ -1242,6 +1336,9 @@ def ledger_markdown(earlier: Sequence[Mapping[str, Any]], spec: str | None) -> l
 
 # ------------------------------------------------------------------ html
 
+_LINK_RE = r"\[([^\]]+)\]\((#[A-Za-z0-9_-]+|[A-Za-z0-9_][A-Za-z0-9_./-]*)\)"
+
+
 def _inline(text: str) -> str:
     import html
     import re
@@ -1253,17 +1350,17 @@ def _inline(text: str) -> str:
             out.append("<code>" + html.escape(part[1:-1]).replace("\\|", "|") + "</code>")
         else:
             esc = html.escape(part).replace("\\|", "|")
-            out.append(re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", esc))
+            esc = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", esc)
+            # Only in-page anchors and relative paths: a report never links out of itself.
+            out.append(re.sub(_LINK_RE, r'<a href="\2">\1</a>', esc))
     return "".join(out)
 
 
-def markdown_html(md: str, *, title: str, verdict: str | None = None) -> str:
-    """The Markdown this module writes (headings, paragraphs, lists, pipe tables) as one self-contained page."""
-    import html
+def _html_blocks(lines: list[str]) -> list[str]:
+    """Headings (with their anchor id), paragraphs, lists, pipe tables and ``> `` boxes as HTML blocks."""
     import re
 
     body: list[str] = []
-    lines = md.splitlines()
     i = 0
     while i < len(lines):
         line = lines[i]
@@ -1273,8 +1370,16 @@ def markdown_html(md: str, *, title: str, verdict: str | None = None) -> str:
         m = re.match(r"(#{1,4}) (.*)", line)
         if m:
             n = len(m.group(1))
-            body.append(f"<h{n}>{_inline(m.group(2))}</h{n}>")
+            body.append(f"<h{n} id=\"{slug(m.group(2))}\">{_inline(m.group(2))}</h{n}>")
             i += 1
+        elif line.startswith(">"):
+            inner = []
+            while i < len(lines) and lines[i].startswith(">"):
+                inner.append(lines[i][2:] if lines[i].startswith("> ") else "")
+                i += 1
+            # The first box of a page is the verdict banner; later ones are notices (deviations).
+            kind = "banner" if not any(b.startswith("<div class=\"box") for b in body) else "notice"
+            body.append(f"<div class=\"box {kind}\">" + "\n".join(_html_blocks(inner)) + "</div>")
         elif line.startswith("| "):
             rows = []
             while i < len(lines) and lines[i].startswith("| "):
@@ -1295,34 +1400,96 @@ def markdown_html(md: str, *, title: str, verdict: str | None = None) -> str:
             body.append("</ul>")
         else:
             para = []
-            while i < len(lines) and lines[i].strip() and not re.match(r"#{1,4} |\| |- ", lines[i]):
+            while i < len(lines) and lines[i].strip() and not re.match(r"#{1,4} |\| |- |>", lines[i]):
                 para.append(lines[i])
                 i += 1
             body.append(f"<p>{_inline(' '.join(para))}</p>")
-    color = {"PROMOTE": "#2e7d32", "HOLD": "#ef6c00", "REJECT": "#c62828"}.get(verdict or "", "#616161")
+    return body
+
+
+VERDICT_COLORS = {"PROMOTE": "#2e7d32", "HOLD": "#ef6c00", "REJECT": "#c62828"}
+
+
+def markdown_html(md: str, *, title: str, verdict: str | None = None) -> str:
+    """The Markdown this module writes (headings, paragraphs, lists, pipe tables, ``> `` boxes, in-page
+    links) as one self-contained page; ``verdict`` colours the banner."""
+    import html
+
+    body = _html_blocks(md.splitlines())
+    color = VERDICT_COLORS.get(verdict or "", "#616161")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             "<style>body{font-family:sans-serif;margin:1.5em;max-width:75em}table{border-collapse:collapse;"
-            "margin:.5em 0}td,th{border:1px solid #ccc;padding:.2em .5em;font-size:.9em;text-align:left}"
-            "code{font-size:.85em;word-break:break-all}"
-            f"#decision{{background:{color};color:#fff;padding:.4em .8em;border-radius:4px}}</style></head><body>\n"
+            "margin:.5em 0}td,th{border:1px solid #ccc;padding:.2em .5em;font-size:.9em;text-align:left;"
+            "vertical-align:top}code{font-size:.85em;word-break:break-all}"
+            f"#decision{{background:{color};color:#fff;padding:.4em .8em;border-radius:4px;font-size:1.6em;"
+            "font-weight:bold}"
+            f".box{{padding:.3em .8em;margin:.6em 0;border-radius:4px}}.banner{{border-left:.5em solid {color};"
+            "background:#f5f5f5}.notice{border:2px solid #b71c1c;background:#fff3f3}"
+            "h2{border-bottom:1px solid #ddd;margin-top:1.4em}</style></head><body>\n"
             + (f"<div id=\"decision\" data-decision=\"{html.escape(verdict)}\">Decision: {html.escape(verdict)}</div>\n"
                if verdict else "")
             + "\n".join(body) + "\n</body></html>\n")
 
 
-def summary_rst(decision: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]]) -> str:
-    """The report's front page block (included by report/workflow.rst): the decision and every reason."""
-    def esc(t: Any) -> str:
-        return str(t).replace("\\", "\\\\").replace("*", "\\*").replace("`", "\\`").replace("_", "\\_").replace("|", "\\|")
+# Where each kind of gate's evidence sits in the Snakemake report (report/workflow.rst's categories).
+_RST_CATEGORY = {"quality": "2. Quality", "grid_tie": "3. Greedy divergence", "determinism": "3. Greedy divergence",
+                 "boundary": "4. Boundary", "speed": "5. Speed", "preflight": "1. Decision"}
 
-    out = [f"**Decision: {decision['decision']}** (rule {decision['rule']}; deciding gates: "
-           f"{esc(', '.join(decision.get('deciding_gates') or []) or 'none')})", ""]
-    out += [f"- {esc(r)}" for r in decision.get("reasons") or []]
+
+def _rst_esc(t: Any) -> str:
+    return (str(t).replace("\\", "\\\\").replace("*", "\\*").replace("`", "\\`").replace("_", "\\_")
+            .replace("|", "\\|"))
+
+
+def _rst_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A docutils list-table (cells already escaped; an empty cell is written as a space)."""
+    out = [".. list-table::", "   :header-rows: 1", ""]
+    for r in [list(head), *rows]:
+        out.append(f"   * - {r[0] or ' '}")
+        out += [f"     - {c or ' '}" for c in r[1:]]
+    return out + [""]
+
+
+def summary_rst(decision: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]]) -> str:
+    """The report's front page block (included by report/workflow.rst), read at a glance.
+
+    The decision as a banner, a Deviations box when decision.json lists any,
+    the gates (verdict, effect, first reason, the category holding the
+    evidence) and the paired table per dataset; the full report is item 1.
+    """
+    deciding = decision.get("deciding_gates") or []
+    out = [f".. admonition:: Decision: {decision['decision']}", "   :class: pairaudit-decision", "",
+           f"   Deciding gates: {_rst_esc(', '.join(deciding) or 'none')}. Rule {decision['rule']}: PROMOTE only "
+           f"if every gate passes; precedence REJECT > HOLD > INCONCLUSIVE > PROMOTE.", ""]
+    devs = deviations(decision)
+    if devs:
+        out += [".. warning:: **Deviations** from the registered procedure:", ""]
+        out += [f"   - {_rst_esc(d.get('gate', ''))}: {_rst_esc(d.get('what', ''))} — {_rst_esc(d.get('detail', ''))}"
+                for d in devs]
+        out.append("")
+    rows = []
+    for r in gate_rows(decision):
+        cat = _RST_CATEGORY.get(r["gate"].partition(":")[0])
+        rows.append([_rst_esc(r["gate"]), _rst_esc(r["verdict"]), _rst_esc(r["effect"]), _rst_esc(r["reason"]),
+                     f"`{cat}`_" if cat else ""])
+    out += ["**Gates**", ""] + _rst_table(["Gate", "verdict", "effect on the decision", "reason", "evidence"], rows)
+    ds_rows = []
+    for ds, t in (decision.get("datasets") or {}).items():
+        n = t.get("n")
+        nf = t.get("natural_finish") or {}
+        ds_rows.append([_rst_esc(ds), f"{t.get('control_correct')}/{n}", f"{t.get('candidate_correct')}/{n}",
+                        _rst_esc(_idx(t.get("control_only"))), _rst_esc(_idx(t.get("candidate_only"))),
+                        _p(t.get("mcnemar_p")), f"{nf.get('control')}/{n}, {nf.get('candidate')}/{n}",
+                        _rst_esc(t.get("verdict"))])
+    if ds_rows:
+        out += ["**Paired results**", ""] + _rst_table(
+            ["Dataset", "control", "candidate", "control-only correct", "candidate-only correct", "McNemar p",
+             "natural finish (control, candidate)", "quality-v1"], ds_rows)
     ne = decision.get("not_evaluated") or []
-    out += ["", "Not evaluated (the decision cannot be PROMOTE): " + (esc(", ".join(ne)) if ne else "none") + "."]
+    out += ["Not evaluated (the decision cannot be PROMOTE): " + (_rst_esc(", ".join(ne)) if ne else "none") + "."]
     out += ["", f"Earlier decisions for this candidate in the ledger: {len(earlier)}"
-            + (" (" + esc(", ".join(f"{e.get('audit')}: {e.get('decision')}" for e in earlier)) + ")" if earlier else "")
-            + ".", ""]
+            + (" (" + _rst_esc(", ".join(f"{e.get('audit')}: {e.get('decision')}" for e in earlier)) + ")"
+               if earlier else "") + ". Every reason of every gate: `1. Decision`_.", ""]
     return "\n".join(out)
 
 

@@ -24,6 +24,14 @@ Row schemas (the input formats ``pairaudit.datasets.normalize`` reads):
 
   Fractions are rendered ``\\frac{p}{q}`` in lowest terms with the sign in
   front (``-\\frac{3}{4}``); integers plainly.
+
+Difficulty (``level``, default 2): level 2 is the suites as first published
+(two-step word problems; linear equations, expressions, range and fraction
+sums), so existing ``(n, seed)`` rows never change. Level 1 is one step on
+single-digit operands (``a + b`` or ``a - b`` with a non-negative result): the
+embedded 135M model answers it right part of the time, which is what a paired
+audit needs (items both arms get right, items neither does, and some on which
+they differ). Each level draws from its own RNG stream.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ import random
 from fractions import Fraction
 
 SUITE_VERSION = "v1"
+LEVELS = (1, 2)
+DEFAULT_LEVEL = 2
 
 _NAMES = ["Ana", "Ben", "Chloe", "Dev", "Elif", "Farid", "Grace", "Hugo", "Ines", "Jamal",
           "Kira", "Luis", "Mei", "Noor", "Omar", "Priya"]
@@ -39,10 +49,34 @@ _OBJECTS = ["apples", "marbles", "stickers", "pencils", "cookies", "shells", "st
 _CONTAINERS = ["box", "bag", "jar", "crate", "basket"]
 
 
-def _rng(kind: str, seed: int, i: int) -> random.Random:
+def _rng(kind: str, seed: int, i: int, level: int = DEFAULT_LEVEL) -> random.Random:
     # A string seed is hashed with SHA-512 by random.Random: stable across
-    # processes and Python builds, independent of PYTHONHASHSEED.
-    return random.Random(f"pairaudit-{kind}-{SUITE_VERSION}:{seed}:{i}")
+    # processes and Python builds, independent of PYTHONHASHSEED. Level 2
+    # keeps the original stream name so its rows are the published ones.
+    stream = kind if level == DEFAULT_LEVEL else f"{kind}-l{level}"
+    return random.Random(f"pairaudit-{stream}-{SUITE_VERSION}:{seed}:{i}")
+
+
+def _check(n: int, level: int) -> None:
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+
+
+def _arith_item_l1(rng: random.Random) -> tuple[str, list[str], int, dict, str, str]:
+    name = rng.choice(_NAMES)
+    friend = rng.choice([n for n in _NAMES if n != name])
+    obj = rng.choice(_OBJECTS)
+    template = rng.choice(["find_more", "give_away"])
+    if template == "find_more":
+        a, b = rng.randint(2, 9), rng.randint(2, 9)
+        q = f"{name} has {a} {obj} and finds {b} more. How many {obj} does {name} have now?"
+        return q, [f"{a} + {b} = {a + b}"], a + b, {"a": a, "b": b}, "a + b", template
+    a = rng.randint(3, 9)
+    b = rng.randint(1, a - 1)
+    q = f"{name} has {a} {obj} and gives {b} of them to {friend}. How many {obj} does {name} have now?"
+    return q, [f"{a} - {b} = {a - b}"], a - b, {"a": a, "b": b}, "a - b", template
 
 
 def _arith_item(rng: random.Random) -> tuple[str, list[str], int, dict, str, str]:
@@ -87,13 +121,13 @@ def _arith_item(rng: random.Random) -> tuple[str, list[str], int, dict, str, str
     return q, steps, a * b + c, {"a": a, "b": b, "c": c}, "a * b + c", template
 
 
-def arith_suite(n: int, seed: int) -> list[dict]:
-    """``n`` grade-school word problems (2 steps each) in GSM8K format; see the module docstring."""
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+def arith_suite(n: int, seed: int, level: int = DEFAULT_LEVEL) -> list[dict]:
+    """``n`` grade-school word problems in GSM8K format (level 1: one step, level 2: two); see the module docstring."""
+    _check(n, level)
+    make = _arith_item_l1 if level == 1 else _arith_item
     rows = []
     for i in range(n):
-        q, steps, ans, values, expr, template = _arith_item(_rng("arith", seed, i))
+        q, steps, ans, values, expr, template = make(_rng("arith", seed, i, level))
         rows.append({
             "id": f"arith-{seed}-{i}",
             "question": q,
@@ -157,13 +191,29 @@ def _algebra_item(rng: random.Random) -> tuple[str, str, Fraction, dict]:
     return problem, solution, value, {"kind": kind, "p1": p1, "q1": q1, "op": op, "p2": p2, "q2": q2}
 
 
-def algebra_suite(n: int, seed: int) -> list[dict]:
-    """``n`` short algebra/arithmetic problems in MATH format; see the module docstring."""
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+def _algebra_item_l1(rng: random.Random) -> tuple[str, str, Fraction, dict]:
+    kind = rng.choice(["sum", "difference", "missing_addend"])
+    if kind == "sum":
+        a, b = rng.randint(2, 9), rng.randint(2, 9)
+        return (f"Compute ${a} + {b}$.", f"${a} + {b} = \\boxed{{{a + b}}}$.", Fraction(a + b),
+                {"kind": kind, "a": a, "b": b})
+    if kind == "difference":
+        a = rng.randint(3, 9)
+        b = rng.randint(1, a - 1)
+        return (f"Compute ${a} - {b}$.", f"${a} - {b} = \\boxed{{{a - b}}}$.", Fraction(a - b),
+                {"kind": kind, "a": a, "b": b})
+    a, x = rng.randint(1, 9), rng.randint(1, 9)
+    return (f"Solve for $x$: $x + {a} = {x + a}$.", f"$x = {x + a} - {a} = \\boxed{{{x}}}$.", Fraction(x),
+            {"kind": kind, "a": a, "c": x + a})
+
+
+def algebra_suite(n: int, seed: int, level: int = DEFAULT_LEVEL) -> list[dict]:
+    """``n`` short algebra/arithmetic problems in MATH format (level 1: one step); see the module docstring."""
+    _check(n, level)
+    make = _algebra_item_l1 if level == 1 else _algebra_item
     rows = []
     for i in range(n):
-        problem, solution, value, meta = _algebra_item(_rng("algebra", seed, i))
+        problem, solution, value, meta = make(_rng("algebra", seed, i, level))
         rows.append({
             "id": f"algebra-{seed}-{i}",
             "problem": problem,

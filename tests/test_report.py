@@ -241,16 +241,76 @@ def test_render_markdown_has_decision_reasons_indices_and_switches():
                               candidate_only=(273,), neither=(230,), unnatural_candidate=(230,))
     d = report.decide(pair, launches(), preflights())
     md = report.render_markdown(d, pair, launches(), preflights())
-    assert md.startswith("# pairaudit decision: INCONCLUSIVE")
-    for r in d["reasons"]:
-        assert r.replace("|", "\\|") in md
-    # Seed-003-style row: counts, discordant indices, McNemar p, verdict.
-    assert "| mbpp | 22/24 | 21/24 | indices 211, 244 | index 273 |" in md
+    assert md.startswith("# pairaudit decision: INCONCLUSIVE\n\n> **INCONCLUSIVE** — deciding gates: quality:mbpp")
+    # Every reason of every gate is in the details; a gate's verdict is never relabelled as a decision.
+    for g in d["gates"].values():
+        for r in (g or {}).get("reasons", []):
+            assert "- " + r.replace("|", "\\|") in md
+    assert "-> PROMOTE" not in md and "-> HOLD" not in md
+    # The front page: one row per gate (verdict, effect, first reason, link to details and artifact).
+    front = md[:md.index("## Details")]
+    assert ("| quality:mbpp | INVALID | incomplete | candidate did not finish naturally at indices [230] | "
+            "[details](#gate-qualitymbpp) · `paired/mbpp.json` |") in front
+    assert "| quality:gsm8k | PASS | no objection | net +0" in front
+    assert "| speed | not evaluated | incomplete | its stage produced no result |" in front
+    assert "### Gate quality:mbpp" in md  # the anchor the link points to
+    # Seed-003-style row: counts, discordant indices, McNemar p, natural finishes, verdict.
+    assert "| mbpp | 22/24 | 21/24 | indices 211, 244 | index 273 | 1 | 24/24, 23/24 | 0/24 | INVALID |" in front
+    assert "**Total** | 50/54 | 49/54 | 2 | 1 |  | 54/54, 53/54 | 3/54 |" in front
     assert "candidate did not finish naturally: index 230" in md
     assert "`PAIRAUDIT_REF_BF16_HEAD` | `0` | (unset: server default)" in md
-    assert "- grid_tie\n" in md and "- speed" in md  # not evaluated list
+    assert "Not evaluated: grid_tie, determinism, boundary, speed" in front
     assert "strict-extractor miss stays a miss" in md
-    assert "**Total** | 50/54 | 49/54 | 2 | 1" in md
+    # gates not applied are loosenings the front page shows, one row each
+    assert "> **Deviations**" in front
+    assert "> | speed | not evaluated | its stage did not run or is disabled" in front
+
+
+def test_front_page_shows_the_deviations_box_when_listed():
+    pair = passing_pair()
+    d = report.decide(pair, launches(), preflights())
+    d["deviations"] = [{"gate": "quality:gsm8k", "what": "max_tokens", "detail": "used 64, registered 512"}]
+    md = report.render_markdown(d, pair, launches(), preflights())
+    front = md[:md.index("## Gates")]
+    assert "> **Deviations**" in front and "> | quality:gsm8k | max_tokens | used 64, registered 512 |" in front
+    html = report.markdown_html(md, title="t", verdict=d["decision"])
+    notice = html[html.index('<div class="box notice">'):]
+    assert notice.index("<td>max_tokens</td>") < notice.index("</div>")
+    assert html.index('class="box banner"') < html.index('class="box notice"') < html.index('id="gates"')
+
+
+def test_html_front_page_links_land_on_their_gate():
+    import re
+    pair = passing_pair()
+    d = report.decide(pair, launches(), preflights(), **passing_later(pair))
+    html = report.markdown_html(report.render_markdown(d, pair, launches(), preflights()), title="t",
+                                verdict=d["decision"])
+    targets = re.findall(r'<a href="#([^"]+)">details</a>', html)
+    assert len(targets) == len(d["gates"])
+    for t in targets:
+        assert f'id="{t}"' in html, t
+    assert '<div id="decision" data-decision="PROMOTE">Decision: PROMOTE</div>' in html
+    assert "-&gt; PROMOTE" not in html and "-> PROMOTE" not in html
+
+
+def test_summary_rst_is_a_banner_and_two_tables_that_docutils_renders():
+    from docutils.core import publish_parts
+    pair = passing_pair()
+    pair["mbpp"] = paired_doc("mbpp", both=range(10), control_only=range(20, 28))
+    d = report.decide(pair, launches(), preflights(), **passing_later(pair))
+    d["deviations"] = [{"gate": "speed", "what": "repeats", "detail": "2 instead of 3"}]
+    rst = report.summary_rst(d, [{"audit": "old", "decision": "HOLD"}])
+    assert "-> PROMOTE" not in rst
+    # The category targets exist in report/workflow.rst; stand-ins here so docutils resolves them.
+    targets = "".join(f"\n\n.. _{c}:\n\n{c}\n{'-' * len(c)}\n\ntext"
+                      for c in ("1. Decision", "2. Quality", "3. Greedy divergence", "4. Boundary", "5. Speed"))
+    out = publish_parts(rst + targets, writer="html",
+                        settings_overrides={"report_level": 2, "halt_level": 2})["html_body"]
+    assert "Decision: REJECT" in out and "pairaudit-decision" in out
+    assert "Deviations" in out and "2 instead of 3" in out
+    assert "<td>quality:mbpp</td>" in out.replace("<p>", "").replace("</p>", "")
+    assert "indices 20, 21, 22, 23, 24, 25, 26, 27" in out
+    assert "old: HOLD" in out
 
 
 def test_render_markdown_keeps_outranked_gates_visible():
@@ -261,8 +321,9 @@ def test_render_markdown_keeps_outranked_gates_visible():
     d = report.decide(pair, launches(), pre, **passing_later(pair))
     md = report.render_markdown(d, pair, launches(), pre)
     assert md.startswith("# pairaudit decision: REJECT")
-    assert "Deciding gates: quality:mbpp." in md
-    assert "Also short of PROMOTE: preflight:candidate (INCONCLUSIVE)." in md
+    assert "> **REJECT** — deciding gates: quality:mbpp." in md
+    assert "> Also short of PROMOTE: preflight:candidate (INCONCLUSIVE)." in md
+    assert "| preflight:candidate | INCONCLUSIVE (stage FAIL) | incomplete |" in md
     assert "| candidate | FAIL | completion_logprobs20 | 1/2 | only 5 logprobs returned |" in md
 
 

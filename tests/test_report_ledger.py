@@ -75,7 +75,7 @@ def test_stage_writes_every_output_says_not_run_and_appends_the_ledger(tmp_path)
     assert 'data-decision="INCONCLUSIVE"' in html and "<table>" in html and "<li>" in html
     assert "| " not in html  # every pipe table became an HTML table
     assert "Not run" in (tmp_path / "a" / "boundary.html").read_text()
-    assert "**Decision: INCONCLUSIVE**" in (tmp_path / "a" / "summary.rst").read_text()
+    assert ".. admonition:: Decision: INCONCLUSIVE" in (tmp_path / "a" / "summary.rst").read_text()
     d = read_json(outs["out_decision"])
     assert all(p in d["provenance"]["consumed"] for p in scores)
     listed = {e["path"] for e in read_json(outs["out_manifest"])["artifacts"]}
@@ -195,7 +195,7 @@ def test_speed_plot_section_and_archive(tmp_path):
 def test_markdown_html_escapes_and_keeps_code():
     html = report.markdown_html("# T <x>\n\n| a | `b\\|c` |\n| --- | --- |\n| **1** | <script> |\n\n- item `<y>`\n",
                                 title="t", verdict="REJECT")
-    assert "<h1>T &lt;x&gt;</h1>" in html and "<th>a</th>" in html and "<code>b|c</code>" in html
+    assert "<h1 id=\"t-x\">T &lt;x&gt;</h1>" in html and "<th>a</th>" in html and "<code>b|c</code>" in html
     assert "<strong>1</strong>" in html and "&lt;script&gt;" in html and "<script>" not in html
     assert "<li>item <code>&lt;y&gt;</code></li>" in html and 'data-decision="REJECT"' in html
 

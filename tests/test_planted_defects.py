@@ -1,0 +1,81 @@
+"""Planted defects are caught: each fault switch's example config gives its verdict and names its case.
+
+Each ``config/examples/fault-*.yaml`` is merged (as ``--configfile`` merges:
+mappings key by key, lists replaced) onto the tiny test audit, keeping the
+tiny audit's datasets and sampling, and the real workflow runs its
+``promotion`` target in a scratch project copy. Only decision.json is read,
+so the test does not depend on how the workflow arranges its jobs.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from test_workflow import REPO, TINY, make_project, snake
+
+pytestmark = pytest.mark.workflow
+
+EXAMPLES = REPO / "config" / "examples"
+
+
+def merged(base: dict, overlay: dict) -> dict:
+    """Snakemake's config merge: nested mappings merged key by key, anything else replaced."""
+    out = dict(base)
+    for k, v in overlay.items():
+        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def tiny_with(example: str) -> dict:
+    overlay = yaml.safe_load((EXAMPLES / example).read_text())
+    overlay.pop("datasets", None)  # the tiny audit's own items: seconds, not minutes
+    return merged(yaml.safe_load(TINY.read_text()), overlay)
+
+
+def run_decision(tmp_path_factory, example: str) -> dict:
+    config = tiny_with(example)
+    project = make_project(tmp_path_factory.mktemp(example.split(".")[0]) / "project", config)
+    snake(project, "promotion", timeout=3000)
+    return json.loads((project / "results" / config["audit"] / "promotion" / "decision.json").read_text())
+
+
+def test_merge_keeps_the_tiny_audit_and_plants_one_switch():
+    cfg = tiny_with("fault-tail.yaml")
+    assert cfg["audit"] == "fault-tail" and cfg["datasets"] == yaml.safe_load(TINY.read_text())["datasets"]
+    c, k = cfg["arms"]["control"], cfg["arms"]["candidate"]
+    assert {n for n in set(c["env"]) | set(k["env"]) if c["env"].get(n) != k["env"].get(n)} == \
+        {"PAIRAUDIT_REF_FAULT_TAIL"}
+    assert c["command"] == k["command"] and k["model"] == c["model"]  # merged, not replaced
+    noise = tiny_with("fault-noise.yaml")
+    n_c, n_k = noise["arms"]["control"]["env"], noise["arms"]["candidate"]["env"]
+    assert {n for n in n_k if n_c.get(n) != n_k[n]} == {"PAIRAUDIT_REF_FAULT_NOISE"}
+    assert noise["boundary"]["enabled"] is False and noise["speed"]["enabled"] is False
+
+
+def test_capacity_tail_fault_is_rejected_at_the_max_model_len_minus_16_case(tmp_path_factory):
+    d = run_decision(tmp_path_factory, "fault-tail.yaml")
+    assert d["decision"] == "REJECT", d["reasons"]
+    assert d["deciding_gates"] == ["boundary"], d["reasons"]
+    gate = d["gates"]["boundary"]
+    assert gate["verdict"] == "FAIL"
+    assert gate["candidate_failures"] == ["tail-16"]  # its max-32 control case still passes
+    assert any(r.startswith("candidate tail-16:") for r in gate["reasons"]), gate["reasons"]
+    # The fault is at the context's end only: every other gate lets it through.
+    for name, g in d["gates"].items():
+        if name != "boundary":
+            assert g is None or g["outcome"] in ("PROMOTE", "INFORMATIONAL"), (name, g)
+
+
+def test_logit_noise_fault_is_held_by_the_determinism_stop(tmp_path_factory):
+    d = run_decision(tmp_path_factory, "fault-noise.yaml")
+    assert d["decision"] == "HOLD", d["reasons"]
+    det = {n: g for n, g in d["gates"].items() if n.startswith("determinism")}
+    assert det and all(g["verdict"] == "STOP" for g in det.values()), det
+    assert set(det) <= set(d["deciding_gates"])
+    for g in det.values():
+        assert g["nondeterministic_arms"] == ["candidate"]  # the control repeats itself exactly
+        assert any(r.startswith("candidate: nondeterministic") for r in g["reasons"]), g["reasons"]
+    assert not any(g and g["outcome"] == "REJECT" for g in d["gates"].values())
