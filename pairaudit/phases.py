@@ -33,7 +33,7 @@ import random
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import artifacts, boundary, failures, greedy, launch, lifecycle, preflight, rules
+from . import artifacts, boundary, failures, greedy, launch, lifecycle, plans, preflight, rules
 from .client import Endpoint, ServerError
 from .jsonlog import AppendLog, append_record, read_log
 from .launch import Server
@@ -206,8 +206,8 @@ def _confirm(spec: dict, failure: failures.FailureRecord, *, primary: dict, serv
     return conf
 
 
-def answers_phase(*, arm: str, arm_cfg: dict, dataset_paths: Mapping[str, str], sampling: dict, audit: str,
-                  boundary_cfg: dict | None, journal_dir: str, receipt_path: str, preflight_path: str,
+def answers_phase(*, arm: str, arm_cfg: dict, requests_paths: Mapping[str, str], sampling: dict, audit: str,
+                  boundary_plan_path: str | None, journal_dir: str, receipt_path: str, preflight_path: str,
                   phase_path: str, boundary_path: str | None, server_log: str, starts_log: str) -> dict:
     """Receipt, preflight, every dataset's sampled runs and the boundary cases of one arm on one start.
 
@@ -219,8 +219,8 @@ def answers_phase(*, arm: str, arm_cfg: dict, dataset_paths: Mapping[str, str], 
     """
     spec = launch.resolve_spec(arm, arm_cfg)
     rec = launch.receipt(spec)
-    datasets = {name: artifacts.check_schema(artifacts.read_json(p), "pairaudit.dataset/v1", p)
-                for name, p in dataset_paths.items()}
+    requests = {name: plans.bodies(plans.read_requests(p)) for name, p in requests_paths.items()}
+    boundary_cfg = artifacts.read_json(boundary_plan_path)["params"] if boundary_plan_path else None
     primary = {k: sampling[k] for k in ("temperature", "top_p", "top_k", "min_p")}
     counts: dict[str, dict] = {}
     boundary_doc = None
@@ -243,13 +243,13 @@ def answers_phase(*, arm: str, arm_cfg: dict, dataset_paths: Mapping[str, str], 
             ps.verify()
         artifacts.write_json(preflight_path, result)
 
-        for name, ds in datasets.items():
+        for name, bodies in requests.items():
             if failure is not None:
                 break
             jpath = _journal_path(journal_dir, "sampled", name, arm)
             try:
                 with Journal(jpath, owner=f"answers {arm}") as journal:
-                    counts[name] = answer_dataset(srv, ds, journal, sampling=sampling, audit=audit)
+                    counts[name] = answer_dataset(srv, name, bodies, journal, sampling=sampling)
                 failure = _item_failure(arm, name, jpath, srv, None)
                 if failure is None:
                     ps.verify()
@@ -282,8 +282,9 @@ def answers_phase(*, arm: str, arm_cfg: dict, dataset_paths: Mapping[str, str], 
     doc = {"schema": PHASE_SCHEMA, "phase": "answers", "arm": arm, "spec_sha256": rec["spec_sha256"],
            "starts": ps.starts, "server": facts, "preflight": result["verdict"], "datasets": counts,
            "boundary_cases": len(boundary_doc["cases"]) if boundary_doc else None, "failure": failure,
-           "provenance": artifacts.provenance([*dataset_paths.values(), receipt_path, preflight_path],
-                                              {"sampling": sampling, "audit": audit, "boundary": boundary_cfg})}
+           "provenance": artifacts.provenance(
+               [*requests_paths.values(), *([boundary_plan_path] if boundary_plan_path else []), receipt_path,
+                preflight_path], {"sampling": sampling, "audit": audit})}
     artifacts.write_json(phase_path, doc)
     return doc
 
@@ -428,10 +429,12 @@ def divergence_doc(name: str, headers: dict, probes: dict, probed: list, diverge
                    "control_top": None, "control_prefix_len": None, "candidate_prefix_len": None}
                   for d in divergences if d["diverged"] is None]
     grid_inputs = greedy.grid_tie_inputs(probed, probes["control"], probes["candidate"]) + unresolved
+    counts = greedy.comparison_counts(order, divergences)
     return {
         "schema": "pairaudit.divergence/v1", "dataset": name, "items": order, "divergences": divergences,
-        "probes": probes, "grid_tie_inputs": grid_inputs,
-        "grid_tie": rules.grid_tie_v1(grid_inputs, max_divergent=max_divergent),
+        "probes": probes, "grid_tie_inputs": grid_inputs, "counts": counts,
+        "grid_tie": rules.grid_tie_v1(grid_inputs, max_divergent=max_divergent, selected=counts["selected"],
+                                      compared=counts["compared"]),
         "determinism": rules.determinism_v1({arm: headers[arm]["determinism"]["hashes"] for arm in ARMS}),
         "provenance": artifacts.provenance(consumed, {"max_divergent": max_divergent}),
     }

@@ -117,7 +117,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from . import greedy, rules
+from . import failures, greedy, rules
 from .artifacts import (
     ArtifactError,
     _atomic_write,
@@ -138,6 +138,7 @@ LATER_SCHEMAS = {
     "divergence": "pairaudit.divergence/v1",
     "boundary": "pairaudit.boundary_gate/v1",
     "speed": "pairaudit.speed_decision/v1",
+    "answers": "pairaudit.phase/v1",
 }
 ARMS = ("control", "candidate")
 
@@ -186,8 +187,10 @@ def check_quality(name: str, doc: Mapping[str, Any]) -> dict:
         raise ValueError(f"paired {name}: needs both 'table' and 'quality'")
     _check_rule("quality", f"quality:{name}", q)
     again = rules.quality_v1(table, **(q.get("params") or {}))
+    # after a server failure the paired stage keeps the rule's own verdict as stage_verdict
+    stored = {**q, "verdict": q.get("stage_verdict", q.get("verdict"))} if doc.get("arm_failed") else q
     for key in ("verdict", "control_only", "candidate_only"):
-        if q.get(key) != again[key]:
+        if stored.get(key) != again[key]:
             raise ValueError(f"paired {name}: stored quality {key} {q.get(key)!r} disagrees with "
                              f"quality-v1 recomputed from its table ({again[key]!r})")
     out = dict(q)
@@ -458,7 +461,7 @@ def decide(paired: Mapping[str, Mapping[str, Any]], launch: Mapping[str, Mapping
     "no change under audit", unless ``calibration`` (an A/A run, where the
     gates' verdicts are the host's false-alarm evidence).
     """
-    unknown = set(later) - {"divergence", "divergence_counts", "determinism", "boundary", "speed"}
+    unknown = set(later) - {"divergence", "divergence_counts", "determinism", "boundary", "speed", "servers"}
     if unknown:
         raise TypeError(f"decide() got unknown later gates {sorted(unknown)}")
     missing = [a for a in ARMS if a not in launch]
@@ -466,7 +469,10 @@ def decide(paired: Mapping[str, Mapping[str, Any]], launch: Mapping[str, Mapping
         raise ValueError(f"launch receipts must be exactly {list(ARMS)}, got {sorted(launch)}")
     if not isinstance(calibration, bool):
         raise TypeError(f"calibration must be a bool, got {calibration!r}")
+    servers = later.pop("servers", None)
     gates = gates_from(paired, **later)
+    if servers is not None:
+        gates["servers"] = servers
     gates.update(preflight_gates(preflight))
     arms = {a: _arm_summary(launch[a], preflight.get(a)) for a in ARMS}
     same = identical_arms(arms)
@@ -1534,6 +1540,14 @@ def _load_later(later: Mapping[str, Any] | None) -> tuple[dict, list[str], dict]
             docs[stage] = check_schema(read_json(p), LATER_SCHEMAS[stage], p)
             kw[stage] = docs[stage].get("gate")
             paths.append(str(p))
+            if docs[stage].get("not_run"):  # its gate says why; there is nothing to draw
+                del docs[stage]
+    if later.get("answers"):
+        # each arm's answers phase: a server that failed under the audit is evidence (failures.py)
+        docs["answers"] = _load_keyed(later["answers"], LATER_SCHEMAS["answers"], "arm")
+        kw["servers"] = failures.server_failure_v1({arm: (docs["answers"].get(arm) or {}).get("failure")
+                                                    for arm in ARMS})
+        paths += [str(p) for p in later["answers"]]
     return kw, paths, docs
 
 

@@ -185,13 +185,12 @@ def dataset_bodies(dataset: dict, sampling: dict, *, model: str, audit: str) -> 
             for it in dataset["items"]}
 
 
-def answer_dataset(srv: Server, dataset: dict, journal: AppendLog, *, sampling: dict, audit: str) -> dict:
-    """Ask the running server every item of ``dataset`` the journal has no answer for; return counts."""
-    model = srv.spec["served_model_name"]
-    bodies = dataset_bodies(dataset, sampling, model=model, audit=audit)
+def answer_dataset(srv: Server, name: str, bodies: dict[int, dict], journal: AppendLog, *,
+                   sampling: dict) -> dict:
+    """Ask the running server every item the journal has no answer for; return counts."""
     by_index, done = pending_items(bodies, read_journal(journal.path))
     todo = {i: b for i, b in bodies.items() if i not in done}
-    name, arm = dataset["name"], srv.spec["arm"]
+    arm = srv.spec["arm"]
     if todo:
         facts = srv.facts()
         server = {"url": facts["url"], "pid": facts["pid"]}
@@ -206,22 +205,16 @@ def answer_dataset(srv: Server, dataset: dict, journal: AppendLog, *, sampling: 
     return {"items": len(bodies), "from_journal": len(done), "asked": len(todo)}
 
 
-def assemble(*, dataset_path: str, journal_path: str, out_path: str, arm: str, receipt_path: str,
-             preflight_path: str, sampling: dict, audit: str, phase_path: str | None = None) -> dict:
+def assemble_records(*, name: str, arm: str, bodies: dict[int, dict], journal_path: str, out_path: str,
+                     consumed: list[str], params: dict, failure: dict | None = None) -> dict:
     """The sampled artifact of one dataset and arm, from the journal alone (no server).
 
     The first final attempt journaled for an item is its primary answer,
     always; later attempts (a retry, a second writer) stay in the journal.
-    When the arm's server failed during the answers phase (``phase_path``'s
-    ``failure``), the artifact holds the items answered before the failure
-    and says so in ``arm_failed``; the failure itself is evidence for the
-    decision, not a crash here.
+    After a server failure (``failure``, the answers phase's record) the
+    artifact holds the items answered before it and says so in
+    ``arm_failed``; the failure itself is evidence for the decision.
     """
-    failure = artifacts.read_json(phase_path).get("failure") if phase_path else None
-    dataset = artifacts.check_schema(artifacts.read_json(dataset_path), "pairaudit.dataset/v1", dataset_path)
-    name = dataset["name"]
-    model = artifacts.read_json(receipt_path)["served_model_name"]
-    bodies = dataset_bodies(dataset, sampling, model=model, audit=audit)
     jpath = Path(journal_path)
     by_index, _ = pending_items(bodies, read_journal(jpath))
     records, open_items = collect(bodies, by_index)
@@ -239,11 +232,22 @@ def assemble(*, dataset_path: str, journal_path: str, out_path: str, arm: str, r
         "n": len(records),
         "servers": [json.loads(s) for s in servers],
         "arm_failed": failures.summary(failure) if failure else None,
-        "provenance": artifacts.provenance([dataset_path, receipt_path, preflight_path],
-                                           {"sampling": sampling, "audit": audit, "journal": str(jpath)}),
+        "provenance": artifacts.provenance(consumed, {**params, "journal": str(jpath)}),
     }
     artifacts.write_jsonl(out_path, header, records)
     return header
+
+
+def assemble(*, dataset_path: str, requests_path: str, journal_path: str, out_path: str, receipt_path: str,
+             preflight_path: str, phase_path: str) -> dict:
+    """The workflow's sampled job: the answers phase's journal for the planned requests of one dataset."""
+    from .plans import bodies, read_requests  # here: plans builds its requests with this module
+
+    req = read_requests(requests_path)
+    return assemble_records(name=req["dataset"], arm=req["arm"], bodies=bodies(req), journal_path=journal_path,
+                            out_path=out_path,
+                            consumed=[dataset_path, requests_path, receipt_path, preflight_path],
+                            params={}, failure=artifacts.read_json(phase_path).get("failure"))
 
 
 def sampled_stage(*, dataset_path: str, launch_path: str, preflight_path: str, out_path: str, journal_path: str,
@@ -264,6 +268,7 @@ def sampled_stage(*, dataset_path: str, launch_path: str, preflight_path: str, o
     _, done = pending_items(bodies, read_journal(Path(journal_path)))
     if len(done) < len(bodies):
         with Journal(Path(journal_path)) as journal, Server(spec, log_path=server_log, receipt=receipt) as srv:
-            answer_dataset(srv, dataset, journal, sampling=sampling, audit=audit)
-    return assemble(dataset_path=dataset_path, journal_path=journal_path, out_path=out_path, arm=arm,
-                    receipt_path=launch_path, preflight_path=preflight_path, sampling=sampling, audit=audit)
+            answer_dataset(srv, dataset["name"], bodies, journal, sampling=sampling)
+    return assemble_records(name=dataset["name"], arm=arm, bodies=bodies, journal_path=journal_path,
+                            out_path=out_path, consumed=[dataset_path, launch_path, preflight_path],
+                            params={"sampling": sampling, "audit": audit})

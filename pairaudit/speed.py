@@ -962,13 +962,21 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
     """Run the OFF/ON/OFF bracket and write decision.json + streams.jsonl (module docstring)."""
     cfg = resolve_config(speed_cfg)
     receipts, specs = {}, {}
+    failed = {arm: artifacts.read_json(preflight_paths[arm]) for arm in ("control", "candidate")}
+    failed = {arm: pf for arm, pf in failed.items() if pf.get("verdict") != "PASS"}
+    if failed:
+        # a server that failed its rehearsal is evidence of the servers gate; no bracket is measured
+        why = "; ".join(f"the {arm} preflight is {pf.get('verdict')} at probe {pf.get('failed_probe')!r}"
+                        for arm, pf in failed.items())
+        prov = artifacts.provenance([*launch_paths.values(), *preflight_paths.values()], {"speed": cfg})
+        artifacts.write_jsonl(streams_path, {"schema": STREAMS_SCHEMA, "audit": audit, "provenance": prov}, [])
+        doc = {"schema": SCHEMA, "audit": audit, "not_run": why, "params": cfg, "provenance": prov,
+               "gate": {"rule": cfg["rule"], "verdict": "INCONCLUSIVE", "reasons": [f"not run: {why}"]}}
+        artifacts.write_json(out_path, doc)
+        return doc
     for arm in ("control", "candidate"):
         receipts[arm] = artifacts.check_schema(artifacts.read_json(launch_paths[arm]), launch.RECEIPT_SCHEMA,
                                                launch_paths[arm])
-        pf = artifacts.read_json(preflight_paths[arm])
-        if pf.get("verdict") != "PASS":
-            raise RuntimeError(f"{preflight_paths[arm]}: preflight of arm {arm} is {pf.get('verdict')} "
-                               f"(failed probe: {pf.get('failed_probe')}); no speed bracket")
         specs[arm] = launch.resolve_spec(arm, arm_cfgs[arm])
     model = specs["control"]["served_model_name"]
     if specs["candidate"]["served_model_name"] != model:

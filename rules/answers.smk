@@ -1,14 +1,68 @@
+# The plans (no server): each arm's resolved spec, the request body of every
+# item per dataset and arm, the boundary settings.  They change only with
+# the config they come from, and carry the dependencies the answers phase's
+# `ancient` outputs do not (see pairaudit/plans.py).
+
+
+rule arm_spec:
+    output:
+        f"{R}/specs/{{arm}}.json",
+    log:
+        f"{R}/logs/specs/{{arm}}.log",
+    conda:
+        "../envs/serving.yaml"
+    params:
+        arm=arm_config,
+        code=code("arm_spec"),
+    script:
+        "../scripts/arm_spec.py"
+
+
+rule requests:
+    input:
+        dataset=f"{R}/datasets/{{dataset}}.json",
+        spec=f"{R}/specs/{{arm}}.json",
+    output:
+        f"{R}/requests/{{dataset}}/{{arm}}.json",
+    log:
+        f"{R}/logs/requests/{{dataset}}-{{arm}}.log",
+    conda:
+        "../envs/serving.yaml"
+    params:
+        sampling=config["sampling"],
+        audit=config["audit"],
+        # answering code changes what the answers are: it reruns the assembly
+        answers_code=code("answers"),
+        code=code("requests"),
+    script:
+        "../scripts/requests.py"
+
+
+if BOUNDARY_ON:
+
+    rule boundary_plan:
+        output:
+            f"{R}/boundary/plan.json",
+        log:
+            f"{R}/logs/boundary/plan.log",
+        conda:
+            "../envs/analysis.yaml"
+        params:
+            boundary=config.get("boundary", {}),
+            code=code("boundary_plan"),
+        script:
+            "../scripts/boundary_plan.py"
+
+
 # The answers phase: one start of an arm's server serves its launch receipt,
 # the preflight rehearsal, the sampled runs of every dataset and the boundary
 # cases.  Every answer goes to a journal as it arrives (outside the outputs:
 # Snakemake deletes a failed job's outputs, answered items must survive), and
 # a rerun asks only what the journals lack.  server_slots bounds how many
 # servers run on one machine at once.
-
-
 rule answers:
     input:
-        datasets=expand(f"{R}/datasets/{{dataset}}.json", dataset=DATASETS),
+        unpack(answers_inputs),
     output:
         **({"boundary": f"{R}/boundary/{{arm}}.json"} if BOUNDARY_ON else {}),
         receipt=f"{R}/launch/{{arm}}.json",
@@ -29,7 +83,6 @@ rule answers:
         datasets=list(DATASETS),
         sampling=config["sampling"],
         audit=config["audit"],
-        boundary=config.get("boundary", {}) if BOUNDARY_ON else None,
         journal_dir=JOURNAL,
         starts_log=STARTS_LOG,
         code=code("answers"),
@@ -39,11 +92,12 @@ rule answers:
 
 # One dataset's answers on one arm, assembled from the journal: no server.
 # The phase's outputs are `ancient` here so that the phase answering another
-# dataset does not rerun this one; `fingerprint` reruns it whenever its own
-# answers could have changed (arm, sampling, audit name, answering code).
+# dataset does not rerun this one; the planned requests rerun it whenever its
+# own answers could have changed.
 rule sampled:
     input:
         dataset=f"{R}/datasets/{{dataset}}.json",
+        requests=f"{R}/requests/{{dataset}}/{{arm}}.json",
         receipt=ancient(f"{R}/launch/{{arm}}.json"),
         preflight=ancient(f"{R}/preflight/{{arm}}.json"),
         phase=ancient(f"{R}/answers/{{arm}}.json"),
@@ -54,10 +108,7 @@ rule sampled:
     conda:
         "../envs/serving.yaml"
     params:
-        sampling=config["sampling"],
-        audit=config["audit"],
         journal=f"{JOURNAL}/sampled/{{dataset}}/{{arm}}.jsonl",
-        fingerprint=arm_fingerprint,
         code=code("sampled"),
     script:
         "../scripts/sampled.py"

@@ -1,7 +1,6 @@
 import os
 from pathlib import Path
 
-from pairaudit.artifacts import sha256_obj
 from pairaudit.codehash import code_hash
 from pairaudit.datasets import source_fingerprint
 
@@ -80,25 +79,14 @@ def dataset_source_sha256(wildcards):
     return source_fingerprint(DATASETS[wildcards.dataset]["source"], base_dir=BASE)
 
 
-def arm_fingerprint(wildcards):
-    """What an arm's journaled answers depend on, known before any job runs.
-
-    The per-dataset jobs read the answers phase's outputs as `ancient`, so a
-    rerun of the phase for another dataset does not rerun them; this
-    fingerprint reruns them whenever their answers could have changed.
-    """
-    return sha256_obj(
-        {
-            "arm": config["arms"][wildcards.arm],
-            "sampling": config["sampling"],
-            "audit": config["audit"],
-            "code": code("answers"),
-        }
-    )
-
-
-def both_arms_fingerprint(wildcards=None):
-    return sha256_obj({"arms": config["arms"], "code": code("answers")})
+def answers_inputs(wildcards):
+    inputs = {
+        "spec": f"{R}/specs/{wildcards.arm}.json",
+        "requests": [f"{R}/requests/{d}/{wildcards.arm}.json" for d in DATASETS],
+    }
+    if BOUNDARY_ON:
+        inputs["boundary_plan"] = f"{R}/boundary/plan.json"
+    return inputs
 
 
 def greedy_paths():

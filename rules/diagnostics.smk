@@ -9,6 +9,7 @@ rule diagnostics:
     input:
         datasets=expand(f"{R}/datasets/{{dataset}}.json", dataset=DATASETS),
         paired=expand(f"{R}/paired/{{dataset}}.json", dataset=DATASETS),
+        specs=expand(f"{R}/specs/{{arm}}.json", arm=ARMS),
         receipt_control=ancient(f"{R}/launch/control.json"),
         receipt_candidate=ancient(f"{R}/launch/candidate.json"),
         preflight_control=ancient(f"{R}/preflight/control.json"),
@@ -33,7 +34,6 @@ rule diagnostics:
     params:
         datasets=list(DATASETS),
         arms=config["arms"],
-        fingerprint=both_arms_fingerprint(),
         greedy=config.get("greedy", {}),
         chat_template_kwargs=config["sampling"].get("chat_template_kwargs", {}),
         journal_dir=JOURNAL,

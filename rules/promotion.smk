@@ -17,6 +17,7 @@ rule promotion:
         ),
         launch=expand(f"{R}/launch/{{arm}}.json", arm=ARMS),
         preflight=expand(f"{R}/preflight/{{arm}}.json", arm=ARMS),
+        answers=expand(f"{R}/answers/{{arm}}.json", arm=ARMS),
         divergence=list(divergence_paths().values()),
     output:
         decision=f"{R}/promotion/decision.json",

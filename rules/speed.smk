@@ -14,6 +14,7 @@ if SPEED_ON:
 
     rule speed:
         input:
+            specs=expand(f"{R}/specs/{{arm}}.json", arm=ARMS),
             launch_control=ancient(f"{R}/launch/control.json"),
             launch_candidate=ancient(f"{R}/launch/candidate.json"),
             preflight_control=ancient(f"{R}/preflight/control.json"),

@@ -7,7 +7,7 @@ from pairaudit.jobs import run_job  # noqa: E402
 from pairaudit.report import promotion_stage  # noqa: E402
 
 inp, out, params = snakemake.input, snakemake.output, snakemake.params  # noqa: F821
-later = {"divergence": list(inp.divergence)}
+later = {"divergence": list(inp.divergence), "answers": list(inp.answers)}
 for stage in ("boundary", "speed"):
     if stage in inp.keys():
         later[stage] = inp[stage]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pairaudit import artifacts, failures, phases
+from pairaudit import artifacts, failures, phases, plans
 from pairaudit.jsonlog import read_log
 from test_launch import fake_cfg
 
@@ -31,9 +31,13 @@ def dataset(tmp_path: Path) -> str:
 
 def run_answers(tmp_path: Path, arm: str, cfg: dict) -> dict:
     out = tmp_path / "results"
+    spec, requests = str(out / f"specs/{arm}.json"), str(out / f"requests/tiny/{arm}.json")
+    plans.arm_spec_stage(arm=arm, arm_cfg=cfg, out_path=spec)
+    plans.requests_stage(dataset_path=dataset(tmp_path), spec_path=spec, sampling=SAMPLING, audit="t",
+                         out_path=requests)
     return phases.answers_phase(
-        arm=arm, arm_cfg=cfg, dataset_paths={"tiny": dataset(tmp_path)}, sampling=SAMPLING, audit="t",
-        boundary_cfg=None, journal_dir=str(out / "journal"), receipt_path=str(out / f"launch/{arm}.json"),
+        arm=arm, arm_cfg=cfg, requests_paths={"tiny": requests}, sampling=SAMPLING, audit="t",
+        boundary_plan_path=None, journal_dir=str(out / "journal"), receipt_path=str(out / f"launch/{arm}.json"),
         preflight_path=str(out / f"preflight/{arm}.json"), phase_path=str(out / f"answers/{arm}.json"),
         boundary_path=None, server_log=str(out / f"logs/answers-{arm}.log"),
         starts_log=str(out / "servers/starts.jsonl"))

@@ -129,10 +129,18 @@ def test_identical_arms_give_identical_answers_and_pass(tiny):
         if not name.startswith(("quality", "speed")):
             assert gate["verdict"] == "PASS", (name, gate)
     assert decision["gates"]["speed"]["outcome"] in ("INFORMATIONAL", "REJECT")
-    expected = rules.promotion_v1({n: {"verdict": g["verdict"], "rule": g["rule"],
-                                       "informational": g["outcome"] == "INFORMATIONAL"}
-                                   for n, g in decision["gates"].items()})
-    assert decision["decision"] == expected["verdict"]
+    gates = {n: {"verdict": g["verdict"], "rule": g["rule"], "informational": g["outcome"] == "INFORMATIONAL"}
+             for n, g in decision["gates"].items()}
+    # identical arms: no change under audit, whatever the gates found
+    assert decision["decision"] == "INCONCLUSIVE" and decision["reasons"][0].startswith("no change under audit")
+    assert decision["gate_verdict"] == rules.promotion_v1(gates)["verdict"]
+    # the phases: one answers start per arm, at most three diagnostics starts, the bracket's three
+    starts = [json.loads(line) for line in (res / "servers" / "starts.jsonl").read_text().splitlines()]
+    ready = [(s["phase"], s["arm"]) for s in starts if s["event"] == "ready"]
+    assert sorted(ready[:2]) == [("answers", "candidate"), ("answers", "control")]
+    assert [a for p, a in ready[2:]] == ["control", "candidate"]  # no divergence: no third diagnostics start
+    assert len(ready) + len(speed["starts"]) <= 8
+    assert decision["gates"]["servers"]["verdict"] == "PASS"
     manifest = json.loads((res / "promotion" / "manifest.json").read_text())
     paths = {a["path"] for a in manifest["artifacts"]}
     assert any(p.endswith("paired/arith.json") for p in paths)
@@ -171,8 +179,8 @@ def test_changing_one_dataset_reruns_only_that_dataset(tiny, tmp_path):
     rules = sorted(r for r, _ in jobs)
     # one start per arm for the answers (the journals supply the other dataset's answers),
     # one diagnostics phase, and only this dataset's assembly, scoring and pairing
-    assert rules == sorted(["dataset", "answers", "answers", "sampled", "sampled", "score", "score", "paired",
-                            "diagnostics", "promotion"])
+    assert rules == sorted(["dataset", "requests", "requests", "answers", "answers", "sampled", "sampled", "score",
+                            "score", "paired", "diagnostics", "promotion"])
     assert all(w.get("dataset", "algebra") == "algebra" for _, w in jobs)
 
 
@@ -181,8 +189,8 @@ def test_readme_one_liner_reruns_one_dataset(tiny):
     readme = (REPO / "README.md").read_text()
     assert "promotion --forcerun results/default/datasets/arith.json" in readme
     jobs = planned_jobs(project, "promotion", "--forcerun", "results/tiny/datasets/arith.json")
-    assert sorted(r for r, _ in jobs) == sorted(["dataset", "answers", "answers", "sampled", "sampled", "score",
-                                                 "score", "paired", "diagnostics", "promotion"])
+    assert sorted(r for r, _ in jobs) == sorted(["dataset", "requests", "requests", "answers", "answers", "sampled",
+                                                 "sampled", "score", "score", "paired", "diagnostics", "promotion"])
     assert all(w.get("dataset", "arith") == "arith" for _, w in jobs)
 
 
@@ -197,7 +205,7 @@ def test_changing_the_candidate_reuses_the_control(tiny, tmp_path):
     # the control's server, rehearsal, answers and scores are reused; the diagnostics phase
     # reruns (its selection depends on the pairing) but its journals keep every generation made
     assert all(w.get("arm") != "control" for _, w in jobs)
-    assert ("answers", {"arm": "candidate"}) in jobs
+    assert ("answers", {"arm": "candidate"}) in jobs and ("speed", {}) in jobs and ("boundary_gate", {}) in jobs
     assert sorted(r for r, _ in jobs if r == "sampled") == ["sampled", "sampled"]
 
 
