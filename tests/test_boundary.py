@@ -9,6 +9,7 @@ server's 400 and the gate reports a configuration error, not a model failure.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,16 @@ def test_request_body_is_explicit_greedy_with_a_fresh_salt_per_case():
     body = boundary.request_body(MODEL, [1, 2, 3], max_tokens=16, seed=0, salt=a)
     assert body["prompt"] == [1, 2, 3] and body["temperature"] == 0.0 and body["ignore_eos"] is False
     assert body["max_tokens"] == 16 and body["cache_salt"] == a and body["top_k"] == -1
+
+
+def test_salts_stay_within_what_vllm_accepts_whatever_the_audit_name():
+    # vLLM 0.32 refuses a cache_salt over 128 characters or holding '/' (400)
+    for prefix in ("audit", "team/exp 7@host\\x", "a" * 300, ""):
+        salt = boundary.case_salt(prefix, "candidate", "retrieval-0.125")
+        assert len(salt) <= 128 and re.fullmatch(r"[A-Za-z0-9_.-]+", salt), salt
+        assert salt.split("-")[-1] != "" and len(salt.rsplit("-", 1)[1]) == 24  # the random part survives whole
+    long = boundary.case_salt("a" * 300, "candidate", "tail-16")
+    assert "candidate-tail-16-" in long  # cut from the left: the specific end is kept
 
 
 def test_schema_defaults_match_the_module():
@@ -220,3 +231,23 @@ def test_length_over_max_model_len_is_a_configuration_error(servers, tmp_path):
     assert "maximum context length" in g["gate"]["reasons"][0]
     assert g["cases"][0]["candidate"]["error_body"] == over["error_body"]
     assert rules.promotion_v1({"boundary": g["gate"]})["verdict"] == "INCONCLUSIVE"
+
+
+@pytest.mark.server
+def test_a_case_the_server_clamps_is_a_configuration_error_never_a_correct_answer(servers, tmp_path):
+    # 0.99 * 512 = 507 prompt tokens + 32 asked > 512: vLLM 0.32 (and the reference
+    # server, which follows it) answers 200 with max_tokens lowered to 5, where an
+    # older release refused with a 400. Both must end as a configuration error.
+    cfg = {**CFG, "fractions": [0.99], "tail_offsets": [16]}
+    docs = [run_arm(tmp_path, arm, servers["fp32"].url, cfg) for arm in ("control", "candidate")]
+    case = docs[1][2]["cases"][0]
+    assert case["case"] == "retrieval-0.99" and case["status"] == 200
+    assert case["usage"]["completion_tokens"] == MML - case["prompt_tokens"] < case["max_tokens"]
+    assert case["finish_reason"] == "length" and case["clamped"] and not case["correct"]
+    assert case["clamp"]["over_context"] is True
+    assert case["config_error"].startswith("clamped by the server: max_tokens clamped: asked 32, got 5")
+    g = gate(tmp_path, *docs)
+    assert g["gate"]["verdict"] == "INCONCLUSIVE" and g["gate"]["candidate_failures"] == []
+    assert g["cases"][0]["candidate"]["clamped"] is True
+    # the tail case fits exactly and is not clamped
+    assert g["cases"][1]["candidate"]["clamped"] is False and g["cases"][1]["candidate"]["correct"]

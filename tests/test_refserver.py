@@ -157,6 +157,13 @@ def test_cache_salt_accepted_and_does_not_change_output(server):
     assert a == b
     r = server.post("/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 2, "cache_salt": ""})
     assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"
+    # vLLM 0.32's limits: at most 128 characters, none of @ / \\ NUL
+    ok = server.post("/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 1, "cache_salt": "s" * 128})
+    assert ok.status_code == 200
+    for bad in ("s" * 129, "a/b", "a@b", "a\\b", "a\x00b"):
+        r = server.post("/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 1, "cache_salt": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt", bad
+        assert "at most 128 characters" in r.json()["error"]["message"]
 
 
 def _sse(resp):
@@ -271,10 +278,20 @@ def test_context_limit_boundary(server):
     ok = server.post("/v1/completions", {"model": MODEL, "prompt": [42] * (limit - 4), "max_tokens": 4,
                                          "temperature": 0, "ignore_eos": True})
     assert ok.status_code == 200 and ok.json()["usage"]["total_tokens"] == limit
-    over = server.post("/v1/completions", {"model": MODEL, "prompt": [42] * (limit - 3), "max_tokens": 4})
+    # vLLM 0.32: a prompt that fits is served with max_tokens silently lowered to what fits
+    clamped = server.post("/v1/completions", {"model": MODEL, "prompt": [42] * (limit - 3), "max_tokens": 4,
+                                              "temperature": 0, "ignore_eos": True})
+    assert clamped.status_code == 200, clamped.text
+    assert clamped.json()["usage"]["completion_tokens"] == 3 and clamped.json()["choices"][0]["finish_reason"] == "length"
+    # a prompt of exactly max_model_len leaves no room: vLLM's max_tokens refusal
+    full = server.post("/v1/completions", {"model": MODEL, "prompt": [42] * limit, "max_tokens": 4})
+    assert full.status_code == 400 and full.json()["error"]["message"].startswith("max_tokens must be at least 1, got 0.")
+    over = server.post("/v1/completions", {"model": MODEL, "prompt": [42] * (limit + 1), "max_tokens": 1})
     assert over.status_code == 400
-    msg = over.json()["error"]["message"]
-    assert "maximum context length is 512" in msg and str(limit - 4) in msg
+    err = over.json()["error"]
+    assert err["param"] == "input_tokens"
+    assert err["message"].startswith(f"This model's maximum context length is {limit} tokens. However, your prompt "
+                                     f"contains at least {limit + 1} input tokens")
 
 
 def test_malformed_json_and_unknown_model(server):

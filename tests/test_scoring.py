@@ -276,8 +276,52 @@ def test_score_records_chat_completions_and_errors():
     assert out[1]["correct"] is False and out[1]["finish_reason"] == "length"
     assert out[0]["text"] == "#### 72" and out[1]["text"] == "#### 6"
     assert out[2] == {"index": 9, "id": "b", "finish_reason": None, "text": None, "correct": False, "extracted": None,
-                      "answered": False, "method": "none", "reason": "no answer: ConnectionError: refused"}
+                      "answered": False, "method": "none", "reason": "no answer: ConnectionError: refused",
+                      "reasoning": None, "clamped": False, "clamp": None}
     json.dumps(out)
+
+
+def _vllm_chat(content, reasoning=None, key="reasoning", finish="stop", completion_tokens=5, prompt_tokens=30):
+    msg = {"role": "assistant", "content": content, key: reasoning}
+    return {"choices": [{"index": 0, "message": msg, "finish_reason": finish}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens}}
+
+
+def test_null_content_is_no_answer_and_says_why_and_reasoning_is_kept_not_scored():
+    doc = {"name": "t", "items": [gsm("72") | {"index": 0, "id": "a"}]}
+    # vLLM 0.32 with a reasoning parser: the answer sits in reasoning, content is null
+    for key in ("reasoning", "reasoning_content"):
+        out = score_records(doc, [{"index": 0, "response": _vllm_chat(None, "so #### 72", key=key), "error": None}])[0]
+        assert out["answered"] is False and out["correct"] is False and out["text"] is None
+        assert out["reasoning"] == "so #### 72"
+        assert out["reason"] == ("no answer: message.content is null (the server returned 10 characters of "
+                                 "reasoning and no final answer)")
+    out = score_records(doc, [{"index": 0, "response": _vllm_chat(None), "error": None}])[0]
+    assert out["reason"] == "no answer: message.content is null" and not out["answered"]
+    # content present: scored from content only, reasoning beside it
+    out = score_records(doc, [{"index": 0, "response": _vllm_chat("#### 72", "#### 5"), "error": None}])[0]
+    assert out["correct"] and out["answered"] and out["reasoning"] == "#### 5"
+
+
+def test_a_clamped_answer_is_recorded_as_clamped_never_as_natural():
+    doc = {"name": "t", "items": [gsm("72") | {"index": 0, "id": "a"}]}
+    body = {"max_tokens": 512}
+    # vLLM 0.32 lowered max_tokens 512 -> 18 to fit 2048 - 2030: 200, finish "length"
+    resp = _vllm_chat("#### 72", finish="length", completion_tokens=18, prompt_tokens=2030)
+    out = score_records(doc, [{"index": 0, "body": body, "response": resp, "error": None}], max_model_len=2048)[0]
+    assert out["clamped"] is True and out["finish_reason"] == "length"
+    assert out["clamp"]["asked"] == 512 and out["clamp"]["completion_tokens"] == 18
+    assert out["clamp"]["over_context"] is True
+    assert "max_tokens clamped: asked 512, got 18" in out["reason"] and "2030 + max_tokens 512 > max_model_len 2048" \
+        in out["reason"]
+    # the model's own length stop (all 512 tokens used) is not a clamp
+    full = _vllm_chat("#### 72", finish="length", completion_tokens=512, prompt_tokens=30)
+    out = score_records(doc, [{"index": 0, "body": body, "response": full, "error": None}], max_model_len=2048)[0]
+    assert out["clamped"] is False and out["clamp"] is None
+    # a natural stop short of max_tokens is not a clamp either
+    out = score_records(doc, [{"index": 0, "body": body, "response": _vllm_chat("#### 72"), "error": None}])[0]
+    assert out["clamped"] is False
 
 
 def test_score_records_rejects_unknown_index():

@@ -79,6 +79,22 @@ def _check_types(body: dict, extra: dict) -> None:
             raise ApiError(f"{key}: expected {desc}, got {type(value).__name__} {json.dumps(value)[:80]}", param=key)
 
 
+MAX_CACHE_SALT = 128
+CACHE_SALT_FORBIDDEN = ("@", "/", "\\", "\x00")
+
+
+def check_cache_salt(salt) -> None:
+    """vLLM 0.32's cache_salt check, with its texts: non-empty, <= 128 characters, no @ / \\ NUL."""
+    if salt is None:
+        return
+    if not isinstance(salt, str) or not salt:
+        raise ApiError("Parameter 'cache_salt' must be a non-empty string if provided. (parameter=cache_salt)",
+                       param="cache_salt")
+    if len(salt) > MAX_CACHE_SALT or any(c in salt for c in CACHE_SALT_FORBIDDEN):
+        raise ApiError("Parameter 'cache_salt' must be at most 128 characters and must not contain "
+                       "'@', '/', '\\\\', or NUL. (parameter=cache_salt)", param="cache_salt")
+
+
 class Api:
     def __init__(self, engine: Engine, tokenizer, *, served_name: str, model_root: str, info: dict):
         self.engine = engine
@@ -143,25 +159,25 @@ class Api:
         if body.get("prompt_logprobs") is not None and body.get("stream"):
             raise ApiError("`prompt_logprobs` are not available when `stream=True`.", param="prompt_logprobs")
         max_tokens = body.get(max_key)
-        room = self.max_model_len - prompt_len
-        if max_tokens is None:
-            if room <= 0:
-                raise ApiError(
-                    f"This model's maximum context length is {self.max_model_len} tokens. However, your request has "
-                    f"{prompt_len} input tokens. Please reduce the length of the input messages.",
-                    param="prompt",
-                )
-            max_tokens = room
-        if max_tokens < 1:
-            raise ApiError(f"{max_key} must be at least 1, got {max_tokens}.", param=max_key)
-        if prompt_len + max_tokens > self.max_model_len:
+        # vLLM 0.32's context policy: a prompt longer than max_model_len is
+        # refused; anything shorter is served, max_tokens silently lowered to
+        # what fits (finish_reason "length" with fewer tokens than asked). A
+        # prompt of exactly max_model_len leaves 0, which the max_tokens check
+        # refuses. Older releases refused prompt + max_tokens > max_model_len.
+        if prompt_len > self.max_model_len:
+            qualifier = "at least " if prompt_len == self.max_model_len + 1 else ""
             raise ApiError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} in the completion). "
-                f"Please reduce the length of the messages or completion: prompt tokens must be at most "
-                f"max_model_len - {max_key} = {self.max_model_len - max_tokens}.",
-                param=max_key,
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your prompt "
+                f"contains {qualifier}{prompt_len} input tokens, which exceeds this limit even without any output "
+                f"tokens. Please reduce the length of the input prompt. "
+                f"(parameter=input_tokens, value={prompt_len})",
+                param="input_tokens",
             )
+        room = self.max_model_len - prompt_len
+        max_tokens = room if max_tokens is None else min(max_tokens, room)
+        if max_tokens < 1:
+            raise ApiError(f"max_tokens must be at least 1, got {max_tokens}. "
+                           f"(parameter=max_tokens, value={max_tokens})", param="max_tokens")
         stop = body.get("stop") or []
         if isinstance(stop, str):
             stop = [stop]
@@ -171,11 +187,12 @@ class Api:
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids):
             raise ApiError("stop_token_ids: expected a list of integers", param="stop_token_ids")
         min_tokens = body.get("min_tokens") or 0
-        if not 0 <= min_tokens <= max_tokens:
-            raise ApiError(f"min_tokens must be in [0, max_tokens={max_tokens}], got {min_tokens}.", param="min_tokens")
-        salt = body.get("cache_salt")
-        if salt is not None and not 1 <= len(salt) <= 1024:
-            raise ApiError("cache_salt must be a string of 1 to 1024 characters.", param="cache_salt")
+        if min_tokens < 0:
+            raise ApiError(f"min_tokens must be greater than or equal to 0, got {min_tokens}.", param="min_tokens")
+        if min_tokens > max_tokens:
+            raise ApiError(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.",
+                           param="min_tokens")
+        check_cache_salt(body.get("cache_salt"))
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=temperature,
@@ -425,8 +442,9 @@ def make_handler(api: Api, metrics, started: dict):
                 return self.stream(req, body, chat=True, as_ids=as_ids)
             self.wait(req)
             choice = {"index": 0,
-                      "message": {"role": "assistant", "content": api.final_text(req), "reasoning_content": None,
-                                  "tool_calls": []},
+                      # vLLM 0.32 names a reasoning parser's output `reasoning`
+                      # (older releases: reasoning_content); there is no parser here.
+                      "message": {"role": "assistant", "content": api.final_text(req), "reasoning": None},
                       "logprobs": api.chat_logprobs(req, as_ids) if params.logprobs is not None else None,
                       "finish_reason": req.finish_reason, "stop_reason": req.stop_reason}
             self.send_json(200, {"id": req.request_id, "object": "chat.completion", "created": int(time.time()),

