@@ -3,7 +3,8 @@
 Three kinds of YAML live there:
 
 * ``config/config.yaml``: the embedded default (the Snakefile's configfile);
-* overlays, ``config/*.yaml`` other than config.yaml and schema.yaml: used as
+* overlays, ``config/*.yaml`` other than config.yaml and schema.yaml, and the
+  planted-defect configs ``config/examples/fault-*.yaml``: used as
   ``--configfile X`` and merged over the default the way Snakemake does it
   (``snakemake.utils.update_config``: mappings recursively, lists whole);
 * complete examples, ``config/examples/*.yaml``: used with
@@ -33,8 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "config"
 SCHEMA = CONFIG_DIR / "schema.yaml"
 DEFAULT = CONFIG_DIR / "config.yaml"
-OVERLAYS = sorted(p for p in CONFIG_DIR.glob("*.yaml") if p.name not in ("config.yaml", "schema.yaml"))
-EXAMPLES = sorted((CONFIG_DIR / "examples").glob("*.yaml"))
+OVERLAYS = sorted(p for p in CONFIG_DIR.glob("*.yaml") if p.name not in ("config.yaml", "schema.yaml")) + \
+    sorted((CONFIG_DIR / "examples").glob("fault-*.yaml"))
+EXAMPLES = sorted(p for p in (CONFIG_DIR / "examples").glob("*.yaml") if not p.name.startswith("fault-"))
 ARMS = ("control", "candidate")
 
 # Rows of the hub files the shipped configs pin (from the provenance cited in
@@ -101,7 +103,7 @@ def test_validates_against_schema(name):
     schema_validate(CONFIGS[name])
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+@pytest.mark.parametrize("overlay", [p for p in OVERLAYS if not p.name.startswith("fault-")], ids=lambda p: p.name)
 def test_overlay_replaces_only_datasets(overlay):
     raw = load(overlay)
     assert set(raw) == {"datasets"}, f"{overlay.name} must set only `datasets:`"
@@ -124,6 +126,17 @@ def test_example_is_complete_and_shares_the_hub_datasets(example):
         return
     hub = load(CONFIG_DIR / "hub-datasets.yaml")["datasets"]
     assert cfg["datasets"] == hub, f"{example.name}: datasets differ from config/hub-datasets.yaml"
+
+
+@pytest.mark.parametrize("overlay", [p for p in OVERLAYS if p.name.startswith("fault-")], ids=lambda p: p.name)
+def test_a_planted_defect_changes_only_the_candidates_fault_switch(overlay):
+    cfg, default = merged(overlay), load(DEFAULT)
+    control, candidate = cfg["arms"]["control"], cfg["arms"]["candidate"]
+    faults = {k for k in candidate["env"] if k.startswith(SWITCH_PREFIX + "FAULT_")}
+    assert len(faults) == 1 and all(candidate["env"][k] != control["env"].get(k, "0") for k in faults)
+    assert {k: v for k, v in candidate["env"].items() if k not in faults} == \
+           {k: v for k, v in control["env"].items() if k not in faults}
+    assert cfg["audit"] != default["audit"]  # its own body of evidence
 
 
 def test_merging_an_example_without_replace_would_leak_default_keys():
