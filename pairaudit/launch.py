@@ -658,7 +658,7 @@ class Server:
     def _check_identity(self) -> None:
         models = self.endpoint.get_json("/v1/models", timeout_s=30)
         version = self.endpoint.get_json("/version", timeout_s=30)
-        chk = check_identity(self.spec, models, version)
+        chk = check_identity(self.spec, models, version, self.receipt)
         self._facts["identity_check"] = chk
         if not chk["ok"]:
             msg = "server identity does not match the spec: " + "; ".join(chk["problems"])
@@ -731,7 +731,11 @@ def launch_record(spec: dict, *, log_path=None) -> dict:
     rec = receipt(spec)
     with Server(spec, log_path=log_path, receipt=rec) as srv:
         pass
-    facts = srv.facts()
+    return record_start(rec, spec, srv.facts())
+
+
+def record_start(rec: dict, spec: dict, facts: dict) -> dict:
+    """Complete a receipt with one real start's facts and what the server reported about itself."""
     rec["run"] = facts
     chk = facts.get("identity_check") or {}
     # What the server itself reported, and the exact command it ran with:

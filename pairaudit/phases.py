@@ -69,7 +69,7 @@ class PhaseServer:
         self.receipt, self.starts_log, self.timeout_s = receipt, starts_log, timeout_s
         self.server: Server | None = None
         self.starts = 0
-        self._identity: dict | None = None
+        self._start_time: float | None = None
 
     def get(self) -> Server:
         if self.server is None:
@@ -77,15 +77,11 @@ class PhaseServer:
                                  timeout_s=self.timeout_s).start()
             self.starts += 1
             facts = self.server.facts()
-            self._identity = {"check": facts.get("identity_check"), "start_time": _start_time(self.server.endpoint)}
+            self._start_time = _start_time(self.server.endpoint)
             self._event("ready", facts)
             log.info("%s phase: %s server ready in %.1f s (%s)", self.phase, self.spec["arm"],
                      facts.get("ready_s") or 0.0, facts.get("url"))
         return self.server
-
-    @property
-    def started(self) -> bool:
-        return self.server is not None
 
     def verify(self) -> None:
         """The same server as at start, alive: else a ``ServerError`` with its log tail."""
@@ -95,14 +91,13 @@ class PhaseServer:
         srv.assert_alive()
         models = srv.endpoint.get_json("/v1/models", timeout_s=60)
         version = srv.endpoint.get_json("/version", timeout_s=60)
-        chk = launch.check_identity(self.spec, models, version)
+        chk = launch.check_identity(self.spec, models, version, self.receipt)
         problems = list(chk["problems"])
         if models.get("status") != 200:
             problems.append(f"/v1/models answered {models.get('status')} ({models.get('error')})")
         start_time = _start_time(srv.endpoint)
-        if self._identity and self._identity["start_time"] not in (None, start_time):
-            problems.append(f"the server restarted mid-phase (process start {self._identity['start_time']} -> "
-                            f"{start_time})")
+        if self._start_time is not None and start_time != self._start_time:
+            problems.append(f"the server restarted mid-phase (process start {self._start_time} -> {start_time})")
         if problems:
             raise srv._fail("server changed mid-phase: " + "; ".join(problems) + "\n--- last lines of "
                             f"{srv.log_path} ---\n" + srv.log_tail(30))
@@ -124,10 +119,6 @@ class PhaseServer:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def read_starts(path: str | Path) -> list[dict]:
-    return [r for r in read_log(path) if r.get("schema") == STARTS_SCHEMA]
 
 
 # --------------------------------------------------------------------- answers
@@ -228,7 +219,7 @@ def answers_phase(*, arm: str, arm_cfg: dict, requests_paths: Mapping[str, str],
     with PhaseServer(spec, phase="answers", log_path=server_log, receipt=rec, starts_log=starts_log,
                      timeout_s=float(sampling.get("request_timeout_s", 900))) as ps:
         srv = ps.get()
-        rec["run"] = srv.facts()
+        launch.record_start(rec, spec, srv.facts())
         rec["provenance"] = artifacts.provenance([], {"arm_config": arm_cfg})
         artifacts.write_json(receipt_path, rec)
 
