@@ -1,4 +1,4 @@
-"""Boundary gate (issue 5): long-context retrieval and the max_model_len-16 capacity tail.
+"""Boundary gate: long-context retrieval and the max_model_len-16 capacity tail.
 
 Seed 003 found a defect that only showed with (max_model_len - 16) input + 16
 output tokens: both arms returned the same wrong text. This stage runs that

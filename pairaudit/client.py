@@ -1,7 +1,7 @@
 """HTTP client for vLLM-style OpenAI-compatible servers.
 
 Nothing here raises on an HTTP error status: audits need the server's own
-words (seed 004: a 400 whose body was dropped cost a whole admission window),
+words (a 400 whose body was dropped can cost a whole admission window),
 so every call returns a plain record and the caller decides.
 
 Records (all JSON-able dicts)
@@ -17,7 +17,7 @@ HttpResult (``Endpoint.get_json`` / ``Endpoint.post_json``)::
      "elapsed_s": float, "started_at": ISO-8601 UTC str}
 
 StreamResult (``Endpoint.stream_completion``), timing definitions as in
-``vllm bench serve`` (see FIELD-NOTES)::
+``vllm bench serve``::
 
     {"path": str, "status": int | None, "text": str, "finish_reason": str | None,
      "usage": dict | None, "chunks": int,      # SSE events that carried choices

@@ -1,4 +1,4 @@
-"""Preflight: the API rehearsal (seed 004) before any expensive work.
+"""Preflight: the API rehearsal before any expensive work.
 
 Tiny probes, in a fixed order, each kept with the server's own answer; the
 first failing probe stops the run, because every later probe (and every later
@@ -57,11 +57,11 @@ REPETITIVE_MESSAGES = [{"role": "user", "content":
                         "one two three four five six seven eight nine ten\n"}]
 
 # The sampled stage's request shape; every sampling field explicit because
-# omitted ones are filled from the server's generation_config (FIELD-NOTES).
+# omitted ones are filled from the server's generation_config.
 # Seed 003's deployment sampling. Callers pass ``primary=`` to match their stage.
 DEFAULT_PRIMARY = {"temperature": 0.7, "top_p": 0.8, "top_k": 20}
 PRIMARY_SEED = 20240
-PROBE_MAX_TOKENS = 8          # seed 004: tiny probes
+PROBE_MAX_TOKENS = 8          # tiny probes: the rehearsal must cost nothing
 SPEC_MAX_TOKENS = 24          # enough decode steps for an n-gram drafter to fire
 CONTEXT_REFUSAL_RE = re.compile(
     r"maximum context length|context length is only|maximum model length|max_model_len|context length",

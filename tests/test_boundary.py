@@ -1,4 +1,4 @@
-"""Boundary gate (issue 5): the haystack generator, the boundary stage on real servers, boundary-v1.
+"""Boundary gate: the haystack generator, the boundary stage on real servers, boundary-v1.
 
 The real-server part uses a small max_model_len so every case runs in seconds:
 identical arms PASS; a candidate with the planted capacity-tail defect

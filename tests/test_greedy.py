@@ -1,4 +1,4 @@
-"""Greedy runs, divergence, forced-prefix probes and determinism (DESIGN stage 6, seed 000)."""
+"""Greedy runs, divergence, forced-prefix probes and determinism (the diagnostics of discordant items)."""
 
 from __future__ import annotations
 

@@ -72,7 +72,7 @@ def test_error_bodies_are_kept(fake):
 
 def test_known_bad_probe_keeps_the_400_body_on_the_way(fake):
     # With every probe up to spec passing on the fake, the known_bad record must
-    # carry the server's 400 text verbatim (seed 004: keep every HTTP error body).
+    # carry the server's 400 text verbatim (keep every HTTP error body).
     result = run_preflight(fake("spec_moves"), arm())
     kb = next(p for p in result["probes"] if p["name"] == "known_bad_400")
     assert kb["pass"] and kb["status"] == 400

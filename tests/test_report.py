@@ -254,7 +254,7 @@ def test_render_markdown_has_decision_reasons_indices_and_switches():
     assert "| quality:gsm8k | PASS | no objection | net +0" in front
     assert "| speed | not evaluated | incomplete | its stage produced no result |" in front
     assert "### Gate quality:mbpp" in md  # the anchor the link points to
-    # Seed-003-style row: counts, discordant indices, McNemar p, natural finishes, verdict.
+    # The campaign-report row: counts, discordant indices, McNemar p, natural finishes, verdict.
     assert "| mbpp | 22/24 | 21/24 | indices 211, 244 | index 273 | 1 | 24/24, 23/24 | 0/24 | INVALID |" in front
     assert "**Total** | 50/54 | 49/54 | 2 | 1 |  | 54/54, 53/54 | 3/54 |" in front
     assert "candidate did not finish naturally: index 230" in md

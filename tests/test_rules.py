@@ -467,7 +467,7 @@ def test_boundary_needs_natural_eos():
 
 
 def test_boundary_control_failure_never_excuses_candidate():
-    # both fail the same case (seed 003's capacity tail): still FAIL
+    # both fail the same case (the capacity tail): still FAIL
     r = boundary_v1([case("control", "tail-16", correct=False),
                      case("candidate", "tail-16", correct=False)])
     assert r["verdict"] == "FAIL"

@@ -3,7 +3,7 @@
 Handler threads (``ThreadingHTTPServer``) parse and validate a request, submit
 it to the engine and wait on the request's event queue; only the engine thread
 touches the model.  Field names, response shapes and the error contract follow
-vLLM's OpenAI server (see FIELD-NOTES.md): HTTP 400 with
+vLLM's OpenAI server: HTTP 400 with
 ``{"error": {"message", "type", "param", "code"}}`` for a bad request, 404 for
 an unknown model.
 """
