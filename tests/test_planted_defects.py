@@ -1,14 +1,17 @@
 """Planted defects are caught: each fault switch's example config gives its verdict and names its case.
 
-Each ``config/examples/fault-*.yaml`` is merged (as ``--configfile`` merges:
-mappings key by key, lists replaced) onto the tiny test audit, keeping the
-tiny audit's datasets and sampling, and the real workflow runs its
-``promotion`` target in a scratch project copy. Only decision.json is read,
-so the test does not depend on how the workflow arranges its jobs.
+Each ``config/examples/fault-*.yaml`` is a complete audit (the embedded
+default with one fault switch in the candidate). Here its defining part —
+the audit name, each arm's switches and which gates it leaves out — is put
+onto the tiny test audit (its items, sampling and boundary sizes: minutes,
+not a full audit), and the real workflow runs its ``promotion`` target in a
+scratch project copy. Only decision.json is read, so the test does not
+depend on how the workflow arranges its jobs.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -21,18 +24,17 @@ pytestmark = pytest.mark.workflow
 EXAMPLES = REPO / "config" / "examples"
 
 
-def merged(base: dict, overlay: dict) -> dict:
-    """Snakemake's config merge: nested mappings merged key by key, anything else replaced."""
-    out = dict(base)
-    for k, v in overlay.items():
-        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def tiny_with(example: str) -> dict:
-    overlay = yaml.safe_load((EXAMPLES / example).read_text())
-    overlay.pop("datasets", None)  # the tiny audit's own items: seconds, not minutes
-    return merged(yaml.safe_load(TINY.read_text()), overlay)
+    ex = yaml.safe_load((EXAMPLES / example).read_text())
+    cfg = copy.deepcopy(yaml.safe_load(TINY.read_text()))
+    cfg["audit"] = ex["audit"]
+    for arm in ("control", "candidate"):
+        cfg["arms"][arm]["env"] = dict(ex["arms"][arm]["env"])
+        cfg["arms"][arm]["speculative"] = ex["arms"][arm]["speculative"]
+    for stage in ("boundary", "speed"):
+        if "enabled" in (ex.get(stage) or {}):
+            cfg.setdefault(stage, {})["enabled"] = ex[stage]["enabled"]
+    return cfg
 
 
 def run_decision(tmp_path_factory, example: str) -> dict:
