@@ -430,11 +430,21 @@ def gate_rows(decision: Mapping[str, Any]) -> list[dict]:
         verdict = g.get("verdict") or "?"
         if g.get("stage_verdict") not in (None, verdict):
             verdict += f" (stage {g['stage_verdict']})"
-        reasons = g.get("reasons") or []
         rows.append({"gate": name, "verdict": verdict, "effect": _EFFECT.get(g.get("outcome"), g.get("outcome")),
-                     "reason": _one_line(reasons[0]) if reasons else "(no reason recorded)",
-                     "evidence": evidence})
+                     "reason": _one_line(_headline(g)), "evidence": evidence})
     return rows
+
+
+def _headline(g: Mapping[str, Any]) -> str:
+    """The reason that explains the gate's verdict: for a flagged determinism gate, a flagged arm's line
+    (its first line may be the other arm's clean repeats); otherwise the first reason."""
+    reasons = [str(r) for r in g.get("reasons") or []]
+    if not reasons:
+        return "(no reason recorded)"
+    flagged = g.get("nondeterministic_arms") or []
+    if g.get("rule") == "determinism-v1" and flagged:
+        return next((r for r in reasons if r.split(":", 1)[0] in flagged), reasons[0])
+    return reasons[0]
 
 
 def deviations(decision: Mapping[str, Any]) -> list[dict]:
@@ -1265,12 +1275,15 @@ def markdown_html(md: str, *, title: str, verdict: str | None = None) -> str:
     links) as one self-contained page; ``verdict`` colours the banner."""
     import html
 
-    body = _html_blocks(md.splitlines())
+    lines = md.splitlines()
+    if verdict and lines and lines[0].startswith("# "):
+        lines = lines[1:]  # the coloured banner below says it
+    body = _html_blocks(lines)
     color = VERDICT_COLORS.get(verdict or "", "#616161")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             "<style>body{font-family:sans-serif;margin:1.5em;max-width:75em}table{border-collapse:collapse;"
             "margin:.5em 0}td,th{border:1px solid #ccc;padding:.2em .5em;font-size:.9em;text-align:left;"
-            "vertical-align:top}code{font-size:.85em;word-break:break-all}"
+            "vertical-align:top}td:last-child{white-space:nowrap}code{font-size:.85em;word-break:break-all}"
             f"#decision{{background:{color};color:#fff;padding:.4em .8em;border-radius:4px;font-size:1.6em;"
             "font-weight:bold}"
             f".box{{padding:.3em .8em;margin:.6em 0;border-radius:4px}}.banner{{border-left:.5em solid {color};"
