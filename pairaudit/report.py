@@ -1276,7 +1276,7 @@ def markdown_html(md: str, *, title: str, verdict: str | None = None) -> str:
     import html
 
     lines = md.splitlines()
-    if verdict and lines and lines[0].startswith("# "):
+    if verdict and lines and lines[0].startswith("# pairaudit decision"):
         lines = lines[1:]  # the coloured banner below says it
     body = _html_blocks(lines)
     color = VERDICT_COLORS.get(verdict or "", "#616161")
