@@ -1304,9 +1304,10 @@ def _rst_esc(t: Any) -> str:
             .replace("|", "\\|"))
 
 
-def _rst_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+def _rst_table(head: Sequence[str], rows: Sequence[Sequence[str]], widths: Sequence[int] = ()) -> list[str]:
     """A docutils list-table (cells already escaped; an empty cell is written as a space)."""
-    out = [".. list-table::", "   :header-rows: 1", ""]
+    out = [".. list-table::", "   :header-rows: 1"] + ([f"   :widths: {' '.join(map(str, widths))}"] if widths else [])
+    out.append("")
     for r in [list(head), *rows]:
         out.append(f"   * - {r[0] or ' '}")
         out += [f"     - {c or ' '}" for c in r[1:]]
@@ -1324,6 +1325,10 @@ def summary_rst(decision: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]
     out = [f".. admonition:: Decision: {decision['decision']}", "   :class: pairaudit-decision", "",
            f"   Deciding gates: {_rst_esc(', '.join(deciding) or 'none')}. Rule {decision['rule']}: PROMOTE only "
            f"if every gate passes; precedence REJECT > HOLD > INCONCLUSIVE > PROMOTE.", ""]
+    others = [f"{n} ({'not evaluated' if g is None else g['outcome']})" for n, g in decision["gates"].items()
+              if n not in deciding and (g is None or g["outcome"] != "PROMOTE")]
+    if others:
+        out += ["   Also short of PROMOTE: " + _rst_esc(", ".join(others)) + ".", ""]
     devs = deviations(decision)
     if devs:
         out += [".. warning:: **Deviations** from the registered procedure:", ""]
@@ -1335,7 +1340,8 @@ def summary_rst(decision: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]
         cat = _RST_CATEGORY.get(r["gate"].partition(":")[0])
         rows.append([_rst_esc(r["gate"]), _rst_esc(r["verdict"]), _rst_esc(r["effect"]), _rst_esc(r["reason"]),
                      f"`{cat}`_" if cat else ""])
-    out += ["**Gates**", ""] + _rst_table(["Gate", "verdict", "effect on the decision", "reason", "evidence"], rows)
+    out += ["**Gates**", ""] + _rst_table(["Gate", "verdict", "effect on the decision", "reason", "evidence"], rows,
+                                          widths=(14, 10, 10, 50, 16))
     ds_rows = []
     for ds, t in (decision.get("datasets") or {}).items():
         n = t.get("n")
