@@ -65,10 +65,11 @@ def test_capacity_tail_fault_is_rejected_at_the_max_model_len_minus_16_case(tmp_
     assert gate["verdict"] == "FAIL"
     assert gate["candidate_failures"] == ["tail-16"]  # its max-32 control case still passes
     assert any(r.startswith("candidate tail-16:") for r in gate["reasons"]), gate["reasons"]
-    # The fault is at the context's end only: every other gate lets it through.
+    # The fault is at the context's end only: no other gate rejects (the tiny audit's own
+    # items may run into its 48-token budget, which makes a quality gate INVALID, not REJECT).
     for name, g in d["gates"].items():
         if name != "boundary":
-            assert g is None or g["outcome"] in ("PROMOTE", "INFORMATIONAL"), (name, g)
+            assert g is None or g["outcome"] != "REJECT", (name, g)
 
 
 # Measured: the noise is fresh per request, so the candidate's preflight probe `seeded_repeat`
