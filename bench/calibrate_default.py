@@ -114,6 +114,8 @@ def main(argv=None) -> int:
     ap.add_argument("--datasets", default=None, help="comma-separated names (default: all of the config)")
     ap.add_argument("--count", type=int, default=None, help="override every dataset's select count")
     args = ap.parse_args(argv)
+    # A SIGTERM (e.g. a timeout) unwinds through the finally below, so the server is stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     cfg = yaml.safe_load(Path(args.config).read_text())
     wanted = set(args.datasets.split(",")) if args.datasets else None

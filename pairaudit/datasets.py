@@ -219,7 +219,7 @@ def load_source(source: dict, *, cache_dir: Path, base_dir: Path | None = None,
                 raise DatasetError(f"{where}.generated.{key}: {spec[key]!r} is not a non-negative integer")
         level = spec.get("level", suites.DEFAULT_LEVEL)
         if level not in suites.LEVELS or isinstance(level, bool):
-            raise _one_of(f"{where}.generated.level", level, suites.LEVELS)
+            raise _one_of(f"{where}.generated.level", level, tuple(map(str, suites.LEVELS)))
         if expected is not None:
             raise DatasetError(f"{where}.sha256: not allowed for a generated source")
         rows = suites.SUITES[spec["kind"]][1](spec["n"], spec["seed"], level)

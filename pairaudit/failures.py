@@ -80,7 +80,8 @@ def server_failure_v1(failures: Mapping[str, Mapping[str, Any] | None]) -> dict:
         reasons.append("the candidate refused a request the control answered (a 4xx: the request is wrong for "
                        "that server, not evidence about the change): " + summary(candidate))
     elif candidate.get("kind") == FAILED_CHECK:
-        verdict = "INCONCLUSIVE"
+        # e.g. the same seeded request answered two ways: a finding about the candidate, to be understood
+        verdict = "HOLD"
         reasons.append("the candidate's answer failed a check the control's passed: " + summary(candidate))
     else:
         conf = candidate.get("confirmation") or {}

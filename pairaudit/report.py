@@ -588,11 +588,21 @@ def gate_rows(decision: Mapping[str, Any]) -> list[dict]:
         verdict = g.get("verdict") or "?"
         if g.get("stage_verdict") not in (None, verdict):
             verdict += f" (stage {g['stage_verdict']})"
-        reasons = g.get("reasons") or []
         rows.append({"gate": name, "verdict": verdict, "effect": _EFFECT.get(g.get("outcome"), g.get("outcome")),
-                     "reason": _one_line(reasons[0]) if reasons else "(no reason recorded)",
-                     "evidence": evidence})
+                     "reason": _one_line(_headline(g)), "evidence": evidence})
     return rows
+
+
+def _headline(g: Mapping[str, Any]) -> str:
+    """The reason that explains the gate's verdict: for a flagged determinism gate, a flagged arm's line
+    (its first line may be the other arm's clean repeats); otherwise the first reason."""
+    reasons = [str(r) for r in g.get("reasons") or []]
+    if not reasons:
+        return "(no reason recorded)"
+    flagged = g.get("nondeterministic_arms") or []
+    if g.get("rule") == "determinism-v1" and flagged:
+        return next((r for r in reasons if r.split(":", 1)[0] in flagged), reasons[0])
+    return reasons[0]
 
 
 def deviations(decision: Mapping[str, Any]) -> list[dict]:
@@ -1426,12 +1436,15 @@ def markdown_html(md: str, *, title: str, verdict: str | None = None) -> str:
     links) as one self-contained page; ``verdict`` colours the banner."""
     import html
 
-    body = _html_blocks(md.splitlines())
+    lines = md.splitlines()
+    if verdict and lines and lines[0].startswith("# pairaudit decision"):
+        lines = lines[1:]  # the coloured banner below says it
+    body = _html_blocks(lines)
     color = VERDICT_COLORS.get(verdict or "", "#616161")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             "<style>body{font-family:sans-serif;margin:1.5em;max-width:75em}table{border-collapse:collapse;"
             "margin:.5em 0}td,th{border:1px solid #ccc;padding:.2em .5em;font-size:.9em;text-align:left;"
-            "vertical-align:top}code{font-size:.85em;word-break:break-all}"
+            "vertical-align:top}td:last-child{white-space:nowrap}code{font-size:.85em;word-break:break-all}"
             f"#decision{{background:{color};color:#fff;padding:.4em .8em;border-radius:4px;font-size:1.6em;"
             "font-weight:bold}"
             f".box{{padding:.3em .8em;margin:.6em 0;border-radius:4px}}.banner{{border-left:.5em solid {color};"
@@ -1452,9 +1465,10 @@ def _rst_esc(t: Any) -> str:
             .replace("|", "\\|"))
 
 
-def _rst_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+def _rst_table(head: Sequence[str], rows: Sequence[Sequence[str]], widths: Sequence[int] = ()) -> list[str]:
     """A docutils list-table (cells already escaped; an empty cell is written as a space)."""
-    out = [".. list-table::", "   :header-rows: 1", ""]
+    out = [".. list-table::", "   :header-rows: 1"] + ([f"   :widths: {' '.join(map(str, widths))}"] if widths else [])
+    out.append("")
     for r in [list(head), *rows]:
         out.append(f"   * - {r[0] or ' '}")
         out += [f"     - {c or ' '}" for c in r[1:]]
@@ -1472,6 +1486,10 @@ def summary_rst(decision: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]
     out = [f".. admonition:: Decision: {decision['decision']}", "   :class: pairaudit-decision", "",
            f"   Deciding gates: {_rst_esc(', '.join(deciding) or 'none')}. Rule {decision['rule']}: PROMOTE only "
            f"if every gate passes; precedence REJECT > HOLD > INCONCLUSIVE > PROMOTE.", ""]
+    others = [f"{n} ({'not evaluated' if g is None else g['outcome']})" for n, g in decision["gates"].items()
+              if n not in deciding and (g is None or g["outcome"] != "PROMOTE")]
+    if others:
+        out += ["   Also short of PROMOTE: " + _rst_esc(", ".join(others)) + ".", ""]
     devs = deviations(decision)
     if devs:
         out += [".. warning:: **Deviations** from the registered procedure:", ""]
@@ -1483,7 +1501,8 @@ def summary_rst(decision: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]
         cat = _RST_CATEGORY.get(r["gate"].partition(":")[0])
         rows.append([_rst_esc(r["gate"]), _rst_esc(r["verdict"]), _rst_esc(r["effect"]), _rst_esc(r["reason"]),
                      f"`{cat}`_" if cat else ""])
-    out += ["**Gates**", ""] + _rst_table(["Gate", "verdict", "effect on the decision", "reason", "evidence"], rows)
+    out += ["**Gates**", ""] + _rst_table(["Gate", "verdict", "effect on the decision", "reason", "evidence"], rows,
+                                          widths=(14, 10, 10, 50, 16))
     ds_rows = []
     for ds, t in (decision.get("datasets") or {}).items():
         n = t.get("n")

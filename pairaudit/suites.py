@@ -28,7 +28,7 @@ Row schemas (the input formats ``pairaudit.datasets.normalize`` reads):
 Difficulty (``level``, default 2): level 2 is the suites as first published
 (two-step word problems; linear equations, expressions, range and fraction
 sums), so existing ``(n, seed)`` rows never change. Level 1 is one step on
-single-digit operands (``a + b`` or ``a - b`` with a non-negative result): the
+single-digit operands (``a + b`` or ``a - b`` with a positive result): the
 embedded 135M model answers it right part of the time, which is what a paired
 audit needs (items both arms get right, items neither does, and some on which
 they differ). Each level draws from its own RNG stream.
@@ -192,19 +192,17 @@ def _algebra_item(rng: random.Random) -> tuple[str, str, Fraction, dict]:
 
 
 def _algebra_item_l1(rng: random.Random) -> tuple[str, str, Fraction, dict]:
-    kind = rng.choice(["sum", "difference", "missing_addend"])
+    # Sums and differences only: "Solve for $x$: $x + a = c$" on single digits
+    # was measured near 0 % for the embedded model, too hard to be discordant.
+    kind = rng.choice(["sum", "difference"])
     if kind == "sum":
         a, b = rng.randint(2, 9), rng.randint(2, 9)
         return (f"Compute ${a} + {b}$.", f"${a} + {b} = \\boxed{{{a + b}}}$.", Fraction(a + b),
                 {"kind": kind, "a": a, "b": b})
-    if kind == "difference":
-        a = rng.randint(3, 9)
-        b = rng.randint(1, a - 1)
-        return (f"Compute ${a} - {b}$.", f"${a} - {b} = \\boxed{{{a - b}}}$.", Fraction(a - b),
-                {"kind": kind, "a": a, "b": b})
-    a, x = rng.randint(1, 9), rng.randint(1, 9)
-    return (f"Solve for $x$: $x + {a} = {x + a}$.", f"$x = {x + a} - {a} = \\boxed{{{x}}}$.", Fraction(x),
-            {"kind": kind, "a": a, "c": x + a})
+    a = rng.randint(3, 9)
+    b = rng.randint(1, a - 1)
+    return (f"Compute ${a} - {b}$.", f"${a} - {b} = \\boxed{{{a - b}}}$.", Fraction(a - b),
+            {"kind": kind, "a": a, "b": b})
 
 
 def algebra_suite(n: int, seed: int, level: int = DEFAULT_LEVEL) -> list[dict]:

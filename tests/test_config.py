@@ -3,8 +3,7 @@
 Three kinds of YAML live there:
 
 * ``config/config.yaml``: the embedded default (the Snakefile's configfile);
-* overlays, ``config/*.yaml`` other than config.yaml and schema.yaml, and the
-  planted-defect configs ``config/examples/fault-*.yaml``: used as
+* overlays, ``config/*.yaml`` other than config.yaml and schema.yaml: used as
   ``--configfile X`` and merged over the default the way Snakemake does it
   (``snakemake.utils.update_config``: mappings recursively, lists whole);
 * complete examples, ``config/examples/*.yaml``: used with
@@ -34,9 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "config"
 SCHEMA = CONFIG_DIR / "schema.yaml"
 DEFAULT = CONFIG_DIR / "config.yaml"
-OVERLAYS = sorted(p for p in CONFIG_DIR.glob("*.yaml") if p.name not in ("config.yaml", "schema.yaml")) + \
-    sorted((CONFIG_DIR / "examples").glob("fault-*.yaml"))
-EXAMPLES = sorted(p for p in (CONFIG_DIR / "examples").glob("*.yaml") if not p.name.startswith("fault-"))
+OVERLAYS = sorted(p for p in CONFIG_DIR.glob("*.yaml") if p.name not in ("config.yaml", "schema.yaml"))
+EXAMPLES = sorted((CONFIG_DIR / "examples").glob("*.yaml"))
 ARMS = ("control", "candidate")
 
 # Rows of the hub files the shipped configs pin (from the provenance cited in
@@ -103,7 +101,7 @@ def test_validates_against_schema(name):
     schema_validate(CONFIGS[name])
 
 
-@pytest.mark.parametrize("overlay", [p for p in OVERLAYS if not p.name.startswith("fault-")], ids=lambda p: p.name)
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
 def test_overlay_replaces_only_datasets(overlay):
     raw = load(overlay)
     assert set(raw) == {"datasets"}, f"{overlay.name} must set only `datasets:`"
@@ -117,7 +115,8 @@ def test_overlay_replaces_only_datasets(overlay):
 OFFLINE_EXAMPLES = ("vllm-cpu.yaml",)
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+# The planted-defect examples (fault-*.yaml) run the embedded default's own suites instead.
+@pytest.mark.parametrize("example", [p for p in EXAMPLES if not p.name.startswith("fault-")], ids=lambda p: p.name)
 def test_example_is_complete_and_shares_the_hub_datasets(example):
     cfg = load(example)
     assert {"audit", "arms", "datasets", "sampling", "scoring", "rules"} <= set(cfg)
@@ -128,9 +127,9 @@ def test_example_is_complete_and_shares_the_hub_datasets(example):
     assert cfg["datasets"] == hub, f"{example.name}: datasets differ from config/hub-datasets.yaml"
 
 
-@pytest.mark.parametrize("overlay", [p for p in OVERLAYS if p.name.startswith("fault-")], ids=lambda p: p.name)
-def test_a_planted_defect_changes_only_the_candidates_fault_switch(overlay):
-    cfg, default = merged(overlay), load(DEFAULT)
+@pytest.mark.parametrize("example", [p for p in EXAMPLES if p.name.startswith("fault-")], ids=lambda p: p.name)
+def test_a_planted_defect_changes_only_the_candidates_fault_switch(example):
+    cfg, default = load(example), load(DEFAULT)
     control, candidate = cfg["arms"]["control"], cfg["arms"]["candidate"]
     faults = {k for k in candidate["env"] if k.startswith(SWITCH_PREFIX + "FAULT_")}
     assert len(faults) == 1 and all(candidate["env"][k] != control["env"].get(k, "0") for k in faults)

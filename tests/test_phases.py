@@ -61,12 +61,12 @@ def test_an_engine_that_dies_on_a_probe_the_control_answers_is_a_confirmed_rejec
     assert gate["verdict"] == "FAIL" and "HTTP 500" in gate["reasons"][0]
 
 
-def test_a_probe_whose_answer_fails_its_check_is_not_confirmed_and_is_inconclusive(tmp_path):
+def test_a_probe_whose_answer_fails_its_check_is_not_confirmed_and_holds(tmp_path):
     doc = run_answers(tmp_path, "candidate", fake_cfg("logprobs21_ok"))
     f = doc["failure"]
     assert f["stage"] == "preflight" and f["what"] == "probe known_bad_400" and f["kind"] == failures.FAILED_CHECK
     assert "confirmation" not in f
-    assert failures.server_failure_v1({"control": None, "candidate": f})["verdict"] == "INCONCLUSIVE"
+    assert failures.server_failure_v1({"control": None, "candidate": f})["verdict"] == "HOLD"
 
 
 def test_a_healthy_phase_records_no_failure_and_answers_every_item(tmp_path):
@@ -92,7 +92,8 @@ def _f(kind, confirmed=None, arm="candidate"):
     (None, _f("dead", "dead"), "FAIL"),
     (None, _f("server_error", "answered"), "HOLD"),
     (None, _f("refused"), "INCONCLUSIVE"),
-    (None, _f("failed_check"), "INCONCLUSIVE"),
+    (None, _f("failed_check"), "HOLD"),
+    (_f("failed_check", arm="control"), None, "INCONCLUSIVE"),
     (_f("dead", "dead", arm="control"), None, "INCONCLUSIVE"),
     (_f("dead", "dead", arm="control"), _f("dead", "dead"), "INCONCLUSIVE"),
 ])

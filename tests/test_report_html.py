@@ -122,11 +122,17 @@ def test_report_renders_in_chromium_with_decision_and_figures(audited, tmp_path)
     proc = chromium(binary, tmp_path / "profile-dom", "--dump-dom", report.as_uri())
     assert proc.returncode == 0 and "<body" in proc.stdout, proc.stderr[-2000:]
     dom = html.unescape(proc.stdout)
-    # The front page (report/workflow.rst, rendered by the report's own JS)
-    # carries the decision and every reason.
-    assert f"Decision: {verdict}" in dom
-    for reason in decision["reasons"]:
-        assert reason.split(" (")[0] in dom
+    # The front page (report/workflow.rst, rendered by the report's own JS):
+    # the verdict as a banner, one row per gate, the paired table per dataset.
+    assert f"Decision: {verdict}" in dom and "pairaudit-decision" in dom
+    text = re.sub(r"<[^>]+>", " ", dom)
+    for name, gate in decision["gates"].items():
+        verdict_shown = "not evaluated" if gate is None else gate["verdict"]
+        assert re.search(rf"{re.escape(name)}\s+{re.escape(verdict_shown)}", text), (name, verdict_shown)
+    assert "-> PROMOTE" not in text  # a gate's own verdict is never shown as a decision
+    for ds, row in decision["datasets"].items():
+        assert re.search(rf"{ds}\s+{row['control_correct']}/{row['n']}\s+{row['candidate_correct']}/{row['n']}",
+                         text), ds
     # The rendered menu lists every category.
     for name in ("1. Decision", "2. Quality", "3. Greedy divergence", "4. Boundary", "5. Speed"):
         assert name in dom, f"category {name!r} missing from the rendered report"

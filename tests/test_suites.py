@@ -107,3 +107,68 @@ def test_every_algebra_gold_scores_correct_and_perturbed_wrong():
         assert rec["correct"] and rec["method"] == "math-verify", rec
         wrong = latex_number(parse_latex_number(it["reference"]["answer"]) + Fraction(1, 3))
         assert not score_item(it, f"\\boxed{{{wrong}}}")["correct"]
+
+
+# ------------------------------------------------------------------ difficulty levels
+
+def test_level_2_is_the_published_suite_and_level_1_is_a_separate_stream():
+    assert arith_suite(20, 7) == arith_suite(20, 7, 2) and algebra_suite(20, 11) == algebra_suite(20, 11, 2)
+    one = arith_suite(20, 7, 1)
+    assert one == arith_suite(20, 7, 1) and arith_suite(5, 7, 1) == one[:5]
+    assert [r["question"] for r in one] != [r["question"] for r in arith_suite(20, 7)]
+    for bad in (0, 3, "1"):
+        with pytest.raises(ValueError, match="level must be one of"):
+            arith_suite(3, 7, bad)
+        with pytest.raises(ValueError, match="level must be one of"):
+            algebra_suite(3, 7, bad)
+
+
+def test_arith_level_1_is_one_true_step_on_single_digits():
+    rows = arith_suite(300, 42, 1)
+    assert {r["meta"]["template"] for r in rows} == {"find_more", "give_away"}
+    for r in rows:
+        meta = r["meta"]
+        final = int(r["answer"].rsplit("#### ", 1)[1])
+        assert final == eval_expr(meta["expression"], meta["values"]) >= 1, r
+        assert all(1 <= v <= 9 for v in meta["values"].values())
+        steps = r["answer"].splitlines()[:-1]
+        assert len(steps) == 1 and steps[0].endswith(f" = {final}")
+        assert score_item(normalize("gsm8k", [r])[0], f"{steps[0]}\n#### {final}")["correct"]
+        assert not score_item(normalize("gsm8k", [r])[0], f"#### {final + 1}")["correct"]
+
+
+def test_algebra_level_1_answers_recompute_and_score():
+    rows = algebra_suite(300, 42, 1)
+    assert {r["meta"]["kind"] for r in rows} == {"sum", "difference"}
+    for r in rows:
+        m = r["meta"]
+        ans = parse_latex_number(r["answer"])
+        if m["kind"] == "sum":
+            assert ans == m["a"] + m["b"]
+        else:
+            assert ans == m["a"] - m["b"] >= 1 and f"${m['a']} - {m['b']}$" in r["problem"]
+        item = normalize("math", [r])[0]
+        assert score_item(item, f"so $\\boxed{{{r['answer']}}}$")["correct"]
+        assert not score_item(item, f"$\\boxed{{{ans + 1}}}$")["correct"]
+
+
+def test_generated_source_level_and_shots_prompt(tmp_path):
+    from pairaudit.datasets import DatasetError, SHOTS, load_source, prepare_dataset
+
+    rows, prov = load_source({"generated": {"kind": "arith", "n": 4, "seed": 7, "level": 1}}, cache_dir=tmp_path)
+    assert rows == arith_suite(4, 7, 1) and prov["level"] == 1
+    _, prov2 = load_source({"generated": {"kind": "arith", "n": 4, "seed": 7}}, cache_dir=tmp_path)
+    assert prov2["level"] == 2 and prov2["sha256"] != prov["sha256"]
+    with pytest.raises(DatasetError, match=r"generated\.level: 5 is not one of 1, 2"):
+        load_source({"generated": {"kind": "arith", "n": 4, "seed": 7, "level": 5}}, cache_dir=tmp_path)
+    doc = prepare_dataset({"name": "a", "format": "gsm8k", "source": {"generated": {"kind": "arith", "n": 4,
+                                                                                     "seed": 7, "level": 1}},
+                           "select": {"count": "all"}, "prompt_template": "shots"}, cache_dir=tmp_path,
+                          base_dir=tmp_path)
+    msgs = doc["items"][0]["messages"]
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert msgs[2]["content"] == SHOTS["gsm8k"][0][1] and "#### 8" in msgs[2]["content"]
+    assert msgs[-1]["content"].startswith(doc["items"][0]["question"]) and "#### <number>" in msgs[-1]["content"]
+    # The worked examples are fixed texts, never items of the suite being audited.
+    questions = {r["question"] for r in arith_suite(200, 7, 1)}
+    assert not questions & {q for q, _ in SHOTS["gsm8k"]}
