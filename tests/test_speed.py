@@ -488,7 +488,7 @@ def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
                     assert rep["drafts"] == rep["accepted"] == 0 and rep["rounds"] == (n - 1) * rep["requests"]
     assert all(r["accepted"] > 0 for r in saved["pooled"]["rep-c1"]["s2"])  # the pattern is drafted and accepted
     g = saved["win2"]["rep-c1"]["guards"]["accepted_per_round"]
-    assert all(k > c for k, c in zip(g["candidate"], g["control"]))
+    assert g["point_gain_pct"] == 100.0  # drafts accepted against none: better, never a loss
     assert g["guard_verdict"] == "OK"
     # the verdict follows the stored series (timing noise here decides it; the rule must not drift)
     again = rules.win2_v2(saved["series"], primary="pooled_rate_tps", guards=["accepted_per_round", "decode_tps"],
