@@ -428,6 +428,10 @@ def decision_deviations(gates: Mapping[str, Mapping[str, Any] | None], *, calibr
         if res.get("counts_unrecorded_datasets"):
             out.append({"gate": name, "what": "comparison counts not recorded",
                         "detail": f"selected/compared counts missing for datasets {res['counts_unrecorded_datasets']}"})
+        # a stage's own loosenings (e.g. the speed bracket's accepted unverifiable clock), as it listed them
+        for d in res.get("stage_deviations") or []:
+            if isinstance(d, Mapping):
+                out.append({"gate": name, "what": str(d.get("what")), "detail": str(d.get("detail"))})
         if res.get("missing_cases"):
             out.append({"gate": name, "what": "required cases missing",
                         "detail": f"cases {res['missing_cases']} were not run (the stage said "
