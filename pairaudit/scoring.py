@@ -15,7 +15,11 @@ Score record of ``score_item`` (all formats)::
 Format extras:
 
 - gsm8k: ``gold`` (normalized), ``flexible`` = {"extracted", "correct"} from the
-  lm-eval flexible extractor (last number), recorded beside the strict verdict.
+  lm-eval flexible extractor (last number), recorded beside the strict verdict;
+  ``comparison`` = "numeric" (GSM8K_COMPARISON) and ``lm_eval_exact_match``:
+  what lm-eval's string comparison says of the same strict extraction (they
+  differ only where the numbers are equal but written differently, e.g.
+  ``#### 72.0`` against gold 72: correct here, wrong in lm-eval).
 - math: ``gold``, ``boxed_command`` ("boxed"/"fbox"), ``method`` in
   {"math-verify", "normalized-string", "none"}; ``math_verify`` = {"equal", "error"}.
 - mbpp / humaneval: ``code_source`` ("fenced-python", "fenced", "unclosed-fence",
@@ -59,6 +63,15 @@ DEFAULT_SANDBOX_LIMITS = {"timeout_s": 10, "cpu_s": 10, "memory_mb": 512, "fsize
 
 
 # ---------------------------------------------------------------- gsm8k
+#
+# Strict GSM8K scoring extracts like lm-eval (first "#### N", the same regex,
+# the same stripping of ",", "$" and a trailing ".") but compares the numbers,
+# not the strings: "#### 72.0", "#### 072" and "#### 0.50" equal gold 72, 72
+# and 0.5. A model that writes the right number is right. lm-eval compares
+# strings, so its strict score can be lower on the same answers; every record
+# keeps lm-eval's verdict beside ours (``lm_eval_exact_match``) so the two
+# scores can be told apart item by item.
+GSM8K_COMPARISON = "numeric"
 
 def normalize_number(text: str) -> str:
     """Strip what lm-eval strips before comparing: ``,``, ``$``, surrounding space, a trailing ``.``."""
@@ -93,13 +106,18 @@ def score_gsm8k(item: dict, text: str) -> dict:
     m = GSM8K_STRICT.search(text)
     if m is None:
         return {"correct": False, "extracted": None, "method": "strict-regex", "gold": gold,
-                "reason": "no '#### N' found", "flexible": flexible}
+                "reason": "no '#### N' found", "flexible": flexible,
+                "comparison": GSM8K_COMPARISON, "lm_eval_exact_match": False}
     got = normalize_number(m.group(1))
     ok = numbers_equal(got, gold)
+    lm_eval = got == gold  # lm-eval: the same normalization, then string equality
     reason = (f"strict match '#### {m.group(1)}' == gold {gold}" if ok
               else f"strict match '#### {m.group(1)}' != gold {gold}")
+    if ok and not lm_eval:
+        reason += " (equal as numbers; lm-eval's string comparison counts it wrong)"
     return {"correct": ok, "extracted": got, "method": "strict-regex", "gold": gold,
-            "reason": reason, "flexible": flexible}
+            "reason": reason, "flexible": flexible,
+            "comparison": GSM8K_COMPARISON, "lm_eval_exact_match": lm_eval}
 
 
 # ---------------------------------------------------------------- math

@@ -48,10 +48,14 @@ class StubEndpoint:
                 "elapsed_s": 0.0, "started_at": "t"}
 
 
-def grid_top(top_id, other_ids, base=-0.75, step=0.125):
-    """A synthetic BF16-grid top list: the first two tie at the top, the rest whole steps below."""
+def grid_top(top_id, other_ids, base=-0.75 - 1 / 3, step=0.125):
+    """A synthetic BF16-grid top list: the first two tie at the top, the rest whole steps below.
+
+    Served as FP32 values under a log-partition with no short decimal form,
+    as a real server's are (grid-tie-v1 refuses rounded evidence).
+    """
     vals = [base, base] + [base - step * (3 + i) for i in range(len(other_ids) - 1)]
-    return [[t, v] for t, v in zip([top_id] + list(other_ids), vals)]
+    return [[t, float(np.float32(v))] for t, v in zip([top_id] + list(other_ids), vals)]
 
 
 # --------------------------------------------------------------- unit tests
@@ -198,6 +202,16 @@ def test_grid_tie_inputs_match_rule_and_pass_on_a_grid_tie():
     assert g.grid_tie_inputs(divs, keyed, {"0": _probe(0, ktop, 12)}) == inputs
 
 
+def test_comparison_counts():
+    divs = g.divergence_records([_rec(0, [1, 2]), _rec(1, [5]), _rec(2, [7])],
+                                [_rec(0, [1, 3]), _rec(1, [5]), _rec(2, [7])])
+    divs[2].update(diverged=None, error="the arms tokenized the chat prompt differently")
+    assert g.comparison_counts([0, 1, 2, 3], divs) == {"selected": 4, "compared": 2, "diverged": 1, "unresolved": 1}
+    assert g.comparison_counts([], []) == {"selected": 0, "compared": 0, "diverged": 0, "unresolved": 0}
+    with pytest.raises(ValueError, match="outside the selection"):
+        g.comparison_counts([0, 1], divs)
+
+
 def test_grid_tie_inputs_missing_or_failed_probe_stops():
     divs = g.divergence_records([_rec(0, [1, 2])], [_rec(0, [1, 3])])
     ktop = grid_top(3, [2] + list(range(100, 118)))
@@ -289,7 +303,10 @@ def test_identical_fp32_arms_do_not_diverge(control):
     divs = g.divergence_records(a, b)
     assert [d["diverged"] for d in divs] == [False, False]
     assert g.grid_tie_inputs(divs, [], []) == []
-    assert rules.grid_tie_v1([])["verdict"] == "PASS"
+    counts = g.comparison_counts([it["index"] for it in items], divs)
+    assert counts == {"selected": 2, "compared": 2, "diverged": 0, "unresolved": 0}
+    assert rules.grid_tie_v1([], selected=2, compared=2)["verdict"] == "PASS"
+    assert rules.grid_tie_v1([])["verdict"] == "INCONCLUSIVE"  # no counts: nothing shown compared
 
 
 def _on_bf16_grid(top):

@@ -78,6 +78,21 @@ def test_normalize_number():
     assert not scoring.numbers_equal(".", "72")
 
 
+@pytest.mark.parametrize("text,gold,ours,lm_eval", [
+    ("#### 72", "72", True, True),
+    ("#### 1,234.", "1234", True, True),   # lm-eval strips ',' and a trailing '.' too
+    ("#### 72.0", "72", True, False),      # equal numbers, different strings
+    ("#### 072", "72", True, False),
+    ("#### 73", "72", False, False),
+    ("no marker: 72", "72", False, False),
+])
+def test_gsm8k_records_numeric_comparison_and_lm_evals_string_verdict(text, gold, ours, lm_eval):
+    rec = score_item(gsm(gold), text)
+    assert rec["comparison"] == scoring.GSM8K_COMPARISON == "numeric"
+    assert rec["correct"] is ours and rec["lm_eval_exact_match"] is lm_eval
+    assert ("lm-eval's string comparison counts it wrong" in rec["reason"]) is (ours and not lm_eval)
+
+
 # ---------------------------------------------------------------- math
 
 def test_last_boxed_balanced_nested_and_last():
