@@ -206,7 +206,8 @@ def answer_dataset(srv: Server, name: str, bodies: dict[int, dict], journal: App
 
 
 def assemble_records(*, name: str, arm: str, bodies: dict[int, dict], journal_path: str, out_path: str,
-                     consumed: list[str], params: dict, failure: dict | None = None) -> dict:
+                     consumed: list[str], params: dict, failure: dict | None = None,
+                     max_model_len: int | None = None) -> dict:
     """The sampled artifact of one dataset and arm, from the journal alone (no server).
 
     The first final attempt journaled for an item is its primary answer,
@@ -232,6 +233,8 @@ def assemble_records(*, name: str, arm: str, bodies: dict[int, dict], journal_pa
         "n": len(records),
         "servers": [json.loads(s) for s in servers],
         "arm_failed": failures.summary(failure) if failure else None,
+        # the arm's context limit, so scoring can tell a clamped request that did not fit
+        "max_model_len": max_model_len,
         "provenance": artifacts.provenance(consumed, {**params, "journal": str(jpath)}),
     }
     artifacts.write_jsonl(out_path, header, records)
@@ -244,10 +247,12 @@ def assemble(*, dataset_path: str, requests_path: str, journal_path: str, out_pa
     from .plans import bodies, read_requests  # here: plans builds its requests with this module
 
     req = read_requests(requests_path)
+    preflight = artifacts.read_json(preflight_path)
+    mml = preflight.get("max_model_len") or artifacts.read_json(receipt_path).get("max_model_len")
     return assemble_records(name=req["dataset"], arm=req["arm"], bodies=bodies(req), journal_path=journal_path,
                             out_path=out_path,
                             consumed=[dataset_path, requests_path, receipt_path, preflight_path],
-                            params={}, failure=artifacts.read_json(phase_path).get("failure"))
+                            params={}, failure=artifacts.read_json(phase_path).get("failure"), max_model_len=mml)
 
 
 def sampled_stage(*, dataset_path: str, launch_path: str, preflight_path: str, out_path: str, journal_path: str,

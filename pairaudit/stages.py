@@ -43,7 +43,8 @@ def score_stage(*, dataset_path: str, sampled_path: str, out_path: str, sandbox_
     header, records = artifacts.read_jsonl(sampled_path)
     artifacts.check_schema(header, "pairaudit.sampled/v1", sampled_path)
     artifacts.check_consumed(header, [dataset_path], where=sampled_path)
-    scored = scoring.score_records(dataset, records, sandbox_limits=sandbox_limits, workers=workers)
+    scored = scoring.score_records(dataset, records, sandbox_limits=sandbox_limits, workers=workers,
+                                   max_model_len=header.get("max_model_len"))
     out_header = {
         "schema": "pairaudit.scores/v1",
         "dataset": dataset["name"],

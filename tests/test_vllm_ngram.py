@@ -58,3 +58,37 @@ def test_preflight_records_the_engines_500_and_the_servers_death(ngram_server):
         time.sleep(1)
     assert not ngram_server.alive()
     assert "is out of bounds for dimension 1 with size 49152" in ngram_server.log_path.read_text(errors="replace")
+
+
+def test_the_answers_phase_turns_the_engine_death_into_a_confirmed_rejection(tmp_path):
+    """The same candidate launched by the audit: the phase records the 500, confirms it on a fresh start, REJECT."""
+    from pairaudit import artifacts, failures, phases, plans
+    from test_vllm_audit import vllm_launch_arm
+
+    vllm_python_or_skip()
+    cfg = vllm_launch_arm("float32")
+    cfg["command"] += ["--speculative-config", NGRAM]
+    cfg["speculative"] = True
+    out = tmp_path / "results"
+    ds = out / "datasets" / "one.json"
+    artifacts.write_json(ds, {"schema": "pairaudit.dataset/v1", "name": "one", "format": "gsm8k",
+                              "items": [{"index": 0, "messages": [{"role": "user", "content": "2 + 2 ="}],
+                                         "answer": "4"}]})
+    sampling = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0, "base_seed": 1, "max_tokens": 8,
+                "concurrency": 1, "request_timeout_s": 300}
+    plans.arm_spec_stage(arm="candidate", arm_cfg=cfg, out_path=str(out / "specs/candidate.json"))
+    plans.requests_stage(dataset_path=str(ds), spec_path=str(out / "specs/candidate.json"), sampling=sampling,
+                         audit="ngram", out_path=str(out / "requests/one/candidate.json"))
+    doc = phases.answers_phase(
+        arm="candidate", arm_cfg=cfg, requests_paths={"one": str(out / "requests/one/candidate.json")},
+        sampling=sampling, audit="ngram", boundary_plan_path=None, journal_dir=str(out / "journal"),
+        receipt_path=str(out / "launch/candidate.json"), preflight_path=str(out / "preflight/candidate.json"),
+        phase_path=str(out / "answers/candidate.json"), boundary_path=None,
+        server_log=str(out / "logs/answers-candidate.log"), starts_log=str(out / "servers/starts.jsonl"))
+    f = doc["failure"]
+    assert f["stage"] == "preflight" and f["what"] == "probe seeded_repeat" and f["status"] == 500
+    assert failures.is_server_failure(f["kind"]) and failures.is_server_failure(f["confirmation"]["kind"])
+    assert "EngineCore encountered an issue" in str(f["error_body"])
+    gate = failures.server_failure_v1({"control": None, "candidate": f})
+    assert gate["verdict"] == "FAIL" and "HTTP 500" in gate["reasons"][0]
+    assert doc["datasets"] == {}  # nothing was asked after the failure
