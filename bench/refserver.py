@@ -84,13 +84,13 @@ class Server:
             except requests.RequestException:
                 pass
             time.sleep(0.5)
-        self.stop()
+        self.stop(keep_log=True)
         raise RuntimeError(f"{name} not healthy after {timeout:.0f} s; log {self.log.name}")
 
     def log_text(self) -> str:
         return Path(self.log.name).read_text(errors="replace")
 
-    def stop(self) -> None:
+    def stop(self, keep_log: bool = False) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
@@ -98,7 +98,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
-        os.unlink(self.log.name)
+        if not keep_log:
+            os.unlink(self.log.name)
 
 
 def start_ref(threads: int, env: dict | None = None) -> Server:
