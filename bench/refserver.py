@@ -108,13 +108,13 @@ def start_ref(threads: int, env: dict | None = None) -> Server:
     return Server(f"ref-t{threads}", argv, {"PYTHONPATH": str(REPO), **(env or {})}, timeout=300)
 
 
-def start_vllm(python: Path, mode: str, model_dir: Path) -> Server:
+def start_vllm(python: Path, mode: str, model_dir: Path, timeout: float) -> Server:
     argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", EMBEDDED_NAME, "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "float32",
             "--host", "127.0.0.1"]
     if mode == "eager":
         argv.append("--enforce-eager")
-    return Server(f"vllm-{mode}", argv, {"VLLM_CPU_KVCACHE_SPACE": "2"}, timeout=600)
+    return Server(f"vllm-{mode}", argv, {"VLLM_CPU_KVCACHE_SPACE": "2"}, timeout=timeout)
 
 
 def ref_threads(server: Server) -> str:
@@ -267,6 +267,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="alternating measurement rounds; the median is reported")
     ap.add_argument("--vllm-mode", choices=("compile", "eager", "both"), default="compile",
                     help="vLLM's default torch.compile mode, --enforce-eager, or both")
+    ap.add_argument("--vllm-timeout", type=float, default=1200,
+                    help="seconds to wait for vLLM to become healthy (its compile mode is slow on a busy machine)")
     ap.add_argument("--ref-threads", default="0",
                     help="comma-separated torch thread counts for the reference server (0: its default)")
     ap.add_argument("--extra", action="store_true", help="also the transformers, bandwidth and n-gram rows")
@@ -288,7 +290,11 @@ def main() -> None:
                   f"{REPO / '.venv-vllm' / 'bin' / 'python'} exists (install it with ./install.sh --vllm)")
         else:
             for mode in ("compile", "eager") if args.vllm_mode == "both" else (args.vllm_mode,):
-                s = start_vllm(python, mode, path)
+                try:
+                    s = start_vllm(python, mode, path, args.vllm_timeout)
+                except RuntimeError as exc:  # the other sides are still worth measuring
+                    print(f"vLLM {mode}: not measured -- {exc}")
+                    continue
                 servers.append(s)
                 threads[s.name], starts[s.name] = vllm_threads(s), s.start_seconds
         rates = measure(servers, args.rounds, n)
