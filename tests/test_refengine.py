@@ -1,4 +1,4 @@
-"""Pure parts of the reference engine: switches, n-gram drafting, sampling filters."""
+"""The reference engine: switches, n-gram drafting, sampling filters; the model against transformers."""
 
 from __future__ import annotations
 
@@ -71,3 +71,128 @@ def test_speculative_acceptance_keeps_the_target_distribution():
         counts[eng._choose(req, row, draft=1)] += 1
     freq = counts / counts.sum()
     assert torch.allclose(freq, p, atol=0.03)
+
+
+# --- the model against transformers (real weights, in process) ---------------------
+PROMPTS = ["The three primary colors are", "One, two, three,", "The sky is", "def add(a, b):", "Water boils at"]
+STEPS = 16
+
+
+@pytest.fixture(scope="module")
+def real():
+    from pairaudit.modelstore import EMBEDDED_NAME, resolve_model
+    from pairaudit.refserver.model import LlamaModel
+    from pairaudit.refserver.tokenizer import ChatTokenizer
+
+    path, _ = resolve_model(EMBEDDED_NAME)
+    return path, ChatTokenizer(path), LlamaModel(path)
+
+
+def _greedy(model, prompts_ids, steps, capacity_slack=4):
+    """Greedy decode of several sequences batched in one forward per step; per-sequence tokens and logits."""
+    from pairaudit.refserver.model import KVCache, Segment
+
+    # a small capacity makes the caches grow mid-run, so growth is exercised too
+    caches = [KVCache(model.cfg, capacity=len(p) + capacity_slack) for p in prompts_ids]
+    flat = torch.tensor([t for p in prompts_ids for t in p])
+    hidden = model.forward(flat, [Segment(c, 0, len(p)) for c, p in zip(caches, prompts_ids)])
+    last = torch.tensor([len(p) for p in prompts_ids]).cumsum(0) - 1
+    logits = model.logits(hidden[last])
+    for c, p in zip(caches, prompts_ids):
+        c.length = len(p)
+    tokens, rows = [[] for _ in prompts_ids], [[] for _ in prompts_ids]
+    for _ in range(steps):
+        nxt = logits.argmax(-1)
+        for i in range(len(prompts_ids)):
+            tokens[i].append(int(nxt[i]))
+            rows[i].append(logits[i])
+        hidden = model.forward(nxt, [Segment(c, c.length, 1) for c in caches])
+        for c in caches:
+            c.length += 1
+        logits = model.logits(hidden)
+    return tokens, [torch.stack(r) for r in rows]
+
+
+@pytest.fixture(scope="module")
+def transformers_logits(real):
+    """Teacher-forced transformers logits over prompt + the reference model's greedy continuation."""
+    transformers = pytest.importorskip("transformers")
+    path, tok, model = real
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    out = {}
+    for prompt in PROMPTS:
+        ids = tok(prompt).input_ids
+        tokens, logits = _greedy(model, [ids], STEPS)
+        with torch.inference_mode():
+            ref = hf(torch.tensor([ids + tokens[0]])).logits[0, len(ids) - 1 : len(ids) - 1 + STEPS]
+        out[prompt] = (ids, tokens[0], logits[0], ref)
+    return out
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_text_and_logits_match_transformers(transformers_logits, prompt):
+    _, tokens, ours, ref = transformers_logits[prompt]
+    # transformers' own greedy choice at every position is the token the reference model emitted
+    assert ref.argmax(-1).tolist() == tokens
+    # and the logits agree to fp32 reordering error (a wrong rotary position or mask is off by O(1))
+    assert (ours - ref).abs().max().item() < 1e-3
+
+
+def test_batched_decode_matches_solo(real, transformers_logits):
+    _, _, model = real
+    ids = [transformers_logits[p][0] for p in PROMPTS[:4]]
+    tokens, logits = _greedy(model, ids, STEPS)
+    for i, p in enumerate(PROMPTS[:4]):
+        _, solo_tokens, solo_logits, _ = transformers_logits[p]
+        assert tokens[i] == solo_tokens
+        # a 4-row matmul rounds differently from a 1-row one, never by more than reordering error
+        assert (logits[i] - solo_logits).abs().max().item() < 1e-3
+
+
+def test_chunked_prefill_and_verify_rows_match_one_prefill(real):
+    from pairaudit.refserver.model import KVCache, Segment
+
+    _, tok, model = real
+    ids = tok("Explain why the sky is blue, in three short sentences.").input_ids
+    whole = KVCache(model.cfg, capacity=len(ids))
+    full = model.logits(model.forward(torch.tensor(ids), [Segment(whole, 0, len(ids))]))
+    # the same prompt in chunks of 5, 1 and the rest: later chunks attend through a causal mask at an offset
+    parts = KVCache(model.cfg, capacity=4)
+    cuts = [0, 5, 6, len(ids)]
+    got = []
+    for a, b in zip(cuts, cuts[1:]):
+        got.append(model.logits(model.forward(torch.tensor(ids[a:b]), [Segment(parts, a, b - a)])))
+        parts.length = b
+    got = torch.cat(got)
+    assert got.shape == full.shape
+    assert torch.equal(got.argmax(-1), full.argmax(-1))
+    # (a row that saw a later position, or missed an earlier chunk, would be off by far more)
+    assert (got - full).abs().max().item() < 1e-3
+
+
+def test_linear_layouts_agree_for_one_and_many_rows():
+    from pairaudit.refserver.model import Linear
+
+    torch.manual_seed(0)
+    w = torch.randn(96, 40)
+    lin = Linear(w)
+    for rows in (1, 2, 5):
+        x = torch.randn(rows, 40)
+        got = lin(x)
+        assert got.shape == (rows, 96) and got.is_contiguous()
+        assert torch.allclose(got, x @ w.T, atol=1e-5)
+
+
+def test_bf16_head_puts_every_logit_on_the_bf16_grid(real):
+    from pairaudit.refserver.model import KVCache, LlamaModel, Segment
+
+    path, tok, fp32 = real
+    bf16 = LlamaModel(path, lm_head_bf16=True)
+    ids = torch.tensor(tok("The three primary colors are").input_ids)
+    for model, on_grid in ((bf16, True), (fp32, False)):
+        cache = KVCache(model.cfg, capacity=len(ids))
+        hidden = model.forward(ids, [Segment(cache, 0, len(ids))])
+        for rows in (hidden[-1:], hidden[-3:]):  # the one-row and the few-row head paths
+            logits = model.logits(rows)
+            assert logits.dtype == torch.float32
+            assert torch.equal(logits, logits.to(torch.bfloat16).float()) == on_grid

@@ -301,11 +301,12 @@ class Engine:
         accepted = 0
         for i in range(logits.shape[0]):
             row = self._noised(req, logits[i : i + 1])[0]
-            raw = torch.log_softmax(row, dim=-1)
             proc = self._processed(req, row)
             draft = drafts[i] if i < len(drafts) else None
             token = self._choose(req, proc, draft)
             token = self._fault_tail(req, proc, token)
+            # raw logprobs cost a pass over the vocabulary: only for requests that asked for them
+            raw = torch.log_softmax(row, dim=-1) if req.params.logprobs is not None else None
             self._emit(req, token, raw)
             if req.done or draft is None or token != draft:
                 break
@@ -388,7 +389,7 @@ class Engine:
             entry[token] = (raw[token].item(), int((raw > raw[token]).sum()) + 1)
         return entry
 
-    def _emit(self, req: Request, token: int, raw: torch.Tensor) -> None:
+    def _emit(self, req: Request, token: int, raw: torch.Tensor | None) -> None:
         p = req.params
         now = time.monotonic()
         if req.first_token_time is None:

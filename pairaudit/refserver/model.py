@@ -11,11 +11,28 @@ Numerics: fp32 throughout.  With ``lm_head_bf16`` the LM head runs with
 bfloat16 inputs and weights and returns bfloat16 logits (promoted to fp32 for
 log-softmax and sampling), which puts every logit on the BF16 grid the way a
 BF16 head does on a GPU.
+
+Speed (a decode step streams every weight once, so it is bandwidth- and
+dispatch-bound; see docs/reference-server-performance.md):
+
+* Each weight is kept in two layouts, because MKL's single-row product is
+  fastest against an ``[in, out]`` matrix while its few-row product is fastest
+  as ``W @ x.T`` against ``[out, in]`` (measured: a 1-row step 47 vs 60 ms, a
+  4-row step 81 vs 154 ms of CPU time).
+* Decode attention is two batched matmuls and a softmax over the cache, grouped
+  by KV head; ``scaled_dot_product_attention`` is kept for prefill chunks,
+  where its blocking pays off.
+* RoPE tables are computed once for every position; rotate-half uses a
+  ``roll`` against a sine table with the sign folded in, which is bitwise the
+  same as negating half of the input.
+* The KV cache is position-major (``[capacity, kv_heads, head_dim]``) so a
+  step's keys and values are written with one contiguous copy per sequence.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,18 +74,18 @@ class LlamaConfig:
 
 
 class KVCache:
-    """One sequence's keys and values, grown geometrically as it lengthens."""
+    """One sequence's keys and values, position-major, grown geometrically as it lengthens."""
 
     def __init__(self, cfg: LlamaConfig, capacity: int = 256):
         self.cfg = cfg
         self.length = 0
-        shape = (cfg.kv_heads, capacity, cfg.head_dim)
+        shape = (capacity, cfg.kv_heads, cfg.head_dim)
         self.k = [torch.empty(shape) for _ in range(cfg.layers)]
         self.v = [torch.empty(shape) for _ in range(cfg.layers)]
 
     @property
     def capacity(self) -> int:
-        return self.k[0].shape[1]
+        return self.k[0].shape[0]
 
     def reserve(self, total: int) -> None:
         if total <= self.capacity:
@@ -76,8 +93,8 @@ class KVCache:
         cap = max(total, 2 * self.capacity)
         for store in (self.k, self.v):
             for i, old in enumerate(store):
-                new = torch.empty((old.shape[0], cap, old.shape[2]))
-                new[:, : self.length] = old[:, : self.length]
+                new = torch.empty((cap, *old.shape[1:]))
+                new[: self.length] = old[: self.length]
                 store[i] = new
 
 
@@ -90,6 +107,29 @@ class Segment:
     n: int
 
 
+class Linear:
+    """A weight ``[out, in]`` kept in the layout each batch shape multiplies fastest."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.w = weight.contiguous()  # [out, in]: W @ x.T for several rows
+        self.wt = weight.t().contiguous()  # [in, out]: x @ W.T for one row
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1:
+            return x @ self.wt
+        return (self.w @ x.t()).t().contiguous()
+
+
+@dataclass
+class _Layer:
+    in_norm: torch.Tensor
+    qkv: Linear
+    o: Linear
+    post_norm: torch.Tensor
+    gate_up: Linear
+    down: Linear
+
+
 class LlamaModel:
     def __init__(self, path: Path, *, lm_head_bf16: bool = False):
         self.cfg = cfg = LlamaConfig.from_dir(path)
@@ -98,46 +138,38 @@ class LlamaModel:
             weights.update(load_file(f))
         w = {k.removeprefix("model."): v.float() for k, v in weights.items()}
         self.embed = w["embed_tokens.weight"]
-        self.layers = []
+        self.layers: list[_Layer] = []
         for i in range(cfg.layers):
             p = f"layers.{i}."
             self.layers.append(
-                {
-                    "in_norm": w[p + "input_layernorm.weight"],
+                _Layer(
+                    in_norm=w[p + "input_layernorm.weight"],
                     # q/k/v and gate/up fused: one weight stream per step instead of three/two
-                    "qkv": torch.cat(
-                        [w[p + f"self_attn.{n}_proj.weight"] for n in ("q", "k", "v")], dim=0
-                    ).contiguous(),
-                    "o": w[p + "self_attn.o_proj.weight"],
-                    "post_norm": w[p + "post_attention_layernorm.weight"],
-                    "gate_up": torch.cat(
-                        [w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]], dim=0
-                    ).contiguous(),
-                    "down": w[p + "mlp.down_proj.weight"],
-                }
+                    qkv=Linear(torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in ("q", "k", "v")], dim=0)),
+                    o=Linear(w[p + "self_attn.o_proj.weight"]),
+                    post_norm=w[p + "post_attention_layernorm.weight"],
+                    gate_up=Linear(torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]], dim=0)),
+                    down=Linear(w[p + "mlp.down_proj.weight"]),
+                )
             )
         self.norm = w["norm.weight"]
         head = weights.get("lm_head.weight")
         head = self.embed if head is None else head.float()
         self.lm_head_bf16 = lm_head_bf16
-        self.head = head.to(torch.bfloat16) if lm_head_bf16 else head
+        self.head = Linear(head.to(torch.bfloat16) if lm_head_bf16 else head)
+        self.scale = 1.0 / math.sqrt(cfg.head_dim)
+        # rotary tables for every position, computed as transformers does (positions * inv_freq, then cos/sin)
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim))
-        self.inv_freq = inv
+        freqs = torch.arange(cfg.max_positions).float()[:, None] * inv[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        half = cfg.head_dim // 2
+        sin = emb.sin()
+        self.cos = emb.cos()
+        # rotate_half(x) * sin == roll(x, half) * (sin with its first half negated), bit for bit
+        self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        var = x.pow(2).mean(-1, keepdim=True)
-        return weight * (x * torch.rsqrt(var + self.cfg.eps))
-
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos(), emb.sin()
-
-    @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rot * sin
+        return F.rms_norm(x, (x.shape[-1],), weight, self.cfg.eps)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
@@ -148,52 +180,65 @@ class LlamaModel:
         speculative tokens are dropped.
         """
         cfg = self.cfg
-        positions = torch.cat([torch.arange(s.start, s.start + s.n) for s in segments])
-        cos, sin = self._rope(positions)
-        cos, sin = cos[:, None, :], sin[:, None, :]
+        heads, kvh, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
+        qd, kd = heads * hd, kvh * hd
+        half = hd // 2
+        if len(segments) == 1:
+            s = segments[0]
+            positions = slice(s.start, s.start + s.n)
+        else:
+            positions = torch.cat([torch.arange(s.start, s.start + s.n) for s in segments])
+        cos = self.cos[positions][:, None, :]
+        sin = self.sin_signed[positions][:, None, :]
+        plan = []  # per segment: (row slice, cache end, causal mask or None)
+        off = 0
         for s in segments:
             s.cache.reserve(s.start + s.n)
-        masks = []
-        for s in segments:
-            if s.n == 1:
-                masks.append(None)
-            else:
-                q_pos = torch.arange(s.start, s.start + s.n)[:, None]
-                masks.append(torch.arange(s.start + s.n)[None, :] <= q_pos)
+            end = s.start + s.n
+            mask = None
+            if s.n > 1 and s.start > 0:
+                mask = torch.arange(end)[None, :] <= torch.arange(s.start, end)[:, None]
+            plan.append((s, off, off + s.n, end, mask))
+            off += s.n
+        T = off
         x = self.embed[tokens]
-        qd, kd = cfg.heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim
         for li, layer in enumerate(self.layers):
-            h = self._rms(x, layer["in_norm"])
-            qkv = h @ layer["qkv"].T
-            q = qkv[:, :qd].view(-1, cfg.heads, cfg.head_dim)
-            k = qkv[:, qd : qd + kd].view(-1, cfg.kv_heads, cfg.head_dim)
-            v = qkv[:, qd + kd :].view(-1, cfg.kv_heads, cfg.head_dim)
-            q = self._rotate(q, cos, sin)
-            k = self._rotate(k, cos, sin)
+            qkv = layer.qkv(self._rms(x, layer.in_norm))
+            qk = qkv[:, : qd + kd].view(T, heads + kvh, hd)
+            qk = qk * cos + qk.roll(half, -1) * sin
+            q, k = qk[:, :heads], qk[:, heads:]
+            v = qkv[:, qd + kd :].view(T, kvh, hd)
             outs = []
-            off = 0
-            for s, mask in zip(segments, masks):
-                end = s.start + s.n
+            for s, a, b, end, mask in plan:
                 kc, vc = s.cache.k[li], s.cache.v[li]
-                kc[:, s.start : end] = k[off : off + s.n].transpose(0, 1)
-                vc[:, s.start : end] = v[off : off + s.n].transpose(0, 1)
-                qs = q[off : off + s.n].transpose(0, 1).unsqueeze(0)
-                o = F.scaled_dot_product_attention(
-                    qs, kc[:, :end].unsqueeze(0), vc[:, :end].unsqueeze(0), attn_mask=mask, enable_gqa=True
-                )
-                outs.append(o[0].transpose(0, 1).reshape(s.n, qd))
-                off += s.n
+                kc[s.start : end] = k[a:b]
+                vc[s.start : end] = v[a:b]
+                if s.n == 1:
+                    # [kv, group, hd] @ [kv, hd, L] -> softmax -> @ [kv, L, hd]
+                    qs = q[a].view(kvh, heads // kvh, hd)
+                    scores = torch.bmm(qs, kc[:end].permute(1, 2, 0)).mul_(self.scale)
+                    o = torch.bmm(scores.softmax(-1), vc[:end].transpose(0, 1))
+                    outs.append(o.view(1, qd))
+                else:
+                    o = F.scaled_dot_product_attention(
+                        q[a:b].transpose(0, 1).unsqueeze(0),
+                        kc[:end].transpose(0, 1).unsqueeze(0),
+                        vc[:end].transpose(0, 1).unsqueeze(0),
+                        attn_mask=mask,
+                        is_causal=mask is None,
+                        enable_gqa=True,
+                    )
+                    outs.append(o[0].transpose(0, 1).reshape(s.n, qd))
             attn = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
-            x = x + attn @ layer["o"].T
-            h = self._rms(x, layer["post_norm"])
-            gu = h @ layer["gate_up"].T
+            x = x + layer.o(attn)
+            gu = layer.gate_up(self._rms(x, layer.post_norm))
             inter = gu.shape[-1] // 2
-            x = x + (F.silu(gu[:, :inter]) * gu[:, inter:]) @ layer["down"].T
+            x = x + layer.down(F.silu(gu[:, :inter]) * gu[:, inter:])
         return self._rms(x, self.norm)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits [rows, vocab]; on the BF16 grid when the head runs in bf16."""
         if self.lm_head_bf16:
-            return (hidden.to(torch.bfloat16) @ self.head.T).float()
-        return hidden @ self.head.T
+            return self.head(hidden.to(torch.bfloat16)).float()
+        return self.head(hidden)
