@@ -8,7 +8,11 @@ anything new:
 - the death of the snakemake process the job belongs to (``kill -9`` of
   snakemake alone leaves its jobs orphaned): a watchdog thread notices the
   ancestor is gone and delivers SIGTERM to the job itself, whose handler stops
-  its servers (see ``launch``).
+  its servers (see ``launch``);
+- a SIGINT to snakemake alone (``kill -INT``; a terminal's Ctrl-C reaches the
+  jobs too): snakemake would wait for its running jobs to finish, so the
+  Snakefile installs ``relay_interrupts``, which leaves a marker the jobs'
+  watchdogs see within a second.
 
 Answers already journaled are kept either way; the journal's lock is released
 by the kernel when the job exits, so the recovery run can take it.
@@ -94,10 +98,40 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def interrupt_marker(pid: int, workdir: str | Path = ".") -> Path:
+    return Path(workdir, ".snakemake", "pairaudit", f"interrupted-{pid}")
+
+
+def relay_interrupts(workdir: str | Path = ".") -> None:
+    """In the snakemake process (the Snakefile): a SIGINT leaves a marker for its jobs, then interrupts as usual."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    marker = interrupt_marker(os.getpid(), workdir)
+    marker.unlink(missing_ok=True)  # a marker of an earlier process with this pid
+    prev = signal.getsignal(signal.SIGINT)
+
+    def handler(signum, frame):
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(f"SIGINT at {time.time()}\n")
+        except OSError:
+            pass
+        if callable(prev):
+            prev(signum, frame)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+
+
 def _watch(pid: int, interval_s: float) -> None:
+    marker = interrupt_marker(pid)
     while _alive(pid):
+        if marker.exists():
+            request_stop(f"snakemake (pid {pid}) was interrupted")
+            break
         time.sleep(interval_s)
-    request_stop(f"snakemake (pid {pid}) is gone")
+    else:
+        request_stop(f"snakemake (pid {pid}) is gone")
     os.kill(os.getpid(), signal.SIGTERM)
 
 

@@ -98,9 +98,9 @@ rule sampled:
     input:
         dataset=f"{R}/datasets/{{dataset}}.json",
         requests=f"{R}/requests/{{dataset}}/{{arm}}.json",
-        receipt=ancient(f"{R}/launch/{{arm}}.json"),
-        preflight=ancient(f"{R}/preflight/{{arm}}.json"),
-        phase=ancient(f"{R}/answers/{{arm}}.json"),
+        receipt=answered_by_arm("launch"),
+        preflight=answered_by_arm("preflight"),
+        phase=answered_by_arm("answers"),
     output:
         f"{R}/sampled/{{dataset}}/{{arm}}.jsonl",
     log:

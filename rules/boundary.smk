@@ -11,10 +11,10 @@ if BOUNDARY_ON:
             # reruns for a dataset; the plan and the specs rerun the gate
             plan=f"{R}/boundary/plan.json",
             specs=expand(f"{R}/specs/{{arm}}.json", arm=ARMS),
-            control=ancient(f"{R}/boundary/control.json"),
-            candidate=ancient(f"{R}/boundary/candidate.json"),
-            launch_control=ancient(f"{R}/launch/control.json"),
-            launch_candidate=ancient(f"{R}/launch/candidate.json"),
+            control=answered("boundary", "control"),
+            candidate=answered("boundary", "candidate"),
+            launch_control=answered("launch", "control"),
+            launch_candidate=answered("launch", "candidate"),
         output:
             f"{R}/boundary/gate.json",
         log:

@@ -1,8 +1,13 @@
+import json
 import os
 from pathlib import Path
 
 from pairaudit.codehash import code_hash
 from pairaudit.datasets import source_fingerprint
+from pairaudit.lifecycle import relay_interrupts
+
+# A SIGINT to snakemake alone would let its running jobs carry on; they watch for this.
+relay_interrupts()
 
 R = f"results/{config['audit']}"
 ARMS = ["control", "candidate"]
@@ -87,6 +92,30 @@ def answers_inputs(wildcards):
     if BOUNDARY_ON:
         inputs["boundary_plan"] = f"{R}/boundary/plan.json"
     return inputs
+
+
+def phase_failed(arm):
+    """Did the arm's last answers phase end with a server failure (its record says so)?"""
+    try:
+        return (
+            json.loads(Path(f"{R}/answers/{arm}.json").read_text()).get("failure")
+            is not None
+        )
+    except (OSError, ValueError):
+        return False
+
+
+def answered(kind, arm):
+    """An output of the arm's answers phase, read as `ancient` so that the phase
+    answering one dataset does not rerun another's chain -- unless the phase last
+    ended with a server failure: then everything made from it is partial, and a
+    rerun of the phase must rebuild all of it."""
+    path = f"{R}/{kind}/{arm}.json"
+    return path if phase_failed(arm) else ancient(path)
+
+
+def answered_by_arm(kind):
+    return lambda wildcards: answered(kind, wildcards.arm)
 
 
 def greedy_paths():

@@ -15,10 +15,10 @@ if SPEED_ON:
     rule speed:
         input:
             specs=expand(f"{R}/specs/{{arm}}.json", arm=ARMS),
-            launch_control=ancient(f"{R}/launch/control.json"),
-            launch_candidate=ancient(f"{R}/launch/candidate.json"),
-            preflight_control=ancient(f"{R}/preflight/control.json"),
-            preflight_candidate=ancient(f"{R}/preflight/candidate.json"),
+            launch_control=answered("launch", "control"),
+            launch_candidate=answered("launch", "candidate"),
+            preflight_control=answered("preflight", "control"),
+            preflight_candidate=answered("preflight", "candidate"),
         output:
             decision=f"{R}/speed/decision.json",
             streams=f"{R}/speed/streams.jsonl",
