@@ -194,3 +194,17 @@ def test_two_audits_at_once_run_their_servers_one_after_the_other(tmp_path):
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_a_server_that_fails_to_start_gives_its_slot_back(monkeypatch, tmp_path):
+    from pairaudit.launch import Server, ServerError, resolve_spec
+
+    monkeypatch.setenv(slots.SLOTS_ENV, "1")
+    monkeypatch.setenv(slots.SLOTS_DIR_ENV, str(tmp_path / "slots"))
+    spec = resolve_spec("control", {"mode": "launch", "model": "m", "max_model_len": 64, "health_timeout_s": 20,
+                                    "command": ["{python}", "-c", "import sys; sys.exit(3)", "{port}"]})
+    with pytest.raises(ServerError):
+        Server(spec, log_path=tmp_path / "s.log").start()
+    slot = slots.try_acquire(1, tmp_path / "slots", {})  # free again, without waiting
+    assert slot is not None and slot.index == 0
+    slot.release()
