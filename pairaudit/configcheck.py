@@ -350,11 +350,27 @@ def yaml_problem(path: str | os.PathLike) -> str | None:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        what = " ".join(x for x in (exc.context, exc.problem) if x)
+        what = exc.problem or exc.context or "not valid YAML"
+        ctx = exc.context_mark
+        if exc.context and ctx is not None and ctx is not mark:
+            what += f" ({exc.context} that starts at line {ctx.line + 1}, column {ctx.column + 1})"
         return f"{where}: YAML syntax error: {what}"
     except yaml.YAMLError as exc:
         return f"{path}: YAML error: {exc}"
     return None
+
+
+def check_yaml_files(paths) -> None:
+    """Fail naming file, line and column when a config file is not valid YAML (before Snakemake parses it).
+
+    For the Snakefile, before its ``configfile:`` directive: Snakemake's own
+    message for that file names neither the file's line nor the problem.
+    """
+    problems = [p for p in (yaml_problem(f) for f in paths if Path(f).is_file()) if p]
+    if problems:
+        from snakemake_interface_common.exceptions import WorkflowError
+
+        raise WorkflowError(format_problems(problems))
 
 
 def load_like_snakemake(workflow_config: Path, configfiles: list[Path], replace: bool) -> dict:

@@ -504,3 +504,14 @@ def test_snakemake_dry_run_fails_at_load_naming_each_key(tmp_path):
     for text in ("datasets[1].name: 'arith' is already", "sampling.max_tokens: 4096",
                  "arms.control.command[4]: unknown placeholder {modle}", "nothing has run"):
         assert text in out, f"{text!r} not in:\n{out[-3000:]}"
+
+
+def test_check_yaml_files_names_the_line_for_the_workflow_config(tmp_path):
+    p = tmp_path / "config.yaml"
+    p.write_text("audit: x\narms:\n  control: {mode: launch\n")
+    with pytest.raises(WorkflowError) as ei:
+        configcheck.check_yaml_files([p, DEFAULT])
+    msg = str(ei.value)
+    assert f"{p}:4:1: YAML syntax error: expected ',' or '}}'" in msg and "flow mapping that starts at line 3" in msg
+    assert str(DEFAULT) not in msg
+    configcheck.check_yaml_files([DEFAULT, tmp_path / "absent.yaml"])  # absent files are Snakemake's to report
