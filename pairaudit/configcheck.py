@@ -190,30 +190,39 @@ def _longest(doc: dict, measure) -> tuple[int, int]:
     return best
 
 
+def byte_bound(messages: list[dict]) -> int:
+    """An upper bound on a chat prompt's tokens without a tokenizer.
+
+    Every token of a byte-level tokenizer covers at least one byte of the
+    rendered text, so the rendered bytes bound the count; a ChatML-style
+    template adds under 48 bytes per message (markers, role, newlines) and as
+    much for the generation prompt.  A template that adds text of its own
+    (a default date line, a default system prompt) can exceed it, which is
+    why this bound only ever proves a fit.
+    """
+    return sum(len(m["content"].encode()) + 48 for m in messages) + 48
+
+
 def check_lengths(config: Mapping[str, Any], specs: Mapping[str, dict], result: CheckResult) -> None:
     sampling = config.get("sampling") or {}
     budgets = [("sampling.max_tokens", sampling.get("max_tokens"))]
     greedy_max = (config.get("greedy") or {}).get("max_tokens")
     if greedy_max is not None:
         budgets.append(("greedy.max_tokens", greedy_max))
+    budgets = [(k, v) for k, v in budgets if isinstance(v, int) and not isinstance(v, bool)]
     kwargs = sampling.get("chat_template_kwargs") or {}
     names = [d.get("name") for d in config.get("datasets") or [] if isinstance(d, dict)]
-    longest: dict[tuple[str, str], tuple[int, int]] = {}  # (model dir, dataset) -> (tokens, index)
+    exact: dict[tuple[str, str], tuple[int, int]] = {}  # (model dir, dataset) -> (tokens, index)
+    bound = {name: _longest(doc, byte_bound) for name, doc in result.documents.items()}
     for arm, spec in specs.items():
         mml = spec.get("max_model_len")
         if not mml:
             continue
         mdir = model_dir(spec)
-        tok = None
-        if mdir is not None:
-            try:
-                tok = _tokenizer(mdir)
-            except Exception as exc:  # a broken tokenizer is the server's to report; say why it is not used
-                result.notes.append(f"arms.{arm}: tokenizer in {mdir} unusable here ({exc}); prompt lengths "
-                                    f"bounded by bytes instead")
+        # The embedded model's template is ChatML, so the byte bound holds for it and,
+        # when it proves a fit, spares loading the tokenizer at every workflow load.
+        bound_holds = spec["model"] in EMBEDDED_MODELS
         for key, max_tokens in budgets:
-            if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
-                continue
             if max_tokens >= mml:
                 result.problems.append(
                     f"{key}: {max_tokens} leaves no room for a prompt within arms.{arm}.max_model_len {mml} "
@@ -222,25 +231,30 @@ def check_lengths(config: Mapping[str, Any], specs: Mapping[str, dict], result: 
                 continue
             for name, doc in result.documents.items():
                 where = f"datasets[{names.index(name)}] ({name})"
+                n, index = bound[name]
+                if n + max_tokens <= mml and (bound_holds or mdir is None):
+                    continue  # fits for certain (or, without a tokenizer, nothing more can be known here)
+                tok = None
+                if mdir is not None:
+                    try:
+                        tok = _tokenizer(mdir)
+                    except Exception as exc:  # a broken tokenizer is the server's to report; say why it is unused
+                        result.notes.append(f"arms.{arm}: tokenizer in {mdir} unusable here ({exc}); prompt "
+                                            f"lengths bounded by bytes instead")
                 if tok is not None:
-                    if (str(mdir), name) not in longest:
-                        longest[str(mdir), name] = _longest(doc, lambda m: chat_prompt_tokens(tok, m, kwargs))
-                    n, index = longest[str(mdir), name]
+                    if (str(mdir), name) not in exact:
+                        exact[str(mdir), name] = _longest(doc, lambda m: chat_prompt_tokens(tok, m, kwargs))
+                    n, index = exact[str(mdir), name]
                     if n + max_tokens > mml:
                         result.problems.append(
                             f"{key}: {max_tokens} does not fit arms.{arm}.max_model_len {mml} with the longest "
                             f"prompt of {where}, item {index}: {n} tokens in {spec['model']}'s chat template "
                             f"(allowed: at most {mml - n})")
-                else:
-                    # No tokenizer here: a token is at least one UTF-8 byte, so the bytes bound
-                    # the count from above (plus the template's few markers). It can prove a
-                    # fit, never a misfit.
-                    n, index = _longest(doc, lambda m: sum(len(x["content"].encode()) + 16 for x in m) + 16)
-                    if n + max_tokens > mml:
-                        result.notes.append(
-                            f"{key}: {max_tokens} with the longest prompt of {where}, item {index} (at most {n} "
-                            f"tokens by its byte count; model {spec['model']}'s tokenizer is not available at "
-                            f"load) may not fit arms.{arm}.max_model_len {mml}; the server decides at run time")
+                elif n + max_tokens > mml:
+                    result.notes.append(
+                        f"{key}: {max_tokens} with the longest prompt of {where}, item {index} (at most about {n} "
+                        f"tokens by its byte count; model {spec['model']}'s tokenizer is not available at load) "
+                        f"may not fit arms.{arm}.max_model_len {mml}; the server decides at run time")
 
 
 # ------------------------------------------------------------ later stages
