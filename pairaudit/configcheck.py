@@ -312,10 +312,45 @@ def check_config(config: Mapping[str, Any], *, base_dir: str | os.PathLike,
     return result
 
 
+# The promotion's text outputs, written after decision.json and before the manifest.
+PROMOTION_TEXT = (".md", ".html", ".rst")
+
+
+def check_promotion_outputs(promotion_dir: Path) -> list[str]:
+    """The promotion's report files (no self-hash of their own) against the manifest's sha256.
+
+    Only when decision.json still has the hash the manifest recorded: the
+    reports are written after it and the manifest last, so a run interrupted
+    in between leaves a decision.json the manifest does not know, and nothing
+    is claimed then.  The figures are written before decision.json and are
+    not compared.
+    """
+    mpath, dpath = promotion_dir / "manifest.json", promotion_dir / "decision.json"
+    if not (mpath.is_file() and dpath.is_file()):
+        return []
+    try:
+        listed = {Path(a["path"]).name: a["sha256"] for a in artifacts.read_json(mpath).get("artifacts", [])
+                  if Path(a["path"]).parent.name == promotion_dir.name}
+    except (artifacts.ArtifactError, KeyError, TypeError):
+        return []  # the manifest's own problem is reported by verify_tree
+    if listed.get(dpath.name) != artifacts.sha256_file(dpath):
+        return []
+    problems = []
+    for name, recorded in sorted(listed.items()):
+        p = promotion_dir / name
+        if p.suffix in PROMOTION_TEXT and p.is_file() and artifacts.sha256_file(p) != recorded:
+            problems.append(f"{p}: sha256 {artifacts.sha256_file(p)} does not match the {recorded} that "
+                            f"{mpath} recorded when the decision was written: the file was edited after it was "
+                            f"written. Refusing it; delete it so the promotion is recomputed")
+    return problems
+
+
 def check_results(results_dir: str | os.PathLike) -> list[str]:
-    """Problems of the artifacts already written under ``results/<audit>/`` (their content self-hashes)."""
+    """Problems of the artifacts already written under ``results/<audit>/`` (content self-hashes, manifest)."""
     root = Path(results_dir)
-    return artifacts.verify_tree(root) if root.is_dir() else []
+    if not root.is_dir():
+        return []
+    return artifacts.verify_tree(root) + check_promotion_outputs(root / "promotion")
 
 
 def server_slots(workflow) -> int | None:

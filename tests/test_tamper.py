@@ -259,3 +259,21 @@ def test_snakemake_refuses_an_edited_artifact_at_load_even_with_nothing_to_rerun
     out = bad.stdout + bad.stderr
     assert bad.returncode != 0
     assert f"results/{cfg['audit']}/scores/arith/candidate.jsonl: content sha256" in out, out[-3000:]
+
+
+def test_an_edited_report_is_refused_at_load_by_the_manifest(tmp_path):
+    from test_report import _write_inputs, launches, passing_pair, preflights
+    from test_report_ledger import outputs
+
+    res = tmp_path / "results" / "a"
+    ins = _write_inputs(res, passing_pair(), launches(), preflights())
+    outs = outputs(res / "promotion")
+    report.promotion_stage(ins["paired"], ins["launch"], ins["preflight"], **outs)
+    assert configcheck.check_results(res) == []
+    md = Path(outs["out_report"])
+    md.write_text(md.read_text().replace("INCONCLUSIVE", "PROMOTE"))
+    problems = configcheck.check_results(res)
+    assert len(problems) == 1 and problems[0].startswith(f"{md}: sha256 ") and "manifest.json" in problems[0]
+    # a run interrupted after rewriting decision.json (the manifest not yet rewritten) claims nothing
+    artifacts.write_json(outs["out_decision"], {**artifacts.read_json(outs["out_decision"]), "rerun": 1})
+    assert configcheck.check_results(res) == []
