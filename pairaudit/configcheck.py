@@ -357,6 +357,7 @@ def server_slots(workflow) -> int | None:
     """The invocation's ``server_slots`` resource (the machine-wide bound), None when it sets none."""
     res = getattr(workflow, "global_resources", None) or {}
     value = res.get("server_slots")
+    value = getattr(value, "value", value)  # Snakemake 9 wraps each value in a Resource
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 

@@ -208,3 +208,61 @@ def test_a_server_that_fails_to_start_gives_its_slot_back(monkeypatch, tmp_path)
     slot = slots.try_acquire(1, tmp_path / "slots", {})  # free again, without waiting
     assert slot is not None and slot.index == 0
     slot.release()
+
+
+def test_the_workflow_hands_its_server_slots_resource_to_the_jobs():
+    from types import SimpleNamespace
+
+    from snakemake.resources import Resources
+
+    from pairaudit import configcheck
+
+    wf = SimpleNamespace(global_resources=Resources.from_mapping({"server_slots": 3, "_cores": 2}))
+    assert configcheck.server_slots(wf) == 3
+    assert configcheck.server_slots(SimpleNamespace(global_resources=Resources.from_mapping({"_cores": 2}))) is None
+
+
+@pytest.mark.workflow
+@pytest.mark.server
+@pytest.mark.skipif(not HAVE_MODEL, reason="the embedded model is not converted (python -m pairaudit.modelstore)")
+def test_a_workflow_job_waits_for_a_slot_another_audit_holds(tmp_path, monkeypatch):
+    """Snakemake's own bound is per invocation; the slot held here stands in for another audit's server."""
+    import shutil
+
+    import yaml
+
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ["Snakefile", "rules", "scripts", "config", "profiles", "envs", "pairaudit", "report"]:
+        src = Path(ROOT) / name
+        if src.is_dir():
+            shutil.copytree(src, project / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, project / name)
+    cfg = yaml.safe_load((Path(ROOT) / "tests" / "data" / "tiny_config.yaml").read_text())
+    (project / "config" / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    slot_dir = tmp_path / "slots"
+    held = slots.acquire({"audit": "another-audit", "arm": "candidate"}, count=1, directory=slot_dir)
+    env = {k: v for k, v in os.environ.items() if k != slots.SLOTS_ENV}
+    env.update(PYTHONPATH=ROOT, **{slots.SLOTS_DIR_ENV: str(slot_dir)})
+    target = f"results/{cfg['audit']}/launch/control.json"
+    log = project / "results" / cfg["audit"] / "logs" / "launch" / "control.log"
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("snakemake")), "--cores", "1", target], cwd=project,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: log.exists() and "waiting for a server slot" in log.read_text(), "the job to wait")
+        text = log.read_text()
+        assert f"held by pid {os.getpid()} (audit another-audit, arm candidate" in text
+        assert not (project / target).exists()
+        held.release()
+        out, _ = proc.communicate(timeout=900)
+        assert proc.returncode == 0, out[-3000:]
+        assert (project / target).exists()
+        assert "got server slot 0" in log.read_text()
+        assert slots.holder(slot_dir / "slot-0.lock")["audit"] == cfg["audit"]  # the job held it, then gave it back
+        assert slots.try_acquire(1, slot_dir, {}) is not None
+    finally:
+        held.release()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
