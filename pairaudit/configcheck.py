@@ -372,7 +372,8 @@ def check_at_load(config: dict, workflow) -> CheckResult:
     # The schema validation filled defaults in; check a copy so nothing here can change the config.
     result = check_config(copy.deepcopy(config), base_dir=base)
     if isinstance(config.get("audit"), str):
-        result.problems += check_results(base / "results" / config["audit"])
+        # relative to the working directory, as the rules' outputs are
+        result.problems += check_results(Path("results") / config["audit"])
         os.environ[AUDIT_ENV] = config["audit"]
     slots = server_slots(workflow)
     if slots is not None:
