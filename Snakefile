@@ -3,6 +3,8 @@
 #   snakemake --cores 4 <output path>      one stage or one dataset (see README)
 from snakemake.utils import min_version, validate
 
+from pairaudit.configcheck import check_at_load
+
 min_version("9.0")
 
 
@@ -10,6 +12,7 @@ configfile: "config/config.yaml"
 
 
 validate(config, "config/schema.yaml")
+check_at_load(config, workflow)  # everything else checkable before a job runs
 
 
 report: "report/workflow.rst"

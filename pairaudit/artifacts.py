@@ -13,10 +13,23 @@ JSON artifact::
 
 JSONL artifact: the first line is ``{"kind": "header", "schema": ..., "provenance": {...}}``,
 every further line is one record (``{"kind": "record", ...}``).
+
+Content self-hash: every writer records ``content_sha256`` -- in the JSON
+document, or in the JSONL header -- the sha256 of what it wrote, computed over
+the canonical JSON (sorted keys, no spaces) of everything else: for a
+document, the document without that key; for a table, the header (without
+``kind`` and that key) followed by each record (without ``kind``), one
+canonical line each, joined by newlines.  Every reader recomputes it and
+refuses a file whose content no longer matches, or that carries no hash,
+naming the file and both hashes.  So an edit after writing is caught by
+whichever stage reads the file next (and at workflow load, by
+``verify_tree``), whatever its mtime.  Reformatting a file (indentation, key
+order) changes no content and is accepted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -28,8 +41,29 @@ from typing import Any, Iterable
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
+CONTENT_KEY = "content_sha256"
+# Directories under an audit that hold no artifacts: the append-only journals
+# (resume logs, re-read line by line) and the job and server logs.
+NOT_ARTIFACT_DIRS = ("journal", "logs")
+
+
 class ArtifactError(RuntimeError):
     """An artifact is missing, malformed, or not what its consumer expects."""
+
+
+@contextlib.contextmanager
+def named_io(path: str | os.PathLike):
+    """Re-raise an OSError that names no file (``[Errno 28] No space left on device``) naming ``path``.
+
+    The exception keeps its class and errno, so callers that handle OSError
+    still do; only the message gains the file.
+    """
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None or exc.errno is None:
+            raise
+        raise type(exc)(exc.errno, exc.strerror, str(path)) from exc
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -86,34 +120,87 @@ _UMASK = _process_umask()
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    # mkstemp makes the file 0600; an artifact gets the mode any other file
-    # would, so the people reviewing a promotion on a shared host can read it.
-    os.fchmod(fd, 0o666 & ~_UMASK)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    with named_io(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            # mkstemp makes the file 0600; an artifact gets the mode any other file
+            # would, so the people reviewing a promotion on a shared host can read it.
+            os.fchmod(fd, 0o666 & ~_UMASK)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            # a full disk must not leave a half-written temp file beside the artifact
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+
+def _round_trip(obj: Any) -> Any:
+    # Hash what a reader will see: JSON turns int keys into strings and tuples
+    # into lists, which changes the canonical form of the original object.
+    return json.loads(json.dumps(obj, ensure_ascii=False))
+
+
+def content_sha256_doc(body: dict) -> str:
+    """The self-hash of a JSON document (``body`` without its ``content_sha256``)."""
+    return sha256_text(canonical(body))
+
+
+def content_sha256_table(header: dict, records: Iterable[dict]) -> str:
+    """The self-hash of a JSONL table: header (no ``kind``, no hash) and records (no ``kind``)."""
+    h = hashlib.sha256(canonical(header).encode())
+    for r in records:
+        h.update(b"\n")
+        h.update(canonical(r).encode())
+    return h.hexdigest()
+
+
+def _refuse(path, recorded: str | None, actual: str) -> ArtifactError:
+    if recorded is None:
+        return ArtifactError(
+            f"{path}: carries no {CONTENT_KEY}, so its content cannot be checked (not written by pairaudit's "
+            f"artifact writer, or the hash was removed); refusing it. Delete it so its stage recomputes it")
+    return ArtifactError(
+        f"{path}: content sha256 {actual} does not match the {CONTENT_KEY} {recorded} recorded when it was "
+        f"written: the file was edited after it was written. Refusing it; delete it (or rerun its stage with "
+        f"--forcerun {path}) so it is recomputed from its inputs")
 
 
 def write_json(path: str | os.PathLike, doc: dict) -> None:
-    _atomic_write(Path(path), json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+    body = _round_trip({k: v for k, v in doc.items() if k != CONTENT_KEY})
+    body[CONTENT_KEY] = content_sha256_doc(body)
+    _atomic_write(Path(path), json.dumps(body, indent=1, ensure_ascii=False) + "\n")
 
 
-def read_json(path: str | os.PathLike) -> dict:
+def read_json(path: str | os.PathLike, *, verify: bool = True) -> dict:
+    """The document without its ``content_sha256``; refused when that hash does not match (``verify``)."""
     try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ArtifactError(f"{path}: cannot read JSON artifact: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ArtifactError(f"{path}: a JSON artifact must be an object, got {type(doc).__name__}")
+    recorded = doc.pop(CONTENT_KEY, None)
+    if verify:
+        actual = content_sha256_doc(doc)
+        if recorded != actual:
+            raise _refuse(path, recorded, actual)
+    return doc
 
 
 def write_jsonl(path: str | os.PathLike, header: dict, records: Iterable[dict]) -> None:
-    lines = [json.dumps({"kind": "header", **header}, ensure_ascii=False)]
-    lines += [json.dumps({"kind": "record", **r}, ensure_ascii=False) for r in records]
+    head = _round_trip({k: v for k, v in header.items() if k not in ("kind", CONTENT_KEY)})
+    recs = [_round_trip({k: v for k, v in r.items() if k != "kind"}) for r in records]
+    head[CONTENT_KEY] = content_sha256_table({k: v for k, v in head.items() if k != CONTENT_KEY}, recs)
+    lines = [json.dumps({"kind": "header", **head}, ensure_ascii=False)]
+    lines += [json.dumps({"kind": "record", **r}, ensure_ascii=False) for r in recs]
     _atomic_write(Path(path), "\n".join(lines) + "\n")
 
 
-def read_jsonl(path: str | os.PathLike) -> tuple[dict, list[dict]]:
+def read_jsonl(path: str | os.PathLike, *, verify: bool = True) -> tuple[dict, list[dict]]:
+    """(header, records) without ``kind`` and ``content_sha256``; refused when the hash does not match."""
     header, records = None, []
     try:
         with open(path) as f:
@@ -137,7 +224,47 @@ def read_jsonl(path: str | os.PathLike) -> tuple[dict, list[dict]]:
         raise ArtifactError(f"{path}: cannot read JSONL artifact: {exc}") from None
     if header is None:
         raise ArtifactError(f"{path}: no header line")
+    recorded = header.pop(CONTENT_KEY, None)
+    if verify:
+        actual = content_sha256_table(header, records)
+        if recorded != actual:
+            raise _refuse(path, recorded, actual)
     return header, records
+
+
+def verify_file(path: str | os.PathLike) -> None:
+    """Check one artifact's self-hash (``.json`` or ``.jsonl``); ArtifactError naming it if it fails."""
+    if str(path).endswith(".jsonl"):
+        read_jsonl(path)
+    else:
+        read_json(path)
+
+
+def artifact_paths(root: str | os.PathLike) -> list[Path]:
+    """Every JSON/JSONL artifact under an audit directory (journals, logs and temp files excluded)."""
+    root = Path(root)
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = Path(dirpath).relative_to(root)
+        if rel.parts[:1] and rel.parts[0] in NOT_ARTIFACT_DIRS:
+            dirnames[:] = []
+            continue
+        dirnames[:] = [d for d in dirnames if not (rel == Path(".") and d in NOT_ARTIFACT_DIRS)]
+        for name in filenames:
+            if not name.startswith(".") and name.endswith((".json", ".jsonl")):
+                out.append(Path(dirpath) / name)
+    return sorted(out)
+
+
+def verify_tree(root: str | os.PathLike) -> list[str]:
+    """The problems (one line each, naming the file) of every artifact under ``root``; [] when all match."""
+    problems = []
+    for p in artifact_paths(root):
+        try:
+            verify_file(p)
+        except ArtifactError as exc:
+            problems.append(str(exc))
+    return problems
 
 
 def check_consumed(doc: dict, inputs: Iterable[str | os.PathLike], *, where: str) -> None:

@@ -156,7 +156,8 @@ def hf_url(repo: str, revision: str, file: str) -> str:
     return f"{base}/datasets/{repo}/resolve/{revision}/{file}"
 
 
-def _hf_file(spec, cache_dir: Path, expected_sha: str | None, where: str) -> tuple[Path, dict]:
+def _hf_target(spec, cache_dir: Path, where: str) -> tuple[Path, str, str, str, str]:
+    """(cache path, url, repo, revision, file) of a pinned hub file; DatasetError for a bad spec."""
     if not isinstance(spec, dict) or set(spec) != {"repo", "revision", "file"}:
         raise DatasetError(f"{where}.hf: must have exactly the keys repo, revision, file")
     repo, rev, file = (str(spec[k]) for k in ("repo", "revision", "file"))
@@ -169,7 +170,11 @@ def _hf_file(spec, cache_dir: Path, expected_sha: str | None, where: str) -> tup
     if file.startswith("/") or any(p in ("", ".", "..") for p in parts):
         raise DatasetError(f"{where}.hf.file: {file!r} must be a relative path inside the repo")
     target = Path(cache_dir) / "hf" / repo.replace("/", "--") / rev / file
-    url = hf_url(repo, rev, file)
+    return target, hf_url(repo, rev, file), repo, rev, file
+
+
+def _hf_file(spec, cache_dir: Path, expected_sha: str | None, where: str) -> tuple[Path, dict]:
+    target, url, repo, rev, file = _hf_target(spec, cache_dir, where)
     cached = target.is_file()
     if not cached:
         import requests  # network only on a cache miss
@@ -429,6 +434,28 @@ def prepare_dataset(cfg: dict, *, cache_dir: Path, base_dir: Path, where: str | 
     ``where`` names the entry in error messages (the workflow passes ``datasets[2]``).
     """
     where = where or f"datasets[{cfg.get('name', '?') if isinstance(cfg, dict) else '?'}]"
+    check_entry(cfg, where)
+    fmt, template = cfg["format"], cfg["prompt_template"]
+    rows, prov = load_source(cfg["source"], cache_dir=cache_dir, base_dir=base_dir, where=f"{where}.source")
+    name = cfg["name"]
+    try:
+        items = normalize(fmt, rows)
+    except DatasetError as exc:
+        raise DatasetError(f"{where}.source: {exc}") from None
+    indices = select_items(items, cfg["select"], where=f"{where}.select")
+    selected = []
+    for i in indices:
+        try:
+            messages = build_messages(items[i], template)
+        except DatasetError as exc:
+            raise DatasetError(f"{where}: {exc}") from None
+        selected.append({**items[i], "messages": messages})
+    return {"schema": SCHEMA, "name": name, "format": fmt, "prompt_template": template,
+            "source": prov, "select": cfg["select"], "indices": indices, "items": selected}
+
+
+def check_entry(cfg: dict, where: str) -> None:
+    """The checks of one ``datasets[i]`` entry that need no source rows: keys, name, format, template."""
     if not isinstance(cfg, dict):
         raise DatasetError(f"{where}: must be a mapping")
     allowed = ("name", "format", "source", "select", "prompt_template")
@@ -453,21 +480,23 @@ def prepare_dataset(cfg: dict, *, cache_dir: Path, base_dir: Path, where: str | 
         if gen_fmt is not None and gen_fmt != fmt:
             raise DatasetError(f"{where}.source.generated.kind: {source['generated']['kind']!r} "
                                f"makes {gen_fmt} rows, but format is {fmt}")
-    rows, prov = load_source(source, cache_dir=cache_dir, base_dir=base_dir, where=f"{where}.source")
-    try:
-        items = normalize(fmt, rows)
-    except DatasetError as exc:
-        raise DatasetError(f"{where}.source: {exc}") from None
-    indices = select_items(items, cfg["select"], where=f"{where}.select")
-    selected = []
-    for i in indices:
-        try:
-            messages = build_messages(items[i], template)
-        except DatasetError as exc:
-            raise DatasetError(f"{where}: {exc}") from None
-        selected.append({**items[i], "messages": messages})
-    return {"schema": SCHEMA, "name": name, "format": fmt, "prompt_template": template,
-            "source": prov, "select": cfg["select"], "indices": indices, "items": selected}
+
+
+def check_dataset(cfg: dict, *, cache_dir: Path, base_dir: Path, where: str) -> dict | None:
+    """What ``prepare_dataset`` checks, never over the network.
+
+    Returns the dataset document when the source is at hand (generated, a
+    local or packaged file, a hub file already in the cache), so the caller
+    also sees the prompts; None when only a download could tell the rows (the
+    entry's own keys, template and hub pin were still checked).
+    """
+    check_entry(cfg, where)
+    source = cfg["source"]
+    if isinstance(source, dict) and "hf" in source:
+        target = _hf_target(source["hf"], Path(cache_dir), f"{where}.source")[0]
+        if not target.is_file():
+            return None
+    return prepare_dataset(cfg, cache_dir=cache_dir, base_dir=base_dir, where=where)
 
 
 def source_fingerprint(source: dict, *, base_dir: Path) -> str | None:

@@ -91,7 +91,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import lifecycle
+from . import lifecycle, slots
 from .client import Endpoint, ServerError, sha256_json, tail_lines, utc_now, wait_healthy
 
 __all__ = ["ConfigError", "ServerError", "resolve_spec", "receipt", "check_identity",
@@ -600,6 +600,7 @@ class Server:
                                  f"spec {have}); rerun the launch stage")
         try:
             if spec["mode"] == "launch":
+                self._slot = slots.acquire_for(spec, self.log_path)  # machine-wide server slot (pairaudit/slots.py)
                 self._launch()
             else:
                 self._attach()
@@ -683,6 +684,7 @@ class Server:
             self.endpoint.close()
         proc = self.proc
         if proc is None or self._facts["stop"] is not None:
+            slots.release(getattr(self, "_slot", None))  # machine-wide server slot (pairaudit/slots.py)
             return self._facts["stop"]
         rec = {"stopped_at": None, "signal": None, "exit_code": None,
                "exited_before_stop": proc.poll() is not None}
@@ -718,6 +720,7 @@ class Server:
             except (OSError, ValueError):
                 pass
             self._log_file = None
+        slots.release(getattr(self, "_slot", None))  # machine-wide server slot, once the server is gone
         return rec
 
 

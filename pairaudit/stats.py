@@ -44,7 +44,9 @@ import math
 from typing import Any, Iterable, Sequence
 
 import numpy as np
-from scipy import stats as _st
+
+# scipy.stats is imported where it is used: it takes seconds to import, and the
+# workflow imports this module (through the rules) every time it loads.
 
 NATURAL_FINISH = "stop"
 ARMS = ("control", "candidate")
@@ -63,6 +65,8 @@ def mcnemar_exact_p(b: int, c: int) -> float:
     n = int(b) + int(c)
     if n == 0:
         return 1.0
+    from scipy import stats as _st
+
     return float(min(1.0, 2.0 * _st.binom.cdf(min(b, c), n, 0.5)))
 
 
@@ -221,6 +225,8 @@ def paired_t_interval(diffs: Iterable[float], level: float = 0.95) -> tuple[floa
         raise ValueError("need 0 < level < 1")
     m = float(d.mean())
     se = float(d.std(ddof=1)) / math.sqrt(d.size)
+    from scipy import stats as _st
+
     half = float(_st.t.ppf((1.0 + level) / 2.0, d.size - 1)) * se
     return m, m - half, m + half
 

@@ -199,3 +199,99 @@ def test_artifacts_get_the_usual_file_mode_not_mkstemps_0600(tmp_path):
     p = tmp_path / "a.json"
     artifacts.write_json(p, {"x": 1})
     assert stat.S_IMODE(p.stat().st_mode) == 0o666 & ~artifacts._UMASK
+
+
+# ---------------------------------------------------------------- content self-hash
+
+def test_writers_record_a_self_hash_that_readers_verify(tmp_path):
+    doc = {"schema": "s", "by_index": {3: "a", 10: "b"}, "pair": (1, 2), "x": 0.1 + 0.2}
+    p = tmp_path / "d.json"
+    artifacts.write_json(p, doc)
+    raw = json.loads(p.read_text())
+    body = {k: v for k, v in raw.items() if k != artifacts.CONTENT_KEY}
+    # the hash is over what a reader sees (int keys become strings, tuples lists), canonical form
+    assert raw[artifacts.CONTENT_KEY] == hashlib.sha256(artifacts.canonical(body).encode()).hexdigest()
+    assert artifacts.read_json(p) == {"schema": "s", "by_index": {"3": "a", "10": "b"}, "pair": [1, 2],
+                                      "x": 0.1 + 0.2}
+    t = tmp_path / "t.jsonl"
+    artifacts.write_jsonl(t, {"schema": "s"}, [{"index": 0, "v": 1.5}, {"index": 1, "v": None}])
+    head = json.loads(t.read_text().splitlines()[0])
+    assert head[artifacts.CONTENT_KEY] == artifacts.content_sha256_table(
+        {"schema": "s"}, [{"index": 0, "v": 1.5}, {"index": 1, "v": None}])
+    # rewriting what was read gives the same bytes: the hash is not hashed into itself
+    before = p.read_bytes()
+    artifacts.write_json(p, artifacts.read_json(p))
+    assert p.read_bytes() == before
+
+
+@pytest.mark.parametrize("edit", ["value", "record-dropped", "record-order"])
+def test_an_edited_table_is_refused_naming_file_and_both_hashes(tmp_path, edit):
+    t = tmp_path / "scores.jsonl"
+    artifacts.write_jsonl(t, {"schema": "s"}, [{"index": 0, "correct": True}, {"index": 1, "correct": False}])
+    lines = t.read_text().splitlines()
+    recorded = json.loads(lines[0])[artifacts.CONTENT_KEY]
+    if edit == "value":
+        lines[2] = lines[2].replace("false", "true")
+    elif edit == "record-dropped":
+        del lines[2]
+    else:
+        lines[1], lines[2] = lines[2], lines[1]
+    t.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ArtifactError) as ei:
+        artifacts.read_jsonl(t)
+    msg = str(ei.value)
+    assert msg.startswith(f"{t}: content sha256 ") and recorded in msg and "edited after it was written" in msg
+    header, records = artifacts.read_jsonl(t, verify=False)  # an explicit opt-out still reads it
+    assert header == {"schema": "s"}
+
+
+def test_a_hand_written_artifact_without_a_hash_is_refused(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text('{"schema": "s"}')
+    with pytest.raises(ArtifactError, match=re.escape(f"{p}: carries no content_sha256")):
+        artifacts.read_json(p)
+    with pytest.raises(ArtifactError, match="must be an object"):
+        (tmp_path / "l.json").write_text("[1]")
+        artifacts.read_json(tmp_path / "l.json")
+
+
+# ---------------------------------------------------------------- I/O errors name the file
+
+def test_named_io_adds_the_file_to_an_error_that_names_none(tmp_path):
+    journal = tmp_path / "journal" / "sampled.jsonl"
+    with pytest.raises(OSError) as ei:
+        with artifacts.named_io(journal):
+            with open("/dev/full", "w") as f:  # a real ENOSPC, as a full disk gives while journaling
+                f.write("x" * 10)
+                f.flush()
+    assert ei.value.errno == 28 and ei.value.filename == str(journal)
+    assert str(journal) in str(ei.value) and "No space left on device" in str(ei.value)
+    with pytest.raises(FileNotFoundError) as ei:  # an error that already names its file keeps that name
+        with artifacts.named_io(journal):
+            open(tmp_path / "nope")
+    assert ei.value.filename == str(tmp_path / "nope")
+
+
+FULL_DISK = """
+import resource, signal, sys
+sys.path.insert(0, {root!r})
+from pairaudit import artifacts
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # the disk is full after 4 KiB
+try:
+    artifacts.write_json(sys.argv[1], {{"schema": "s", "blob": "x" * 100000}})
+except OSError as exc:
+    print(exc)
+"""
+
+
+def test_a_write_that_runs_out_of_space_names_the_artifact_and_leaves_no_temp_file(tmp_path):
+    import subprocess
+    import sys
+
+    target = tmp_path / "out" / "big.json"
+    root = str(artifacts.PACKAGE_DIR.parent)
+    res = subprocess.run([sys.executable, "-c", FULL_DISK.format(root=root), str(target)], capture_output=True,
+                         text=True, timeout=60)
+    assert str(target) in res.stdout and "File too large" in res.stdout, res.stdout + res.stderr
+    assert not target.exists() and list(target.parent.iterdir()) == []

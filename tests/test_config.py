@@ -18,6 +18,7 @@ pre-seeded cache and ``requests.get`` is made to fail.
 
 import copy
 import hashlib
+import os
 from pathlib import Path
 
 import pytest
@@ -315,3 +316,222 @@ def test_loader_also_refuses_a_moving_revision(tmp_path):
     entry["source"]["hf"]["revision"] = "main"
     with pytest.raises(ds.DatasetError, match=r"datasets\[0\]\.hf\.revision: 'main' is not a 40-hex commit"):
         ds._hf_file(entry["source"]["hf"], tmp_path, None, "datasets[0]")
+
+
+# ---------------------------------------------------------------- load-time checks (pairaudit.configcheck)
+#
+# What the schema cannot see, checked when the workflow loads (so `snakemake -n`
+# fails too, before any server starts).  One case per class of broken config;
+# each asserts that the message names the key path and the offending value.
+
+from pairaudit import configcheck  # noqa: E402
+from pairaudit.modelstore import EMBEDDED_GGUF_SHA256, cache_root  # noqa: E402
+
+HAVE_TOKENIZER = (cache_root() / "models" / EMBEDDED_GGUF_SHA256 / "tokenizer.json").is_file()
+
+
+def _checked(cfg: dict, tmp_path: Path) -> configcheck.CheckResult:
+    validate(cfg, str(SCHEMA))  # in place, as the Snakefile does: defaults filled first
+    return configcheck.check_config(cfg, base_dir=ROOT, cache_dir=tmp_path / "cache")
+
+
+def _problems(cfg: dict, tmp_path: Path) -> str:
+    return "\n".join(_checked(cfg, tmp_path).problems)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_shipped_config_passes_the_load_checks(name, tmp_path):
+    assert _checked(copy.deepcopy(CONFIGS[name]), tmp_path).problems == []
+
+
+def _local_rows(tmp_path: Path, n: int = 5) -> Path:
+    p = tmp_path / "rows.jsonl"
+    p.write_text("".join(f'{{"question": "What is {i} + 1?", "answer": "#### {i + 1}"}}\n' for i in range(n)))
+    return p
+
+
+def _with_local(tmp_path: Path, **entry) -> dict:
+    cfg = load(DEFAULT)
+    cfg["datasets"][0] = {"name": "arith", "format": "gsm8k", "source": {"local": str(_local_rows(tmp_path))},
+                          "select": {"count": 3, "seed": 1}, "prompt_template": "brief", **entry}
+    return cfg
+
+
+LOAD_BAD = [
+    # (id, edit of the default config, texts the message must contain)
+    ("missing-local-file", lambda c, t: c["datasets"][0].update(source={"local": "data/nope.jsonl"}),
+     ["datasets[0].source.local", "file not found", "data/nope.jsonl"]),
+    ("local-sha256-mismatch", lambda c, t: c["datasets"][0]["source"].update(sha256="0" * 64),
+     ["datasets[0].source.sha256", "0" * 64]),
+    ("count-larger-than-dataset", lambda c, t: c["datasets"][0].update(select={"count": 9, "seed": 1}),
+     ["datasets[0].select.count", "9", "1..5"]),
+    ("index-out-of-range", lambda c, t: c["datasets"][0].update(select={"indices": [0, 5]}),
+     ["datasets[0].select.indices", "5", "0..4"]),
+    ("count-with-indices", lambda c, t: c["datasets"][0].update(select={"count": 2, "seed": 1, "indices": [1]}),
+     ["datasets[0].select", "'count', 'indices', 'seed'", "{indices}"]),
+    ("unknown-template", lambda c, t: c["datasets"][0].update(prompt_template="fancy"),
+     ["datasets[0].prompt_template", "'fancy'", "default, brief"]),
+]
+
+
+@pytest.mark.parametrize("edit,texts", [b[1:] for b in LOAD_BAD], ids=[b[0] for b in LOAD_BAD])
+def test_load_check_refuses_a_dataset_entry_by_key(edit, texts, tmp_path):
+    cfg = _with_local(tmp_path)
+    assert _problems(copy.deepcopy(cfg), tmp_path) == ""  # built to pass before the edit
+    edit(cfg, tmp_path)
+    msg = _problems(cfg, tmp_path)
+    for text in texts:
+        assert text in msg, f"error does not mention {text!r}:\n{msg}"
+
+
+def test_load_check_refuses_a_duplicate_dataset_name(tmp_path):
+    cfg = load(DEFAULT)
+    cfg["datasets"][1]["name"] = cfg["datasets"][0]["name"]
+    msg = _problems(cfg, tmp_path)
+    assert "datasets[1].name: 'arith' is already the name of datasets[0]" in msg
+
+
+def test_load_check_refuses_an_unknown_command_placeholder(tmp_path):
+    cfg = load(DEFAULT)
+    cfg["arms"]["control"]["command"][4] = "{modle}"
+    msg = _problems(cfg, tmp_path)
+    assert "arms.control.command[4]: unknown placeholder {modle}" in msg and "{model}" in msg
+
+
+def test_load_check_refuses_a_duplicate_speed_cell(tmp_path):
+    cfg = load(DEFAULT)
+    cfg["speed"]["cells"][1]["name"] = cfg["speed"]["cells"][0]["name"]
+    msg = _problems(cfg, tmp_path)
+    assert "speed.cells[1].name: 'short-c1'" in msg and "unique" in msg
+
+
+@pytest.mark.parametrize("name,value,texts", [
+    ("PAIRAUDIT_REF_SPEC_NGRAM", "four", ["arms.candidate.env.PAIRAUDIT_REF_SPEC_NGRAM='four'", "integer"]),
+    ("PAIRAUDIT_REF_FAULT_TAIL", "-1", ["arms.candidate.env.PAIRAUDIT_REF_FAULT_TAIL='-1'", ">= 0"]),
+    ("PAIRAUDIT_REF_SPEC_NGRM", "4", ["arms.candidate.env.PAIRAUDIT_REF_SPEC_NGRM", "not a switch",
+                                      "PAIRAUDIT_REF_SPEC_NGRAM"]),
+], ids=["not-an-integer", "negative", "unknown-switch"])
+def test_load_check_refuses_a_bad_reference_switch(name, value, texts, tmp_path):
+    cfg = load(DEFAULT)
+    cfg["arms"]["candidate"]["env"][name] = value
+    msg = _problems(cfg, tmp_path)
+    for text in texts:
+        assert text in msg, f"error does not mention {text!r}:\n{msg}"
+
+
+def test_switches_of_a_non_reference_server_are_not_judged(tmp_path):
+    cfg = load(CONFIG_DIR / "examples" / "vllm-pair.yaml")
+    cfg["arms"]["candidate"]["env"]["PAIRAUDIT_REF_SPEC_NGRAM"] = "four"  # vLLM never reads it
+    assert "PAIRAUDIT_REF_SPEC_NGRAM" not in _problems(cfg, tmp_path)
+
+
+def test_load_check_refuses_max_tokens_beyond_max_model_len(tmp_path):
+    cfg = load(DEFAULT)
+    cfg["sampling"]["max_tokens"] = 4096
+    msg = _problems(cfg, tmp_path)
+    assert "sampling.max_tokens: 4096 leaves no room for a prompt within arms.control.max_model_len 2048" in msg
+    assert "arms.candidate.max_model_len 2048" in msg
+
+
+@pytest.mark.skipif(not HAVE_TOKENIZER, reason="the embedded model is not converted on this machine "
+                                               "(python -m pairaudit.modelstore)")
+def test_load_check_counts_the_longest_prompt_in_the_served_models_tokens(tmp_path):
+    cfg = load(DEFAULT)
+    res = _checked(copy.deepcopy(cfg), tmp_path)
+    # the exact count, as the reference server counts a chat prompt
+    from pairaudit.refserver.tokenizer import ChatTokenizer
+
+    tok = ChatTokenizer(cache_root() / "models" / EMBEDDED_GGUF_SHA256)
+    doc = res.documents["humaneval"]
+    longest = max(configcheck.chat_prompt_tokens(tok, it["messages"], {}) for it in doc["items"])
+    mml = cfg["arms"]["control"]["max_model_len"]
+    cfg["sampling"]["max_tokens"] = mml - longest  # fits exactly
+    assert _problems(copy.deepcopy(cfg), tmp_path) == ""
+    cfg["sampling"]["max_tokens"] = mml - longest + 1  # one token too many
+    msg = _problems(cfg, tmp_path)
+    assert f"sampling.max_tokens: {mml - longest + 1} does not fit arms.control.max_model_len {mml}" in msg
+    assert f"datasets[2] (humaneval)" in msg and f"{longest} tokens" in msg and f"at most {mml - longest}" in msg
+
+
+def test_without_a_tokenizer_the_prompt_bound_is_a_note_not_an_error(tmp_path):
+    cfg = load(CONFIG_DIR / "examples" / "vllm-pair.yaml")
+    cfg["datasets"] = load(DEFAULT)["datasets"]
+    cfg["sampling"]["max_tokens"] = cfg["arms"]["control"]["max_model_len"] - 5
+    res = _checked(cfg, tmp_path)
+    assert res.problems == []
+    assert any("sampling.max_tokens" in n and "byte count" in n and "may not fit" in n for n in res.notes)
+
+
+def test_a_speed_cell_longer_than_the_context_is_refused(tmp_path):
+    cfg = load(DEFAULT)
+    cfg["speed"]["cells"][1]["input_len"] = 2000
+    msg = _problems(cfg, tmp_path)
+    assert "speed.cells[1].input_len: 2000 + speed.output_len 64 exceeds arms.control.max_model_len 2048" in msg
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    cfg = load(DEFAULT)
+    cfg["datasets"][1]["name"] = "arith"
+    cfg["sampling"]["max_tokens"] = 9999
+    cfg["arms"]["candidate"]["env"]["PAIRAUDIT_REF_SPEC_NGRAM"] = "four"
+    res = _checked(cfg, tmp_path)
+    assert len(res.problems) >= 3
+    with pytest.raises(configcheck.ConfigCheckError) as ei:
+        res.raise_if_problems()
+    assert "nothing has run" in str(ei.value)
+
+
+@pytest.mark.parametrize("text,line,col", [
+    ("audit: x\narms:\n  control: {mode: launch\n  candidate: 1\n", 4, 12),
+    ("audit: x\n\tarms: 1\n", 2, 1),
+    ("audit: x\nsampling:\n  max_tokens: 5\n   api: chat\n", 4, 7),
+], ids=["unclosed-flow-mapping", "tab-indent", "bad-indent"])
+def test_yaml_errors_name_file_line_and_column(text, line, col, tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    msg = configcheck.yaml_problem(p)
+    assert msg is not None and msg.startswith(f"{p}:{line}:{col}: YAML syntax error")
+    assert configcheck.yaml_problem(DEFAULT) is None
+
+
+def test_the_command_line_check_names_the_yaml_error(tmp_path, capsys):
+    p = tmp_path / "overlay.yaml"
+    p.write_text("datasets:\n  - name: arith\n    format: [gsm8k\n")
+    assert configcheck.main(["--base-dir", str(ROOT), "--configfile", str(p)]) == 1
+    assert f"{p}:" in capsys.readouterr().err
+    assert configcheck.main(["--base-dir", str(ROOT)]) == 0
+
+
+@pytest.mark.workflow
+def test_snakemake_dry_run_fails_at_load_naming_each_key(tmp_path):
+    """The Snakefile's check runs in the dry run: a broken config fails before any job."""
+    import subprocess
+    import sys
+
+    overlay = tmp_path / "broken.yaml"
+    broken = load(DEFAULT)
+    broken["audit"] = "configcheck-dry-run"
+    broken["datasets"][1]["name"] = "arith"
+    broken["sampling"]["max_tokens"] = 4096
+    broken["arms"]["control"]["command"][4] = "{modle}"
+    overlay.write_text(yaml.safe_dump(broken, sort_keys=False))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([str(Path(sys.executable).with_name("snakemake")), "-n", "promotion", "--configfile",
+                           str(overlay), "--replace-workflow-config"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    for text in ("datasets[1].name: 'arith' is already", "sampling.max_tokens: 4096",
+                 "arms.control.command[4]: unknown placeholder {modle}", "nothing has run"):
+        assert text in out, f"{text!r} not in:\n{out[-3000:]}"
+
+
+def test_check_yaml_files_names_the_line_for_the_workflow_config(tmp_path):
+    p = tmp_path / "config.yaml"
+    p.write_text("audit: x\narms:\n  control: {mode: launch\n")
+    with pytest.raises(WorkflowError) as ei:
+        configcheck.check_yaml_files([p, DEFAULT])
+    msg = str(ei.value)
+    assert f"{p}:4:1: YAML syntax error: expected ',' or '}}'" in msg and "flow mapping that starts at line 3" in msg
+    assert str(DEFAULT) not in msg
+    configcheck.check_yaml_files([DEFAULT, tmp_path / "absent.yaml"])  # absent files are Snakemake's to report

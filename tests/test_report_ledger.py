@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pairaudit import report
-from pairaudit.artifacts import ArtifactError, read_json, write_json
+from pairaudit.artifacts import ArtifactError, read_json, write_json, write_jsonl
 from test_report import PNG_MAGIC, _write_inputs, launch_rec, launches, passing_pair, preflights
 
 OUT_KEYS = ("out_decision", "out_report", "out_manifest", "out_plot", "out_html", "out_summary",
@@ -37,8 +37,7 @@ def score_files(root, pair, flip=None):
                         r["correct"] = not r["correct"]
             p = root / "scores" / ds / f"{arm}.jsonl"
             p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text("\n".join(json.dumps(x) for x in [{"kind": "header", "schema": "pairaudit.scores/v1",
-                                                             "dataset": ds, "arm": arm}] + recs) + "\n")
+            write_jsonl(p, {"schema": "pairaudit.scores/v1", "dataset": ds, "arm": arm}, recs)
             paths.append(str(p))
     return paths
 

@@ -34,50 +34,10 @@ from dataclasses import dataclass, field
 import torch
 
 from .metrics import Metrics
+from .switches import Switches  # noqa: F401  (part of the engine's interface)
 from .model import KVCache, LlamaModel, Segment
 
 GREEDY_EPS = 1e-5
-
-
-@dataclass(frozen=True)
-class Switches:
-    """Environment switches that stand in for acceleration flags and planted defects."""
-
-    lm_head_bf16: bool = False
-    spec_ngram: int = 0
-    fault_tail: int = 0
-    fault_noise: float = 0.0
-
-    @classmethod
-    def from_env(cls, env: dict | None = None) -> "Switches":
-        env = os.environ if env is None else env
-
-        def get(name, conv, default):
-            raw = env.get(name, "")
-            if raw.strip() == "":
-                return default
-            try:
-                value = conv(raw)
-            except ValueError:
-                raise ValueError(f"{name}={raw!r}: expected {conv.__name__}") from None
-            if value < 0:
-                raise ValueError(f"{name}={raw!r}: must be >= 0")
-            return value
-
-        return cls(
-            lm_head_bf16=bool(get("PAIRAUDIT_REF_LM_HEAD_BF16", int, 0)),
-            spec_ngram=get("PAIRAUDIT_REF_SPEC_NGRAM", int, 0),
-            fault_tail=get("PAIRAUDIT_REF_FAULT_TAIL", int, 0),
-            fault_noise=get("PAIRAUDIT_REF_FAULT_NOISE", float, 0.0),
-        )
-
-    def as_env(self) -> dict[str, str]:
-        return {
-            "PAIRAUDIT_REF_LM_HEAD_BF16": str(int(self.lm_head_bf16)),
-            "PAIRAUDIT_REF_SPEC_NGRAM": str(self.spec_ngram),
-            "PAIRAUDIT_REF_FAULT_TAIL": str(self.fault_tail),
-            "PAIRAUDIT_REF_FAULT_NOISE": repr(self.fault_noise) if self.fault_noise else "0",
-        }
 
 
 @dataclass

@@ -1,0 +1,279 @@
+"""An artifact edited after it was written is refused by every stage that reads it, naming the file.
+
+Each producer records its output's content sha256 (pairaudit.artifacts); each
+consumer recomputes it before using the file.  The stages that start a server
+get an arm whose command cannot start one: reaching the server would fail
+with a ServerError, so an ArtifactError proves the edit was caught first.
+"""
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pairaudit import artifacts, boundary, configcheck, report, speed, stages
+from pairaudit.artifacts import ArtifactError
+from pairaudit.launch import ServerError
+from pairaudit.sampled import sampled_stage
+
+ROOT = Path(__file__).resolve().parents[1]
+# a launch arm that never becomes a server: its process exits at once
+DEAD_ARM = {"mode": "launch", "model": "m", "max_model_len": 256, "health_timeout_s": 20,
+            "command": ["{python}", "-c", "import sys; sys.exit(7)", "{port}"]}
+
+
+def hand_edit(path: Path) -> None:
+    """Change the content as an editor would, leaving the recorded self-hash as it was."""
+    if path.suffix == ".jsonl":
+        lines = [json.loads(x) for x in path.read_text().splitlines()]
+        (lines[1] if len(lines) > 1 else lines[0])["edited_by_hand"] = True
+        path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    else:
+        doc = json.loads(path.read_text())
+        doc["edited_by_hand"] = True
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def write_inputs(root: Path) -> dict[str, Path]:
+    """One minimal, validly written artifact per kind a consumer reads."""
+    p = {name: root / rel for name, rel in {
+        "dataset": "datasets/ds.json", "launch_control": "launch/control.json",
+        "launch_candidate": "launch/candidate.json", "preflight_control": "preflight/control.json",
+        "preflight_candidate": "preflight/candidate.json", "sampled_control": "sampled/ds/control.jsonl",
+        "sampled_candidate": "sampled/ds/candidate.jsonl", "scores_control": "scores/ds/control.jsonl",
+        "scores_candidate": "scores/ds/candidate.jsonl", "paired": "paired/ds.json",
+        "greedy_control": "greedy/ds/control.jsonl", "greedy_candidate": "greedy/ds/candidate.jsonl",
+        "divergence": "divergence/ds.json", "boundary_control": "boundary/control.json",
+        "boundary_candidate": "boundary/candidate.json", "boundary_gate": "boundary/gate.json",
+        "speed": "speed/decision.json"}.items()}
+    item = {"index": 0, "id": "0", "format": "gsm8k", "question": "1 + 1?",
+            "reference": {"answer": "2", "solution": "#### 2"}, "messages": [{"role": "user", "content": "1 + 1?"}]}
+    artifacts.write_json(p["dataset"], {"schema": "pairaudit.dataset/v1", "name": "ds", "format": "gsm8k",
+                                        "indices": [0], "items": [item]})
+    for arm in ("control", "candidate"):
+        artifacts.write_json(p[f"launch_{arm}"], {"schema": "pairaudit.launch/v1", "arm": arm, "spec_sha256": "x"})
+        artifacts.write_json(p[f"preflight_{arm}"], {"schema": "pairaudit.preflight/v1", "arm": arm,
+                                                     "verdict": "PASS"})
+        artifacts.write_jsonl(p[f"sampled_{arm}"], {"schema": "pairaudit.sampled/v1", "dataset": "ds", "arm": arm},
+                              [{"index": 0, "text": "#### 2"}])
+        artifacts.write_jsonl(p[f"scores_{arm}"], {"schema": "pairaudit.scores/v1", "dataset": "ds", "arm": arm},
+                              [{"index": 0, "correct": True}])
+        artifacts.write_jsonl(p[f"greedy_{arm}"], {"schema": "pairaudit.greedy/v1", "dataset": "ds", "arm": arm,
+                                                   "determinism": {"hashes": ["h", "h"]}},
+                              [{"index": 0, "prompt_ids": [1], "output_sha256": "h"}])
+        artifacts.write_json(p[f"boundary_{arm}"], {"schema": boundary.SCHEMA, "arm": arm, "max_model_len": 256,
+                                                    "cases": [], "first_long": None})
+    artifacts.write_json(p["paired"], {"schema": "pairaudit.paired/v1", "dataset": "ds", "format": "gsm8k",
+                                       "table": {"indices": [0], "control_only": [], "candidate_only": []}})
+    artifacts.write_json(p["divergence"], {"schema": "pairaudit.divergence/v1", "dataset": "ds"})
+    artifacts.write_json(p["boundary_gate"], {"schema": "pairaudit.boundary_gate/v1", "gate": None})
+    artifacts.write_json(p["speed"], {"schema": "pairaudit.speed_decision/v1", "gate": None})
+    return p
+
+
+def _arms():
+    return {arm: copy.deepcopy(DEAD_ARM) for arm in ("control", "candidate")}
+
+
+# stage -> (call with the artifact paths and an output dir, the inputs it reads)
+CONSUMERS = {
+    "preflight": (lambda p, o: stages.preflight_stage(
+        arm="control", arm_cfg=DEAD_ARM, launch_path=str(p["launch_control"]), out_path=str(o / "pf.json"),
+        server_log=str(o / "s.log"), sampling={"temperature": 0, "top_p": 1, "top_k": -1, "min_p": 0}),
+        ["launch_control"]),
+    "sampled": (lambda p, o: sampled_stage(
+        dataset_path=str(p["dataset"]), launch_path=str(p["launch_control"]),
+        preflight_path=str(p["preflight_control"]), out_path=str(o / "s.jsonl"), journal_path=str(o / "j.jsonl"),
+        arm="control", arm_cfg=DEAD_ARM, audit="t", server_log=str(o / "s.log"),
+        sampling={"api": "chat", "base_seed": 1, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0,
+                  "max_tokens": 8, "concurrency": 1}),
+        ["dataset", "launch_control", "preflight_control"]),
+    "score": (lambda p, o: stages.score_stage(
+        dataset_path=str(p["dataset"]), sampled_path=str(p["sampled_control"]), out_path=str(o / "sc.jsonl"),
+        sandbox_limits={}),
+        ["dataset", "sampled_control"]),
+    "paired": (lambda p, o: stages.paired_stage(
+        dataset_path=str(p["dataset"]),
+        sampled_paths={a: str(p[f"sampled_{a}"]) for a in ("control", "candidate")},
+        score_paths={a: str(p[f"scores_{a}"]) for a in ("control", "candidate")}, out_path=str(o / "p.json"),
+        quality_params={}),
+        ["dataset", "sampled_control", "sampled_candidate", "scores_control", "scores_candidate"]),
+    "greedy": (lambda p, o: stages.greedy_stage(
+        dataset_path=str(p["dataset"]), paired_path=str(p["paired"]), launch_path=str(p["launch_control"]),
+        preflight_path=str(p["preflight_control"]), out_path=str(o / "g.jsonl"), journal_path=str(o / "gj.jsonl"),
+        arm="control", arm_cfg=DEAD_ARM, greedy_cfg={}, chat_template_kwargs={}, server_log=str(o / "s.log")),
+        ["dataset", "paired", "preflight_control", "launch_control"]),
+    "divergence": (lambda p, o: stages.divergence_stage(
+        dataset_path=str(p["dataset"]), greedy_paths={a: str(p[f"greedy_{a}"]) for a in ("control", "candidate")},
+        launch_paths={a: str(p[f"launch_{a}"]) for a in ("control", "candidate")}, arm_cfgs=_arms(),
+        out_path=str(o / "d.json"), server_logs={a: str(o / f"{a}.log") for a in ("control", "candidate")}),
+        ["greedy_control", "greedy_candidate"]),
+    "boundary": (lambda p, o: boundary.boundary_stage(
+        arm="control", arm_cfg=DEAD_ARM, launch_path=str(p["launch_control"]), out_path=str(o / "b.json"),
+        server_log=str(o / "s.log"), cfg={}, salt_prefix="t"),
+        ["launch_control"]),
+    "boundary_gate": (lambda p, o: boundary.boundary_gate_stage(
+        arm_paths={a: str(p[f"boundary_{a}"]) for a in ("control", "candidate")},
+        launch_paths={a: str(p[f"launch_{a}"]) for a in ("control", "candidate")}, out_path=str(o / "bg.json")),
+        ["boundary_control", "boundary_candidate"]),
+    "speed": (lambda p, o: speed.speed_stage(
+        launch_paths={a: str(p[f"launch_{a}"]) for a in ("control", "candidate")},
+        preflight_paths={a: str(p[f"preflight_{a}"]) for a in ("control", "candidate")}, arm_cfgs=_arms(),
+        speed_cfg={"cells": [{"name": "c", "prompt": "short"}], "repeats": 2, "waves": 1, "output_len": 4},
+        audit="t", out_path=str(o / "sp.json"), streams_path=str(o / "st.jsonl"),
+        archive_path=str(o / "archive.jsonl"), server_logs={s: str(o / f"{s}.log") for s in ("s1", "s2", "s3")}),
+        ["launch_control", "launch_candidate", "preflight_control", "preflight_candidate"]),
+    "promotion": (lambda p, o: report.promotion_stage(
+        [p["paired"]], [p["launch_control"], p["launch_candidate"]],
+        [p["preflight_control"], p["preflight_candidate"]], o / "decision.json", o / "report.md",
+        o / "manifest.json", o / "paired.png",
+        later={"divergence": [p["divergence"]], "boundary": p["boundary_gate"], "speed": p["speed"]},
+        score_paths=[p["scores_control"], p["scores_candidate"]]),
+        ["paired", "launch_control", "launch_candidate", "preflight_control", "preflight_candidate", "divergence",
+         "boundary_gate", "speed", "scores_control", "scores_candidate"]),
+}
+CASES = [(stage, name) for stage, (_, names) in CONSUMERS.items() for name in names]
+
+
+@pytest.mark.parametrize("stage,name", CASES, ids=[f"{s}-{n}" for s, n in CASES])
+def test_every_consumer_refuses_an_edited_input_by_name(stage, name, tmp_path):
+    paths = write_inputs(tmp_path / "results")
+    hand_edit(paths[name])
+    call, _ = CONSUMERS[stage]
+    with pytest.raises(ArtifactError) as ei:
+        call(paths, tmp_path / "out")
+    msg = str(ei.value)
+    assert str(paths[name]) in msg and "does not match the content_sha256" in msg
+    assert "edited after it was written" in msg
+    assert not [p for p in (tmp_path / "out").glob("*") if p.suffix in (".json", ".jsonl")]  # nothing written
+
+
+@pytest.mark.parametrize("stage", [s for s in CONSUMERS if s in ("preflight", "sampled", "boundary", "speed")])
+def test_unedited_inputs_get_as_far_as_the_server(stage, tmp_path):
+    """The control case: the same inputs unedited pass every read, so the server start is what fails."""
+    paths = write_inputs(tmp_path / "results")
+    call, _ = CONSUMERS[stage]
+    with pytest.raises(ServerError):
+        call(paths, tmp_path / "out")
+
+
+def test_reformatting_or_touching_an_artifact_is_not_an_edit(tmp_path):
+    paths = write_inputs(tmp_path / "results")
+    doc = json.loads(paths["paired"].read_text())
+    paths["paired"].write_text(json.dumps(doc, sort_keys=True))  # other layout, same content
+    os.utime(paths["dataset"], (1, 1))  # any mtime
+    assert artifacts.read_json(paths["paired"])["dataset"] == "ds"
+    assert configcheck.check_results(tmp_path / "results") == []
+
+
+def test_a_removed_self_hash_is_refused(tmp_path):
+    paths = write_inputs(tmp_path / "results")
+    doc = json.loads(paths["paired"].read_text())
+    del doc["content_sha256"]
+    paths["paired"].write_text(json.dumps(doc))
+    with pytest.raises(ArtifactError, match="carries no content_sha256"):
+        artifacts.read_json(paths["paired"])
+
+
+# ---------------------------------------------------------------- the reported case, end to end
+
+def test_a_flipped_score_is_refused_by_paired_promotion_and_the_load_check(tmp_path):
+    """`correct` flipped in scores/<ds>/candidate.jsonl after scoring: no consumer trusts it."""
+    from test_stages import CONTROL, dataset_doc, record, write_sampled
+
+    res = tmp_path / "results" / "a"
+    ds = res / "datasets" / "gsm_hand.json"
+    artifacts.write_json(ds, dataset_doc())
+    paths = {"sampled": {}, "scores": {}}
+    for arm in ("control", "candidate"):
+        sp = res / "sampled" / "gsm_hand" / f"{arm}.jsonl"
+        write_sampled(sp, arm, [record(i, t) for i, t in sorted(CONTROL.items())], str(ds))
+        paths["sampled"][arm] = str(sp)
+        paths["scores"][arm] = str(res / "scores" / "gsm_hand" / f"{arm}.jsonl")
+        stages.score_stage(dataset_path=str(ds), sampled_path=str(sp), out_path=paths["scores"][arm],
+                           sandbox_limits={})
+    paired_path = res / "paired" / "gsm_hand.json"
+    stages.paired_stage(dataset_path=str(ds), sampled_paths=paths["sampled"], score_paths=paths["scores"],
+                        out_path=str(paired_path), quality_params={"max_net_loss": 0, "alpha": 0.05})
+    assert configcheck.check_results(res) == []
+
+    scores = Path(paths["scores"]["candidate"])
+    lines = [json.loads(x) for x in scores.read_text().splitlines()]
+    lines[1]["correct"] = not lines[1]["correct"]
+    scores.write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+    with pytest.raises(ArtifactError, match="does not match") as ei:
+        stages.paired_stage(dataset_path=str(ds), sampled_paths=paths["sampled"], score_paths=paths["scores"],
+                            out_path=str(tmp_path / "p2.json"), quality_params={})
+    assert str(scores) in str(ei.value)
+    others = write_inputs(tmp_path / "other")
+    with pytest.raises(ArtifactError, match="does not match") as ei:
+        report.promotion_stage([paired_path], [others["launch_control"], others["launch_candidate"]],
+                               [others["preflight_control"], others["preflight_candidate"]],
+                               tmp_path / "o" / "decision.json", tmp_path / "o" / "report.md",
+                               tmp_path / "o" / "manifest.json", tmp_path / "o" / "paired.png",
+                               score_paths=list(paths["scores"].values()))
+    assert str(scores) in str(ei.value)
+    problems = configcheck.check_results(res)
+    assert len(problems) == 1 and str(scores) in problems[0]
+
+
+def test_the_load_check_skips_journals_logs_and_temp_files(tmp_path):
+    res = tmp_path / "results" / "a"
+    paths = write_inputs(res)
+    for rel in ("journal/sampled/ds/control.jsonl", "logs/servers/x.preflight.json", "paired/.ds.json.tmp1.json"):
+        (res / rel).parent.mkdir(parents=True, exist_ok=True)
+        (res / rel).write_text('{"not": "an artifact"}\n')
+    assert configcheck.check_results(res) == []
+    assert len(artifacts.artifact_paths(res)) == len(paths)
+
+
+@pytest.mark.workflow
+def test_snakemake_refuses_an_edited_artifact_at_load_even_with_nothing_to_rerun(tmp_path):
+    """The dry run (and so any run) names the edited file before Snakemake decides what to rerun."""
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ["Snakefile", "rules", "scripts", "config", "profiles", "envs", "pairaudit", "report"]:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, project / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, project / name)
+    cfg = yaml.safe_load((ROOT / "tests" / "data" / "tiny_config.yaml").read_text())
+    (project / "config" / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    scores = project / "results" / cfg["audit"] / "scores" / "arith" / "candidate.jsonl"
+    artifacts.write_jsonl(scores, {"schema": "pairaudit.scores/v1", "dataset": "arith", "arm": "candidate"},
+                          [{"index": 0, "correct": True}])
+    cmd = [str(Path(sys.executable).with_name("snakemake")), "-n", "promotion"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    ok = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    hand_edit(scores)
+    bad = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    out = bad.stdout + bad.stderr
+    assert bad.returncode != 0
+    assert f"results/{cfg['audit']}/scores/arith/candidate.jsonl: content sha256" in out, out[-3000:]
+
+
+def test_an_edited_report_is_refused_at_load_by_the_manifest(tmp_path):
+    from test_report import _write_inputs, launches, passing_pair, preflights
+    from test_report_ledger import outputs
+
+    res = tmp_path / "results" / "a"
+    ins = _write_inputs(res, passing_pair(), launches(), preflights())
+    outs = outputs(res / "promotion")
+    report.promotion_stage(ins["paired"], ins["launch"], ins["preflight"], **outs)
+    assert configcheck.check_results(res) == []
+    md = Path(outs["out_report"])
+    md.write_text(md.read_text().replace("INCONCLUSIVE", "PROMOTE"))
+    problems = configcheck.check_results(res)
+    assert len(problems) == 1 and problems[0].startswith(f"{md}: sha256 ") and "manifest.json" in problems[0]
+    # a run interrupted after rewriting decision.json (the manifest not yet rewritten) claims nothing
+    artifacts.write_json(outs["out_decision"], {**artifacts.read_json(outs["out_decision"]), "rerun": 1})
+    assert configcheck.check_results(res) == []
