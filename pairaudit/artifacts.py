@@ -44,7 +44,8 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 CONTENT_KEY = "content_sha256"
 # Directories under an audit that hold no artifacts: the append-only journals
 # (resume logs, re-read line by line) and the job and server logs.
-NOT_ARTIFACT_DIRS = ("journal", "logs")
+# append-only logs (journals, the log of server starts) and job logs are not artifacts
+NOT_ARTIFACT_DIRS = ("journal", "logs", "servers")
 
 
 class ArtifactError(RuntimeError):
