@@ -56,6 +56,12 @@ def _parents(module: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
+@lru_cache(maxsize=None)
+def _file_imports(path: Path, name: str, is_pkg: bool) -> frozenset[str]:
+    # one parse per file per process: every stage's closure shares the same modules
+    return frozenset(imported_modules(path.read_text(), name, is_pkg))
+
+
 def module_closure(base: Path, roots: list[Path]) -> list[Path]:
     """The root files plus every project module they import, transitively; sorted, unique."""
     seen: set[Path] = set()
@@ -65,7 +71,7 @@ def module_closure(base: Path, roots: list[Path]) -> list[Path]:
         if path in seen:
             continue
         seen.add(path)
-        for mod in imported_modules(path.read_text(), name, is_pkg):
+        for mod in _file_imports(path, name, is_pkg):
             if mod != PACKAGE and not mod.startswith(PACKAGE + "."):
                 continue
             for m in [*_parents(mod), mod]:

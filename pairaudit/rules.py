@@ -31,7 +31,6 @@ import math
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
-from scipy.stats import norm as _norm
 
 from .stats import MDE_POWER, mcnemar_exact_p, minimum_detectable_loss, paired_t_interval
 
@@ -993,7 +992,9 @@ WIN2_V2_RATE_SEED = 0
 
 
 def _z(p: float) -> float:
-    return float(_norm.ppf(p))
+    from scipy.stats import norm  # here: scipy.stats costs a second at the workflow's load
+
+    return float(norm.ppf(p))
 
 
 def _v2_metric(x: np.ndarray, lower_is_better: bool) -> dict:

@@ -33,7 +33,7 @@ def test_closure_follows_relative_absolute_and_package_imports(tmp_path):
 def test_editing_an_imported_file_changes_only_the_hashes_of_its_importers(tmp_path):
     make_tree(tmp_path)
     before = {s: codehash._code_hash.__wrapped__(tmp_path.resolve(), (f"scripts/{s}.py",)) for s in ("one", "two")}
-    (tmp_path / "pairaudit" / "d.py").write_text("thing = 2\n")
+    (tmp_path / "pairaudit" / "d.py").write_text("thing = 2\n")  # same imports: the parse cache still holds
     after = {s: codehash._code_hash.__wrapped__(tmp_path.resolve(), (f"scripts/{s}.py",)) for s in ("one", "two")}
     assert before["one"] != after["one"] and before["two"] == after["two"]
 
