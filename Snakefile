@@ -3,9 +3,12 @@
 #   snakemake --cores 4 <output path>      one stage or one dataset (see README)
 from snakemake.utils import min_version, validate
 
-from pairaudit.configcheck import check_at_load
+from pairaudit.configcheck import check_at_load, check_yaml_files
 
 min_version("9.0")
+
+# Snakemake's own message for a YAML error in this file names no line.
+check_yaml_files(["config/config.yaml"])
 
 
 configfile: "config/config.yaml"
