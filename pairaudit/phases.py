@@ -510,17 +510,20 @@ def diagnostics_phase(*, dataset_paths: Mapping[str, str], paired_paths: Mapping
 
     greedy_out: dict[str, dict[str, tuple]] = {name: {} for name in names}
     starts = []
+
+    def greedy_turn(ps: PhaseServer, arm: str) -> None:
+        for name in names:
+            if plans[name][arm].todo:
+                plans[name][arm].run(ps.get(), arm)
+            ps.verify()
+        for name in names:
+            greedy_out[name][arm] = plans[name][arm].header_and_records(
+                arm, [dataset_paths[name], paired_paths[name], receipt_paths[arm], preflight_paths[arm]])
+
     # Control first, so the candidate's server, started second, can also answer its probes.
     control = session("control")
     try:
-        for name in names:
-            if plans[name]["control"].todo:
-                plans[name]["control"].run(control.get(), "control")
-            control.verify()
-        for name in names:
-            greedy_out[name]["control"] = plans[name]["control"].header_and_records(
-                "control", [dataset_paths[name], paired_paths[name], receipt_paths["control"],
-                            preflight_paths["control"]])
+        greedy_turn(control, "control")
     finally:
         control.close()
         starts.append(("control", control.starts))
@@ -529,14 +532,8 @@ def diagnostics_phase(*, dataset_paths: Mapping[str, str], paired_paths: Mapping
     probes: dict[str, dict[str, list]] = {name: {} for name in names}
     found: dict[str, tuple] = {}
     try:
+        greedy_turn(candidate, "candidate")
         for name in names:
-            if plans[name]["candidate"].todo:
-                plans[name]["candidate"].run(candidate.get(), "candidate")
-            candidate.verify()
-        for name in names:
-            greedy_out[name]["candidate"] = plans[name]["candidate"].header_and_records(
-                "candidate", [dataset_paths[name], paired_paths[name], receipt_paths["candidate"],
-                              preflight_paths["candidate"]])
             found[name] = find_divergences({arm: greedy_out[name][arm][1] for arm in ARMS})
             _, _, prompt_ids, probed = found[name]
             probes[name]["candidate"] = probe_arm(candidate, probed, prompt_ids,
