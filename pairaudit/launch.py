@@ -99,8 +99,9 @@ __all__ = ["ConfigError", "ServerError", "resolve_spec", "receipt", "check_ident
 
 RECEIPT_SCHEMA = "pairaudit.launch/v1"
 MODES = ("launch", "attach")
+# gpus: what the arm's jobs request from a cluster; scheduling, not the server's identity
 LAUNCH_KEYS = ("mode", "command", "env", "host", "port", "health_timeout_s", "stop_grace_s", "model",
-               "served_model_name", "max_model_len", "speculative", "model_sha256")
+               "served_model_name", "max_model_len", "speculative", "model_sha256", "gpus")
 ATTACH_KEYS = ("mode", "url", "model", "served_model_name", "max_model_len", "speculative",
                "health_timeout_s", "model_sha256")
 PLACEHOLDERS = ("python", "vllm_python", "model", "model_dir", "served_model_name", "host", "port",
