@@ -873,7 +873,7 @@ def win2_v1(
     guard_loss_repeats: int = 2,
     archive_spread_pct: float | None = None,
 ) -> dict:
-    """win2-v1 (seed 004): OFF/ON/OFF speed decision paired by repeat.
+    """win2-v1: OFF/ON/OFF speed decision paired by repeat.
 
     series: metric -> per repeat r a triple (control_before, candidate,
     control_after). Control_r = mean of the brackets. Per metric: point gain

@@ -1,4 +1,4 @@
-"""Speed stage (seed 004): the OFF/ON/OFF bracket decided by win2-v2 (default) or win2-v1.
+"""Speed stage: the OFF/ON/OFF bracket decided by win2-v2 (default) or win2-v1.
 
 ``speed.rule`` selects the registered rule: win2-v2 (rules.win2_v2, the
 default; docs/speed.md) decides over all deciding cells at once against an
@@ -64,7 +64,7 @@ throughput = sum output tokens / wall duration of the waves.
 - ``ttft_s`` = mean TTFT                                       [reported, lower better]
 
 Which metric plays which role is config (``speed.primary/guards/reported``);
-the defaults above are seed 004's.
+the defaults above are those of a GPU speed audit.
 
 Artifacts
 ---------
@@ -211,7 +211,7 @@ METRICS = ("pooled_rate_tps", "accepted_per_round", "ms_per_round", "decode_tps"
 LOWER_IS_BETTER = frozenset({"ms_per_round", "ttft_s"})
 RULES = ("win2-v2", "win2-v1")
 
-# The issue's defaults (seed 004's shape). The embedded config/config.yaml
+# A GPU audit's defaults. The embedded config/config.yaml
 # shrinks them so one bracket fits in minutes on a 2-core CPU.
 DEFAULTS: dict[str, Any] = {
     "enabled": True,
@@ -604,7 +604,7 @@ _C = {"requests": "vllm:request_success_total", "generation_tokens": "vllm:gener
 def pool_repeat(waves: Sequence[Mapping[str, Any]]) -> dict:
     """Pool one repeat's waves (each ``{"delta": {metric: value}, "streams": [...]}``) into its metrics.
 
-    Counters are summed over the waves before any ratio (seed 004's pooling),
+    Counters are summed over the waves before any ratio (pooled, as a speed audit pools its waves),
     so a short wave does not weigh as much as a long one.
     """
     tot = {k: sum(float(w["delta"].get(name, 0.0)) for w in waves) for k, name in _C.items()}
