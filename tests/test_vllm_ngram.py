@@ -48,7 +48,7 @@ def test_preflight_records_the_engines_500_and_the_servers_death(ngram_server):
     req = probe["calls"][0]["request"]
     assert (req["temperature"], req["top_p"], req["top_k"]) == (0.7, 0.8, 20) and isinstance(req["seed"], int)
     assert probe["reason"].startswith("seeded chat completion: HTTP 500: EngineCore encountered an issue")
-    assert "the server then went down (/health: transport: connection" in probe["reason"]
+    assert "the server then went down (/health: " in probe["reason"]  # refused, or 503 while it exits
     assert result["server_alive_after"] is False and probe["facts"]["after_failure"]["alive"] is False
     with pytest.raises(PreflightError, match=r"failed at probe 'seeded_repeat'.*HTTP 500"):
         require_pass(result)
