@@ -164,9 +164,11 @@ def test_disabled_gates_leave_their_stages_out_and_only_redecide(tiny, tmp_path)
     changed["speed"]["enabled"] = False
     cfg = tmp_path / "disabled.yaml"
     cfg.write_text(yaml.safe_dump(changed, sort_keys=False))
-    # The gates drop out of the decision's inputs, so only the decision reruns
-    # (it will list them as not evaluated); nothing else is redone.
-    assert planned_jobs(project, "promotion", "--configfile", str(cfg)) == [("promotion", {})]
+    # The gates drop out of the decision's inputs (it will list them as not evaluated); the boundary
+    # cases were part of each arm's answers phase, so the phases rerun -- their journals supply every
+    # answer -- and nothing per dataset, no diagnostics and no speed bracket is redone.
+    assert sorted(planned_jobs(project, "promotion", "--configfile", str(cfg))) == [
+        ("answers", {"arm": "candidate"}), ("answers", {"arm": "control"}), ("promotion", {})]
 
 
 def test_changing_one_dataset_reruns_only_that_dataset(tiny, tmp_path):
