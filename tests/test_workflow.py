@@ -303,7 +303,7 @@ def test_resume_after_server_dies_and_after_the_job_is_killed(resume_project):
     assert json.loads((project / target).read_text().splitlines()[0])["arm_failed"]
     before = {r["index"]: r for r in _answers(journal)}
     assert 1 <= len(before) < 4
-    snake(project, "--forcerun", "results/resume/answers/control.json", target)
+    snake(project, target, "--forcerun", "results/resume/answers/control.json")  # the target first: --forcerun takes a list
     _check_resumed(project, journal, project / target, before, 4)
     assert json.loads((res / "answers" / "control.json").read_text())["failure"] is None
 
