@@ -95,8 +95,9 @@ def paired_stage(*, dataset_path: str, sampled_paths: dict, score_paths: dict, o
         "arm_failed": failed or None,
         "table": table,
         "quality": quality,
+        # no items (an arm's server failed before answering any): nothing to resample
         "bootstrap": stats.paired_bootstrap_ci([by_index["control"][i] for i in order],
-                                               [by_index["candidate"][i] for i in order]),
+                                               [by_index["candidate"][i] for i in order]) if order else None,
         "provenance": artifacts.provenance(
             [dataset_path, *sampled_paths.values(), *score_paths.values()], {"quality": quality_params}),
     }
