@@ -103,11 +103,13 @@ def test_ledger_keeps_every_decision_and_the_report_lists_earlier_ones(audited):
 def test_long_stages_log_progress(audited):
     logs = audited / "results" / "report" / "logs"
     line = r"{what} arith/{arm}: (\d+)/(\d+) \(\d+ %\), [0-9.e+-]+/s, ETA (\S+)"
-    for stage, what in (("sampled", "sampled"), ("greedy", "greedy")):
+    # the phases log them: sampled runs in each arm's answers phase, greedy runs in the diagnostics phase
+    for what in ("sampled", "greedy"):
         for arm in ("control", "candidate"):
-            text = (logs / stage / f"arith-{arm}.log").read_text()
+            log = logs / "answers" / f"{arm}.log" if what == "sampled" else logs / "diagnostics.log"
+            text = log.read_text()
             found = re.findall(line.format(what=what, arm=arm), text)
-            assert found, f"no progress line in {stage} arith-{arm}.log:\n{text[-1500:]}"
+            assert found, f"no progress line for {what} arith/{arm} in {log}:\n{text[-1500:]}"
             done, total, _ = found[-1]
             assert done == total and int(total) >= 2
 
