@@ -361,3 +361,33 @@ def _cwd(pid: int) -> str:
         return os.readlink(f"/proc/{pid}/cwd")
     except OSError:
         return ""
+
+
+def test_a_candidate_whose_engine_dies_is_rejected_with_the_evidence_not_a_traceback(tmp_path):
+    """The candidate's server dies on a seeded sampled request the control answers: REJECT, snakemake exits 0."""
+    config = yaml.safe_load(TINY.read_text())
+    config["audit"] = "dies"
+    config["datasets"] = [config["datasets"][0]]
+    config["datasets"][0]["select"] = {"count": 1, "seed": 5}
+    config["boundary"]["enabled"] = False
+    config["speed"]["enabled"] = False
+    fake = str(REPO / "tests" / "fake_server.py")
+    config["arms"]["candidate"] = {
+        "mode": "launch", "model": "fake-model", "max_model_len": 256, "health_timeout_s": 60,
+        "env": {"PAIRAUDIT_REF_LM_HEAD_BF16": "0"},
+        "command": ["{python}", fake, "--host", "{host}", "--port", "{port}", "--model", "{model}",
+                    "--max-model-len", "{max_model_len}", "--switches-from-env", "--fault", "chat500_dies"]}
+    config["arms"]["control"] = {**config["arms"]["candidate"], "command": config["arms"]["candidate"]["command"][:-2]}
+    project = make_project(tmp_path / "p", config)
+    proc = snake(project, "promotion")
+    assert "Traceback" not in proc.stdout + proc.stderr
+    res = project / "results" / "dies"
+    decision = json.loads((res / "promotion" / "decision.json").read_text())
+    assert decision["decision"] == "REJECT"
+    gate = decision["gates"]["servers"]
+    assert gate["verdict"] == "FAIL" and "HTTP 500" in gate["reasons"][0] and "fresh start" in gate["reasons"][0]
+    phase = json.loads((res / "answers" / "candidate.json").read_text())
+    assert phase["failure"]["stage"] == "preflight" and phase["failure"]["confirmation"]["kind"] in ("server_error",
+                                                                                                    "dead")
+    assert "index out of bounds" in json.dumps(phase["failure"]["error_body"])
+    assert refserver_pids(project) == []
