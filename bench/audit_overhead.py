@@ -110,7 +110,7 @@ def starts_per_phase(results: Path) -> dict[str, list[float]]:
             if rec.get("event") == "ready":
                 phases.setdefault(rec["phase"], []).append(rec.get("ready_s") or 0.0)
     speed = results / "speed" / "decision.json"
-    if speed.exists():
+    if "speed" not in phases and speed.exists():  # audits from before the starts log held the bracket
         phases["speed"] = [(s.get("server") or {}).get("ready_s") or 0.0
                            for s in json.loads(speed.read_text()).get("starts", [])]
     return phases

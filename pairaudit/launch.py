@@ -92,7 +92,24 @@ from pathlib import Path
 from typing import Any
 
 from . import lifecycle, slots
+from .jsonlog import append_record
 from .client import Endpoint, ServerError, sha256_json, tail_lines, utc_now, wait_healthy
+
+# One line per server start and stop of an audit, whatever the phase: the
+# audit's log of what it cost to bring its servers up.
+STARTS_SCHEMA = "pairaudit.server-start/v1"
+_START_FACTS = ("url", "pid", "started_at", "ready_at", "ready_s", "stop")
+
+
+def log_start_event(path: str | Path | None, *, event: str, phase: str, spec: dict, receipt: dict | None,
+                    facts: dict) -> None:
+    """Append a ``ready`` or ``stopped`` event of one server to the audit's starts log (no-op without a path)."""
+    if path is None:
+        return
+    append_record(path, {
+        "schema": STARTS_SCHEMA, "event": event, "phase": phase, "arm": spec["arm"], "mode": spec["mode"],
+        "spec_sha256": (receipt or {}).get("spec_sha256"), "at": utc_now(),
+        **{k: facts.get(k) for k in _START_FACTS if k in facts}})
 
 __all__ = ["ConfigError", "ServerError", "resolve_spec", "receipt", "check_identity",
            "Server", "start_server", "launch_record", "stop_all", "pick_free_port"]

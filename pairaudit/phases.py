@@ -45,7 +45,7 @@ log = logging.getLogger("pairaudit")
 ARMS = ("control", "candidate")
 GREEDY_DEFAULTS = {"items": "discordant", "concordant": 2, "seed": 0, "max_tokens": 256, "determinism_repeats": 3}
 PHASE_SCHEMA = "pairaudit.phase/v1"
-STARTS_SCHEMA = "pairaudit.server-start/v1"
+STARTS_SCHEMA = launch.STARTS_SCHEMA
 
 
 class PhaseError(RuntimeError):
@@ -108,11 +108,8 @@ class PhaseServer:
             self._event("stopped", {"stop": stop, "pid": self.server.facts().get("pid")})
 
     def _event(self, event: str, facts: Mapping[str, Any]) -> None:
-        append_record(self.starts_log, {
-            "schema": STARTS_SCHEMA, "event": event, "phase": self.phase, "arm": self.spec["arm"],
-            "mode": self.spec["mode"], "spec_sha256": (self.receipt or {}).get("spec_sha256"),
-            "at": artifacts.utc_now(), **{k: facts.get(k) for k in (
-                "url", "pid", "started_at", "ready_at", "ready_s", "stop") if k in facts}})
+        launch.log_start_event(self.starts_log, event=event, phase=self.phase, spec=self.spec,
+                               receipt=self.receipt, facts=facts)
 
     def __enter__(self) -> "PhaseServer":
         return self

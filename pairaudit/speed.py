@@ -958,7 +958,7 @@ def decide(results: Mapping[str, Mapping[str, Any]], cfg: Mapping[str, Any], clo
 
 def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str, str], arm_cfgs: Mapping[str, Any],
                 speed_cfg: Mapping[str, Any] | None, audit: str, out_path: str, streams_path: str,
-                archive_path: str, server_logs: Mapping[str, str]) -> dict:
+                archive_path: str, server_logs: Mapping[str, str], starts_log: str | None = None) -> dict:
     """Run the OFF/ON/OFF bracket and write decision.json + streams.jsonl (module docstring)."""
     cfg = resolve_config(speed_cfg)
     receipts, specs = {}, {}
@@ -995,6 +995,8 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
         log.info("speed %s: %s arm, fresh server", start, arm)
         with launch.Server(specs[arm], log_path=server_logs[start], receipt=receipts[arm],
                            timeout_s=cfg["request_timeout_s"]) as srv:
+            launch.log_start_event(starts_log, event="ready", phase="speed", spec=specs[arm],
+                                   receipt=receipts[arm], facts=srv.facts())
             if prompts is None:
                 prompts = build_prompts(srv.endpoint, model, cfg["cells"], cfg["repeats"], cfg["waves"],
                                         cfg["base_seed"])
@@ -1006,6 +1008,8 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
             srv.assert_alive()
             facts = srv.facts()
         rec["stopped_at"] = utc_now()
+        launch.log_start_event(starts_log, event="stopped", phase="speed", spec=specs[arm], receipt=receipts[arm],
+                               facts={"stop": facts.get("stop"), "pid": facts.get("pid")})
         rec["server"] = {k: facts.get(k) for k in ("pid", "url", "ready_s", "identity_check", "stop")}
         rec["warmup"] = next({k: r[k] for k in ("error", "ttft_s", "e2el_s")} for r in recs if r["cell"] == "warmup")
         records += recs

@@ -38,6 +38,7 @@ if SPEED_ON:
             arms=config["arms"],
             speed=SPEED_CFG,
             audit=config["audit"],
+            starts_log=STARTS_LOG,
             archive=SPEED_CFG.get("archive", "results/control-archive.jsonl"),
             code=code("speed"),
         script:

@@ -246,7 +246,7 @@ def test_a_workflow_job_waits_for_a_slot_another_audit_holds(tmp_path, monkeypat
     env = {k: v for k, v in os.environ.items() if k != slots.SLOTS_ENV}
     env.update(PYTHONPATH=ROOT, **{slots.SLOTS_DIR_ENV: str(slot_dir)})
     target = f"results/{cfg['audit']}/launch/control.json"
-    log = project / "results" / cfg["audit"] / "logs" / "launch" / "control.log"
+    log = project / "results" / cfg["audit"] / "logs" / "answers" / "control.log"
     proc = subprocess.Popen([str(Path(sys.executable).with_name("snakemake")), "--cores", "1", target], cwd=project,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
