@@ -13,7 +13,7 @@ The audits this tool automates read a failing server this way:
 - a control that fails, or both arms, is INCONCLUSIVE: the rollback itself
   does not serve the audit, so nothing can be compared.
 
-``FailureRecord`` is what an answers phase stores when its server fails;
+``FailureRecord`` is what an answers phase or the speed bracket stores when its server fails;
 ``server_failure_v1`` turns both arms' records into the gate.
 """
 
@@ -29,7 +29,7 @@ FAILED_CHECK = "failed_check"
 
 class FailureRecord(TypedDict, total=False):
     arm: str
-    stage: str            # preflight | sampled | boundary
+    stage: str            # preflight | sampled | boundary | speed
     what: str             # the probe, dataset item or case that failed
     kind: str             # refused | server_error | dead | failed_check
     status: int | None    # HTTP status, None when no answer came back

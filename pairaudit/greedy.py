@@ -29,6 +29,7 @@ GreedyRecord (``run_greedy``; ``determinism_run`` records too)::
      "text", "finish_reason", "usage",
      "top20": [[[id, logprob], ...] per generated position],   # as served, unrounded
      "salt", "output_sha256",               # sha256 of canonical JSON of token_ids (None on error)
+     "clamped": bool, "clamp": client.clamping record | None,   # the server lowered max_tokens
      "timings": {"started_at", "elapsed_s"}}
 
 ProbeResult (``run_probe``; ``probes_for_arm`` adds "index")::
@@ -45,7 +46,9 @@ DivergenceRecord (``divergence_records``)::
      "shared_prefix": ids[:k], "prefix_equal": bool,
      "control_len", "candidate_len",
      "control_greedy_top", "candidate_greedy_top",  # each arm's own greedy top-20 at k
-     "error": None | str}                          # a greedy record failed: diverged is None
+     "clamped": [arm, ...],                        # arms whose server lowered max_tokens
+     "error": None | str}                          # a greedy record failed, or the arms are equal up to
+                                                   # where the server cut one short: diverged is None
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ from __future__ import annotations
 import secrets
 from typing import Any, Iterable, Mapping, Sequence
 
-from .client import Endpoint, sha256_json
+from .client import Endpoint, clamping, sha256_json
 
 TOP_K_LOGPROBS = 20  # vLLM's default max_logprobs; 21 is refused
 TOKEN_ID_PREFIX = "token_id:"
@@ -202,6 +205,7 @@ def greedy_one(endpoint: Endpoint, model: str, ids: list[int], *, max_tokens: in
     body = greedy_body(model, ids, max_tokens=max_tokens, salt=salt)
     res, parsed = _post_completion(endpoint, body)
     token_ids = parsed.get("token_ids", [])
+    clamp = clamping(body, parsed.get("finish_reason"), parsed.get("usage"))
     return {
         "index": index,
         "body": body,
@@ -218,6 +222,8 @@ def greedy_one(endpoint: Endpoint, model: str, ids: list[int], *, max_tokens: in
         "usage": parsed.get("usage"),
         "salt": salt,
         "output_sha256": sha256_json(token_ids) if res["error"] is None else None,
+        "clamped": clamp["clamped"],
+        "clamp": clamp if clamp["clamped"] else None,
         "timings": {"started_at": res.get("started_at"), "elapsed_s": res.get("elapsed_s")},
     }
 
@@ -274,13 +280,20 @@ def divergence_records(control_greedy: Sequence[Mapping], candidate_greedy: Sequ
         errs = [f"{arm}: {r['error']}" for arm, r in (("control", a), ("candidate", b)) if r.get("error")]
         a_ids, b_ids = list(a.get("token_ids") or []), list(b.get("token_ids") or [])
         rec: dict[str, Any] = {"index": idx, "control_len": len(a_ids), "candidate_len": len(b_ids),
-                               "error": "; ".join(errs) or None}
+                               "clamped": [arm for arm, r in (("control", a), ("candidate", b)) if r.get("clamped")]}
+        k = None if errs else first_divergence(a_ids, b_ids)
+        cut = [(arm, r) for arm, r, ids in (("control", a, a_ids), ("candidate", b, b_ids))
+               if r.get("clamped") and k is not None and len(ids) == k]
+        if not errs and cut:
+            # Equal up to where the server cut an arm short: what it would
+            # have generated next is unknown, so neither "diverged" nor "equal".
+            errs = [f"clamped: {arm}: {r['clamp']['reason']}" for arm, r in cut]
+        rec["error"] = "; ".join(errs) or None
         if errs:
             # No output, no comparison: an unknown, never "no divergence".
             rec.update(diverged=None, first_divergence=None, control_token_id=None, candidate_token_id=None,
                        shared_prefix=None, prefix_equal=False, control_greedy_top=None, candidate_greedy_top=None)
         else:
-            k = first_divergence(a_ids, b_ids)
             rec.update(
                 diverged=k is not None,
                 first_divergence=k,

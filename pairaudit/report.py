@@ -1562,19 +1562,25 @@ def _load_later(later: Mapping[str, Any] | None) -> tuple[dict, list[str], dict]
         # Determinism is evaluated per dataset inside the divergence stage.
         kw["determinism"] = {ds: d.get("determinism") for ds, d in docs["divergence"].items()}
         paths += [str(p) for p in later["divergence"]]
+    bracket_failure = None
     for stage in ("boundary", "speed"):
         if later.get(stage):
             p = later[stage]
             docs[stage] = check_schema(read_json(p), LATER_SCHEMAS[stage], p)
             kw[stage] = docs[stage].get("gate")
             paths.append(str(p))
+            if stage == "speed":
+                bracket_failure = docs[stage].get("failure")
             if docs[stage].get("not_run"):  # its gate says why; there is nothing to draw
                 del docs[stage]
     if later.get("answers"):
-        # each arm's answers phase: a server that failed under the audit is evidence (failures.py)
+        # each arm's answers phase: a server that failed under the audit is evidence (failures.py);
+        # so is one that failed under the speed bracket, where its answers phase did not
         docs["answers"] = _load_keyed(later["answers"], LATER_SCHEMAS["answers"], "arm")
-        kw["servers"] = failures.server_failure_v1({arm: (docs["answers"].get(arm) or {}).get("failure")
-                                                    for arm in ARMS})
+        per_arm = {arm: (docs["answers"].get(arm) or {}).get("failure") for arm in ARMS}
+        if bracket_failure and per_arm.get(bracket_failure.get("arm")) is None:
+            per_arm[bracket_failure["arm"]] = bracket_failure
+        kw["servers"] = failures.server_failure_v1(per_arm)
         paths += [str(p) for p in later["answers"]]
     return kw, paths, docs
 

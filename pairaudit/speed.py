@@ -147,6 +147,16 @@ Artifacts
     streams:       path of streams.jsonl
     params:        the speed config used (defaults filled in); provenance
 
+A bracket that was not measured has instead ``not_run`` (why) and an
+INCONCLUSIVE gate: a failed preflight stops it before any start; a server
+that fails under it (a stream's 5xx or refused connection, a dead process, a
+start that never became healthy, outputs shorter than forced, e.g. a silent
+max_tokens clamp) adds ``failure`` (a failures.FailureRecord with stage
+"speed", the wave's bodies as sent and the server's log tail; a candidate's
+5xx or death is re-run once on a fresh start, stored as its
+``confirmation``) and ``starts`` up to the failed one. The promotion reads
+that failure into the servers gate; streams.jsonl keeps what was measured.
+
 ``results/<audit>/speed/streams.jsonl``: header ``{schema:
 pairaudit.speed_streams/v1, provenance}`` then one line per request: start,
 arm, cell, repeat, wave, stream, seed, cache_salt, prompt_tokens, status,
@@ -195,11 +205,21 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from . import artifacts, launch, rules
-from .client import Endpoint, metrics_delta, utc_now
+from . import artifacts, failures, launch, rules
+from .client import Endpoint, ServerError, clamping, metrics_delta, tail_lines, utc_now
 from .progress import Progress
 
 log = logging.getLogger("pairaudit")
+
+
+class BracketFailure(RuntimeError):
+    """A start of the bracket could not be measured: the server failed a stream or broke the workload's terms."""
+
+    def __init__(self, msg: str, *, what: str, kind: str, status: int | None, error: str | None,
+                 error_body: Any = None, requests: Sequence[dict] = ()):
+        super().__init__(msg)
+        self.what, self.kind, self.status, self.error = what, kind, status, error
+        self.error_body, self.requests = error_body, list(requests)
 
 SCHEMA = "pairaudit.speed_decision/v1"
 STREAMS_SCHEMA = "pairaudit.speed_streams/v1"
@@ -631,7 +651,10 @@ def pool_repeat(waves: Sequence[Mapping[str, Any]]) -> dict:
 def _scrape(ep: Endpoint) -> dict[str, float]:
     res, parsed = ep.scrape_metrics(timeout_s=60)
     if parsed is None:
-        raise RuntimeError(f"/metrics scrape failed: {res['error'] or 'not Prometheus text'}")
+        why = res["error"] or "not Prometheus text"
+        raise BracketFailure(f"/metrics scrape failed: {why}", what="GET /metrics",
+                             kind=failures.classify(res.get("status")) if res["error"] else failures.FAILED_CHECK,
+                             status=res.get("status"), error=why, error_body=res.get("body"))
     return parsed
 
 
@@ -654,9 +677,8 @@ def settled_scrape(ep: Endpoint, finished: float, *, timeout_s: float = 60.0) ->
         time.sleep(0.02)
 
 
-def run_wave(ep: Endpoint, bodies: Sequence[dict], *, timeout_s: float) -> dict:
-    """Start every stream of the wave together; /metrics right before and once all are booked after."""
-    before = _scrape(ep)
+def send_together(ep: Endpoint, bodies: Sequence[dict], *, timeout_s: float) -> list[dict]:
+    """Every body as a stream, all released at once; the results in the bodies' order."""
     results: list[dict | None] = [None] * len(bodies)
     gate = threading.Barrier(len(bodies))
 
@@ -665,14 +687,24 @@ def run_wave(ep: Endpoint, bodies: Sequence[dict], *, timeout_s: float) -> dict:
         results[k] = ep.stream_completion("/v1/completions", bodies[k], timeout_s=timeout_s)
 
     threads = [threading.Thread(target=one, args=(k,), daemon=True) for k in range(len(bodies))]
-    t0 = time.perf_counter()
-    started_at = utc_now()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    return results  # type: ignore[return-value]
+
+
+def run_wave(ep: Endpoint, bodies: Sequence[dict], *, timeout_s: float) -> dict:
+    """Start every stream of the wave together; /metrics right before and once all are booked after."""
+    before = _scrape(ep)
+    t0 = time.perf_counter()
+    started_at = utc_now()
+    results = send_together(ep, bodies, timeout_s=timeout_s)
     duration = time.perf_counter() - t0
     ok = sum(1 for r in results if r is not None and r.get("error") is None)
+    if ok < len(results):
+        # The caller reports the failed stream; a scrape now could only fail on a server that died of it.
+        return {"started_at": started_at, "duration_s": duration, "delta": None, "streams": results}
     after = settled_scrape(ep, before.get(_C["requests"], 0.0) + ok)
     delta = metrics_delta(before, after)
     return {"started_at": started_at, "duration_s": duration,
@@ -697,7 +729,9 @@ def run_start(ep: Endpoint, *, model: str, cfg: Mapping[str, Any], prompts: Mapp
     base = _scrape(ep).get(_C["requests"], 0.0)
     warm = ep.stream_completion("/v1/completions", warm_body, timeout_s=timeout)
     if warm.get("error") is not None:
-        raise RuntimeError(f"{start} ({arm}): warm-up request failed: {warm['error']}")
+        raise BracketFailure(f"{start} ({arm}): warm-up request failed: {warm['error']}", what=f"{start} warm-up",
+                             kind=failures.classify(warm.get("status")), status=warm.get("status"),
+                             error=warm["error"], error_body=warm.get("body"), requests=[warm_body])
     settled_scrape(ep, base + 1)
     records.append(_stream_record(warm, start=start, arm=arm, cell="warmup", repeat=None, wave=None, stream=0,
                                   seed=warm_body["seed"], cache_salt=warm_body["cache_salt"],
@@ -711,15 +745,23 @@ def run_start(ep: Endpoint, *, model: str, cfg: Mapping[str, Any], prompts: Mapp
                                        seed=stream_seed(cfg["base_seed"], r, w, waves, i))
                           for i in range(c["concurrency"])]
                 wave = run_wave(ep, bodies, timeout_s=timeout)
-                bad = [s["error"] for s in wave["streams"] if s.get("error") is not None]
+                where = f"{start} cell {c['name']} repeat {r} wave {w}"
+                bad = [s for s in wave["streams"] if s.get("error") is not None]
                 if bad:
                     # A failed stream would bias the pooled rate; the bracket is not comparable.
-                    raise RuntimeError(f"{start} ({arm}) cell {c['name']} repeat {r} wave {w}: "
-                                       f"{len(bad)} stream(s) failed: {bad[0]}")
-                short = [s["output_tokens"] for s in wave["streams"] if s.get("output_tokens") != out_len]
+                    raise BracketFailure(f"{start} ({arm}) {where[len(start) + 1:]}: {len(bad)} stream(s) failed: "
+                                         f"{bad[0]['error']}", what=where, kind=failures.classify(bad[0].get("status")),
+                                         status=bad[0].get("status"), error=bad[0]["error"],
+                                         error_body=bad[0].get("body"), requests=bodies)
+                short = [(b, s) for b, s in zip(bodies, wave["streams"]) if s.get("output_tokens") != out_len]
                 if short:
-                    raise RuntimeError(f"{start} ({arm}) cell {c['name']}: output lengths {short} != "
-                                       f"output_len {out_len} (ignore_eos/min_tokens not honoured?)")
+                    clamp = clamping(short[0][0], short[0][1].get("finish_reason"), short[0][1].get("usage"))
+                    why = clamp["reason"] if clamp["clamped"] else "ignore_eos/min_tokens not honoured?"
+                    raise BracketFailure(f"{start} ({arm}) {where[len(start) + 1:]}: output lengths "
+                                         f"{[s.get('output_tokens') for _, s in short]} != output_len {out_len} ({why})",
+                                         what=where, kind=failures.FAILED_CHECK, status=short[0][1].get("status"),
+                                         error=f"output length {short[0][1].get('output_tokens')} != {out_len}: {why}",
+                                         requests=bodies)
                 pc = per_cell[c["name"]]
                 pc["waves"][r].append(wave)
                 pc["streams"] += wave["streams"]
@@ -993,25 +1035,17 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
         rec = {"start": start, "role": role, "arm": arm, **_host_facts(), "clock": clock_facts(),
                "started_at": utc_now(), "stopped_at": None}
         log.info("speed %s: %s arm, fresh server", start, arm)
-        with launch.Server(specs[arm], log_path=server_logs[start], receipt=receipts[arm],
-                           timeout_s=cfg["request_timeout_s"]) as srv:
-            launch.log_start_event(starts_log, event="ready", phase="speed", spec=specs[arm],
-                                   receipt=receipts[arm], facts=srv.facts())
-            if prompts is None:
-                prompts = build_prompts(srv.endpoint, model, cfg["cells"], cfg["repeats"], cfg["waves"],
-                                        cfg["base_seed"])
-            results[start], recs = run_start(srv.endpoint, model=model, cfg=cfg, prompts=prompts, start=start,
-                                             arm=arm, progress=progress)
-            # Read while the server still holds its clocks: a GPU's throttle
-            # reasons clear soon after the load stops.
-            rec["clock_after"] = clock_facts()
-            srv.assert_alive()
-            facts = srv.facts()
-        rec["stopped_at"] = utc_now()
-        launch.log_start_event(starts_log, event="stopped", phase="speed", spec=specs[arm], receipt=receipts[arm],
-                               facts={"stop": facts.get("stop"), "pid": facts.get("pid")})
-        rec["server"] = {k: facts.get(k) for k in ("pid", "url", "ready_s", "identity_check", "stop")}
-        rec["warmup"] = next({k: r[k] for k in ("error", "ttft_s", "e2el_s")} for r in recs if r["cell"] == "warmup")
+        try:
+            facts, recs = _measure_start(start, arm, specs[arm], receipts[arm], rec, cfg=cfg, model=model,
+                                         prompts=prompts, results=results, progress=progress,
+                                         server_log=server_logs[start], starts_log=starts_log)
+        except (BracketFailure, ServerError) as exc:
+            # A server that fails under the bracket is evidence, and what it measured before stays.
+            return _failed_bracket(exc, start=start, arm=arm, rec=rec, starts=starts, records=records, specs=specs,
+                                   receipts=receipts, cfg=cfg, audit=audit, out_path=out_path,
+                                   streams_path=streams_path, server_logs=server_logs, starts_log=starts_log,
+                                   inputs=[*launch_paths.values(), *preflight_paths.values()])
+        prompts = prompts or facts.pop("prompts")
         records += recs
         starts.append(rec)
         if arm == "control":
@@ -1019,6 +1053,106 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
                 _archive_line(audit=audit, start=start, cell=c, chash=hashes[c["name"]],
                               pooled=results[start][c["name"]]["pooled"], clock=rec["clock"], host=rec["host"])
                 for c in cfg["cells"]])
+    return _decided_bracket(cfg=cfg, audit=audit, starts=starts, results=results, records=records, prompts=prompts,
+                            hashes=hashes, prior_spread=prior_spread, archive_path=archive_path, appended=appended,
+                            inputs=[*launch_paths.values(), *preflight_paths.values()], out_path=out_path,
+                            streams_path=streams_path)
+
+
+def _measure_start(start: str, arm: str, spec: dict, receipt: dict, rec: dict, *, cfg: Mapping[str, Any], model: str,
+                   prompts: Mapping[str, Any] | None, results: dict, progress: Progress, server_log: str,
+                   starts_log: str | None) -> tuple[dict, list[dict]]:
+    """One fresh start: its measurements into ``results[start]``, its facts into ``rec``.
+
+    Returns the server's facts (with the bracket's ``prompts`` when they were built here) and the stream records.
+    """
+    with launch.Server(spec, log_path=server_log, receipt=receipt, timeout_s=cfg["request_timeout_s"]) as srv:
+        launch.log_start_event(starts_log, event="ready", phase="speed", spec=spec, receipt=receipt,
+                               facts=srv.facts())
+        if prompts is None:
+            # built once, on the first start, from that server's own tokenizer
+            prompts = build_prompts(srv.endpoint, model, cfg["cells"], cfg["repeats"], cfg["waves"], cfg["base_seed"])
+        results[start], recs = run_start(srv.endpoint, model=model, cfg=cfg, prompts=prompts, start=start,
+                                         arm=arm, progress=progress)
+        # Read while the server still holds its clocks: a GPU's throttle
+        # reasons clear soon after the load stops.
+        rec["clock_after"] = clock_facts()
+        srv.assert_alive()
+        facts = dict(srv.facts())
+    rec["stopped_at"] = utc_now()
+    launch.log_start_event(starts_log, event="stopped", phase="speed", spec=spec, receipt=receipt,
+                           facts={"stop": facts.get("stop"), "pid": facts.get("pid")})
+    rec["server"] = {k: facts.get(k) for k in ("pid", "url", "ready_s", "identity_check", "stop")}
+    rec["warmup"] = next({k: r[k] for k in ("error", "ttft_s", "e2el_s")} for r in recs if r["cell"] == "warmup")
+    facts["prompts"] = prompts
+    return facts, recs
+
+
+def _start_failure(exc: BaseException, *, start: str, arm: str, server_log: str) -> failures.FailureRecord:
+    if isinstance(exc, BracketFailure):
+        return {"arm": arm, "stage": "speed", "what": exc.what, "kind": exc.kind, "status": exc.status,
+                "request": {"method": "POST", "path": "/v1/completions", "bodies": exc.requests},
+                "error": exc.error, "error_body": exc.error_body, "log_tail": tail_lines(server_log, 40),
+                "at": utc_now()}
+    # The server did not come up, or died: its own log is the evidence.
+    return {"arm": arm, "stage": "speed", "what": f"{start} server start", "kind": failures.DEAD, "status": None,
+            "request": None, "error": str(exc).split("\n")[0], "error_body": None,
+            "log_tail": tail_lines(server_log, 40), "at": utc_now()}
+
+
+def _confirm_failure(exc: BaseException, spec: dict, receipt: dict, *, cfg: Mapping[str, Any], server_log: str,
+                     starts_log: str | None) -> dict:
+    """The failed start's work once more on a fresh start of the same server (stored beside the first failure)."""
+    conf: dict = {"at": utc_now(), "kind": None, "status": None, "error": None, "error_body": None}
+    try:
+        with launch.Server(spec, log_path=server_log, receipt=receipt, timeout_s=cfg["request_timeout_s"]) as srv:
+            launch.log_start_event(starts_log, event="ready", phase="speed-confirm", spec=spec, receipt=receipt,
+                                   facts=srv.facts())
+            bodies = exc.requests if isinstance(exc, BracketFailure) else []
+            bad = [s for s in (send_together(srv.endpoint, bodies, timeout_s=cfg["request_timeout_s"])
+                               if bodies else []) if s.get("error") is not None]
+            alive = srv.proc is None or srv.proc.poll() is None
+            if bad or not alive:
+                first = bad[0] if bad else {}
+                conf.update(kind=failures.classify(first.get("status"), server_alive=alive),
+                            status=first.get("status"), error=first.get("error") or "the server process exited",
+                            error_body=first.get("body"))
+            else:
+                conf.update(kind="answered", status=200)
+            conf["log_tail"] = srv.log_tail(40)
+    except ServerError as err:
+        conf.update(kind=failures.DEAD, error=str(err).split("\n")[0], log_tail=str(err)[-4000:])
+    log.warning("speed: confirmation on a fresh start: %s", conf["kind"])
+    return conf
+
+
+def _failed_bracket(exc: BaseException, *, start: str, arm: str, rec: dict, starts: list, records: list,
+                    specs: Mapping[str, dict], receipts: Mapping[str, dict], cfg: Mapping[str, Any], audit: str,
+                    out_path: str, streams_path: str, server_logs: Mapping[str, str], starts_log: str | None,
+                    inputs: Sequence[str]) -> dict:
+    """decision.json for a bracket a server broke: the failure (and its confirmation), what was measured before."""
+    failure = _start_failure(exc, start=start, arm=arm, server_log=server_logs[start])
+    log.warning("speed %s (%s arm) failed: %s", start, arm, failures.summary(failure))
+    if arm == "candidate" and failures.is_server_failure(failure["kind"]):
+        failure["confirmation"] = _confirm_failure(exc, specs[arm], receipts[arm], cfg=cfg,
+                                                   server_log=f"{server_logs[start]}.confirm",
+                                                   starts_log=starts_log)
+    rec.update(stopped_at=utc_now(), failure=failure)
+    why = f"the {arm} server failed at {failure['what']}: {failures.summary(failure)}"
+    prov = artifacts.provenance(inputs, {"speed": cfg})
+    artifacts.write_jsonl(streams_path, {"schema": STREAMS_SCHEMA, "audit": audit, "provenance": prov}, records)
+    doc = {"schema": SCHEMA, "audit": audit, "not_run": why, "failure": failure, "starts": [*starts, rec],
+           "params": cfg, "provenance": prov, "streams": str(streams_path),
+           "gate": {"rule": cfg["rule"], "verdict": "INCONCLUSIVE",
+                    "reasons": [f"not measured: {why} (the servers gate decides what the failure means)"]}}
+    artifacts.write_json(out_path, doc)
+    return doc
+
+
+def _decided_bracket(*, cfg: Mapping[str, Any], audit: str, starts: list, results: dict, records: list,
+                     prompts: Mapping[str, Any], hashes: Mapping[str, str], prior_spread: Mapping[str, Any],
+                     archive_path: str, appended: int, inputs: Sequence[str], out_path: str,
+                     streams_path: str) -> dict:
     hosts = sorted({s["host"] for s in starts})
     clock = clock_check([s["clock"] for s in starts], cfg["expected_clock_cap"],
                         after=[s["clock_after"] for s in starts], starts=[s["start"] for s in starts])
@@ -1043,7 +1177,6 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
                         "archive_with_window_pct": incl["range_pct"], "archive_with_window_n": incl["n"],
                         "config_hash": hashes[name]}
     win2, series, gate = decide(results, cfg, clock, {n: s["archive_with_window_pct"] for n, s in spread.items()})
-    inputs = [*launch_paths.values(), *preflight_paths.values()]
     prov = artifacts.provenance(inputs, {"speed": cfg})
     artifacts.write_jsonl(streams_path, {"schema": STREAMS_SCHEMA, "audit": audit, "provenance": prov}, records)
     doc = _clean({

@@ -27,6 +27,7 @@ Faults are chosen with ``--fault NAME`` (repeatable):
   spec_still       speculative counters never move
   spec_moves       counters move even without --spec
   midstream_error  streams two chunks then an error event
+  concurrent_stream_dies  a stream that arrives while another is in flight gets a 500, then the process exits
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ class State:
         self.spec = spec
         self.ready_at = time.monotonic() + loading_s
         self.lock = threading.Lock()
-        self.counters = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0, "gen": 0.0, "prompt": 0.0}
+        self.counters = {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0, "gen": 0.0, "prompt": 0.0,
+                         "requests": 0.0, "decode_s": 0.0}
+        self.in_flight = 0
 
 
 def _err(code: int, message: str, typ: str = "BadRequestError", param=None) -> tuple[int, dict]:
@@ -87,6 +90,8 @@ def _count(st: State, n_prompt: int, n_out: int) -> None:
     with st.lock:
         st.counters["prompt"] += n_prompt
         st.counters["gen"] += n_out
+        st.counters["requests"] += 1
+        st.counters["decode_s"] += 0.001 * n_out
         if ("spec_moves" in st.faults or st.spec) and "spec_still" not in st.faults:
             st.counters["drafts"] += max(1, n_out // 3)
             st.counters["draft_tokens"] += 3 * max(1, n_out // 3)
@@ -169,6 +174,8 @@ def metrics_text(st: State) -> str:
         f"vllm:spec_decode_num_accepted_tokens_total{lab} {c['accepted']}",
         f"vllm:generation_tokens_total{lab} {c['gen']}",
         f"vllm:prompt_tokens_total{lab} {c['prompt']}",
+        f"vllm:request_success_total{lab} {c['requests']}",
+        f"vllm:request_decode_time_seconds_sum{lab} {c['decode_s']}",
         "",
     ])
 
@@ -234,6 +241,21 @@ def make_handler(st: State):
             return self._send(*handle_post(st, self.path, body))
 
         def _stream(self, body):
+            with st.lock:
+                st.in_flight += 1
+                crowded = st.in_flight > 1
+            try:
+                if crowded and "concurrent_stream_dies" in st.faults:
+                    # the engine crashes when two streams share a step: a 500, then the process is gone
+                    self._send(*_err(500, "EngineCore died: batch of 2 streams", "InternalServerError"))
+                    self.wfile.flush()
+                    os._exit(1)
+                return self._stream_one(body)
+            finally:
+                with st.lock:
+                    st.in_flight -= 1
+
+        def _stream_one(self, body):
             code, payload = handle_post(st, self.path, dict(body, stream=False))
             if code != 200:
                 return self._send(code, payload)
@@ -250,6 +272,8 @@ def make_handler(st: State):
                 self.wfile.flush()
 
             for i, ch in enumerate(text):
+                if "concurrent_stream_dies" in st.faults:
+                    time.sleep(0.02)  # stay in flight long enough for a concurrent stream to arrive
                 if "midstream_error" in st.faults and i == 2:
                     emit({"error": {"message": "engine died mid-stream", "type": "InternalServerError",
                                     "code": 500}})

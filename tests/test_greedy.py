@@ -184,6 +184,22 @@ def test_divergence_records():
     json.dumps(recs)
 
 
+def test_a_clamped_arm_is_compared_only_up_to_its_cut():
+    clamp = g.clamping({"max_tokens": 8}, "length", {"completion_tokens": 2, "prompt_tokens": 20}, 22)
+    assert clamp["clamped"] and clamp["over_context"]
+    cut = {**_rec(0, [1, 2]), "clamped": True, "clamp": clamp}
+    # equal up to the cut: unknown, with the server's clamp as the reason
+    d = g.divergence_records([_rec(0, [1, 2, 3])], [cut])[0]
+    assert d["diverged"] is None and d["clamped"] == ["candidate"]
+    assert d["error"].startswith("clamped: candidate: max_tokens clamped: asked 8, got 2")
+    # a divergence before the cut is real evidence
+    d = g.divergence_records([_rec(0, [1, 7, 3])], [cut])[0]
+    assert d["diverged"] is True and d["first_divergence"] == 1 and d["error"] is None
+    # the unclamped arm stopping first (EOS) is a divergence where it stopped
+    d = g.divergence_records([_rec(0, [1])], [cut])[0]
+    assert d["diverged"] is True and d["first_divergence"] == 1 and d["error"] is None
+
+
 def _probe(index, top, prompt_tokens, error=None):
     return {"index": index, "top20": top, "prompt_tokens": prompt_tokens, "error": error, "salt": "s"}
 
@@ -307,6 +323,21 @@ def test_identical_fp32_arms_do_not_diverge(control):
     assert counts == {"selected": 2, "compared": 2, "diverged": 0, "unresolved": 0}
     assert rules.grid_tie_v1([], selected=2, compared=2)["verdict"] == "PASS"
     assert rules.grid_tie_v1([])["verdict"] == "INCONCLUSIVE"  # no counts: nothing shown compared
+
+
+@pytest.mark.server
+def test_a_greedy_run_past_the_context_records_the_servers_clamp(control):
+    # Like vLLM 0.32 the server lowers max_tokens to what fits rather than refusing.
+    ep = _ep(control)
+    # counting: a prompt the model goes on continuing rather than ending
+    text = ", ".join(str(i % 100) for i in range(control.max_model_len))
+    ids = ep.post_json("/tokenize", {"model": MODEL, "prompt": text})["body"]["tokens"][:control.max_model_len - 3]
+    rec = g.greedy_one(ep, MODEL, ids, max_tokens=8, index=0)
+    assert rec["error"] is None and rec["finish_reason"] == "length"
+    assert rec["clamped"] is True and len(rec["token_ids"]) == 3
+    assert rec["clamp"]["asked"] == 8 and rec["clamp"]["completion_tokens"] == 3
+    # an unclamped run of the same prompt says so
+    assert g.greedy_one(ep, MODEL, ids[:20], max_tokens=4, index=1)["clamped"] is False
 
 
 def _on_bf16_grid(top):

@@ -99,3 +99,51 @@ def _f(kind, confirmed=None, arm="candidate"):
 ])
 def test_server_failure_rule_known_answers(control, candidate, verdict):
     assert failures.server_failure_v1({"control": control, "candidate": candidate})["verdict"] == verdict
+
+
+def _speed_bracket(tmp_path: Path, candidate_cfg: dict) -> tuple[dict, Path]:
+    from pairaudit import launch, speed
+    arms = {"control": fake_cfg(), "candidate": candidate_cfg}
+    lp, pp = {}, {}
+    for arm, cfg in arms.items():
+        lp[arm] = str(tmp_path / f"launch-{arm}.json")
+        artifacts.write_json(lp[arm], launch.receipt(launch.resolve_spec(arm, cfg)))
+        pp[arm] = str(tmp_path / f"preflight-{arm}.json")
+        artifacts.write_json(pp[arm], {"schema": "pairaudit.preflight/v1", "verdict": "PASS"})
+    cfg = {"cells": [{"name": "pair-c2", "prompt": "random", "input_len": 16, "concurrency": 2}],
+           "repeats": 2, "waves": 1, "output_len": 8, "accept_unverifiable_clock": True}
+    logs = {s: str(tmp_path / f"logs/speed-{s}.log") for s in ("s1", "s2", "s3")}
+    doc = speed.speed_stage(launch_paths=lp, preflight_paths=pp, arm_cfgs=arms, speed_cfg=cfg, audit="t",
+                            out_path=str(tmp_path / "speed/decision.json"),
+                            streams_path=str(tmp_path / "speed/streams.jsonl"),
+                            archive_path=str(tmp_path / "archive.jsonl"), server_logs=logs,
+                            starts_log=str(tmp_path / "servers/starts.jsonl"))
+    return doc, tmp_path
+
+
+def test_an_engine_that_dies_under_the_speed_bracket_is_evidence_confirmed_on_a_fresh_start(tmp_path):
+    from pairaudit import speed
+    doc, out = _speed_bracket(tmp_path, fake_cfg("concurrent_stream_dies"))
+    saved = artifacts.check_schema(artifacts.read_json(out / "speed/decision.json"), speed.SCHEMA,
+                                   out / "speed/decision.json")
+    assert saved["gate"]["verdict"] == "INCONCLUSIVE" and saved["not_run"].startswith("the candidate server failed")
+    f = saved["failure"]
+    assert (f["arm"], f["stage"], f["what"]) == ("candidate", "speed", "s2 cell pair-c2 repeat 0 wave 0")
+    assert f["status"] == 500 and "batch of 2 streams" in json.dumps(f["error_body"])
+    assert len(f["request"]["bodies"]) == 2  # the wave that failed, as sent
+    assert f["confirmation"]["kind"] in (failures.SERVER_ERROR, failures.DEAD)  # the fresh start failed too
+    # the control start measured before the failure is kept, with its streams
+    assert [s["start"] for s in saved["starts"]] == ["s1", "s2"] and "failure" in saved["starts"][1]
+    _, streams = artifacts.read_jsonl(out / "speed/streams.jsonl")
+    assert {r["start"] for r in streams} == {"s1"} and len(streams) == 5  # warm-up + two repeats of a wave of two
+    starts = [(r["phase"], r["arm"], r["event"]) for r in read_log(out / "servers/starts.jsonl")]
+    assert starts == [("speed", "control", "ready"), ("speed", "control", "stopped"), ("speed", "candidate", "ready"),
+                      ("speed-confirm", "candidate", "ready")]
+    gate = failures.server_failure_v1({"control": None, "candidate": f})
+    assert gate["verdict"] == "FAIL" and "again on a fresh start" in gate["reasons"][0]
+
+
+def test_a_control_that_completes_the_bracket_on_fake_servers_is_decided(tmp_path):
+    doc, out = _speed_bracket(tmp_path, fake_cfg())
+    assert "failure" not in doc and doc["gate"]["verdict"] in ("WIN", "NO_WIN", "LOSS", "INCONCLUSIVE")
+    assert [s["start"] for s in doc["starts"]] == ["s1", "s2", "s3"]
