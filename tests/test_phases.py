@@ -141,6 +141,15 @@ def test_an_engine_that_dies_under_the_speed_bracket_is_evidence_confirmed_on_a_
                       ("speed-confirm", "candidate", "ready")]
     gate = failures.server_failure_v1({"control": None, "candidate": f})
     assert gate["verdict"] == "FAIL" and "again on a fresh start" in gate["reasons"][0]
+    # the promotion reads it into the servers gate, beside answers phases that failed nowhere
+    from pairaudit import report
+    answers = []
+    for arm in ("control", "candidate"):
+        answers.append(str(out / f"answers/{arm}.json"))
+        artifacts.write_json(answers[-1], {"schema": phases.PHASE_SCHEMA, "arm": arm, "failure": None})
+    kw, _, _ = report._load_later({"speed": str(out / "speed/decision.json"), "answers": answers})
+    assert kw["servers"]["verdict"] == "FAIL" and kw["servers"]["failures"]["candidate"]["stage"] == "speed"
+    assert kw["speed"]["verdict"] == "INCONCLUSIVE"
 
 
 def test_a_control_that_completes_the_bracket_on_fake_servers_is_decided(tmp_path):
