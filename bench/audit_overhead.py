@@ -137,7 +137,7 @@ def main() -> None:
     noop = run(project, "promotion")
     noop_jobs = planned_jobs(project)
     decision = json.loads((results / "promotion" / "decision.json").read_text())
-    print(f"\n| measure | value |\n|---|---|")
+    print("\n| measure | value |\n|---|---|")
     print(f"| audit wall time | {wall:.1f} s |")
     print(f"| servers busy answering requests (union) | {busy:.1f} s |")
     print(f"| overhead (wall - busy) / wall | {100 * (wall - busy) / wall:.1f} % (goal <= 10 %, aim 5 %) |")

@@ -1,9 +1,9 @@
 """Boundary gate: long-context retrieval and the max_model_len-16 capacity tail.
 
-Seed 003 found a defect that only showed with (max_model_len - 16) input + 16
-output tokens: both arms returned the same wrong text. This stage runs that
-case, its (max_model_len - 32) + 32 control, and retrieval at fractions of
-max_model_len, in both arms, each on a fresh server.
+A capacity defect seen in practice showed only with (max_model_len - 16) input
++ 16 output tokens: both arms returned the same wrong text. This stage runs
+that case, its (max_model_len - 32) + 32 control, and retrieval at fractions
+of max_model_len, in both arms, on each arm's answers-phase server.
 
 The prompt is a haystack: seeded filler sentences (no digits) with planted
 numbers at spread positions and a question asking for them in order, built

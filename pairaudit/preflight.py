@@ -58,7 +58,7 @@ REPETITIVE_MESSAGES = [{"role": "user", "content":
 
 # The sampled stage's request shape; every sampling field explicit because
 # omitted ones are filled from the server's generation_config.
-# Seed 003's deployment sampling. Callers pass ``primary=`` to match their stage.
+# A typical deployment's sampling. Callers pass ``primary=`` to match their stage.
 DEFAULT_PRIMARY = {"temperature": 0.7, "top_p": 0.8, "top_k": 20}
 PRIMARY_SEED = 20240
 PROBE_MAX_TOKENS = 8          # tiny probes: the rehearsal must cost nothing

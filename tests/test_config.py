@@ -453,7 +453,7 @@ def test_load_check_counts_the_longest_prompt_in_the_served_models_tokens(tmp_pa
     cfg["sampling"]["max_tokens"] = mml - longest + 1  # one token too many
     msg = _problems(cfg, tmp_path)
     assert f"sampling.max_tokens: {mml - longest + 1} does not fit arms.control.max_model_len {mml}" in msg
-    assert f"datasets[2] (humaneval)" in msg and f"{longest} tokens" in msg and f"at most {mml - longest}" in msg
+    assert "datasets[2] (humaneval)" in msg and f"{longest} tokens" in msg and f"at most {mml - longest}" in msg
 
 
 def test_without_a_tokenizer_the_prompt_bound_is_a_note_not_an_error(tmp_path):

@@ -143,7 +143,9 @@ def test_check_identity_without_pairaudit_block_is_fine():
 def test_check_identity_switches():
     spec = resolve_spec("c", fake_cfg(env={"PAIRAUDIT_REF_A": "0", "PAIRAUDIT_REF_B": "1", "OTHER": "x"},
                                       model="m", max_model_len=64))
-    ver = lambda sw: {"status": 200, "error": None, "body": {"version": "v", "pairaudit": {"switches": sw}}}
+    def ver(sw):
+        return {"status": 200, "error": None, "body": {"version": "v", "pairaudit": {"switches": sw}}}
+
     assert check_identity(spec, _models(), ver({"PAIRAUDIT_REF_A": "0", "PAIRAUDIT_REF_B": "1", "C": "9"}))["ok"]
     assert check_identity(spec, _models(), ver({"a": False, "b": True}))["ok"]  # short names, booleans
     nested = {"status": 200, "error": None, "body": {"version": "v", "pairaudit": {
@@ -330,7 +332,9 @@ def test_attach_mode_checks_health_and_identity():
     for s in (srv_ok, srv_bad):
         threading.Thread(target=s.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
-        url = lambda s: f"http://127.0.0.1:{s.server_address[1]}"
+        def url(s):
+            return f"http://127.0.0.1:{s.server_address[1]}"
+
         spec = resolve_spec("candidate", {"mode": "attach", "url": url(srv_ok), "model": "m", "max_model_len": 64})
         with Server(spec) as srv:
             assert srv.pid is None and srv.facts()["identity_check"]["ok"]

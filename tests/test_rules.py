@@ -2,7 +2,6 @@
 cases built to fail, with the failing clause named."""
 
 import itertools
-import math
 
 import numpy as np
 import pytest

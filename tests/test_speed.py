@@ -6,7 +6,6 @@ to end on real reference servers (n-gram speculation ON vs OFF)."""
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 
