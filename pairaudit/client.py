@@ -43,12 +43,12 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import math
 import re
 import time
 from typing import Any
 
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 # Keep the health poll's own request short so the overall deadline holds even
 # when the server accepts a connection but never answers.
@@ -342,68 +342,42 @@ def clamping(body: dict | None, finish_reason: str | None, usage: dict | None,
 
 # --- Prometheus text ---------------------------------------------------------
 
-_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+def _escape_label(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _parse_value(tok: str) -> float:
-    t = tok.strip()
-    low = t.lower()
-    if low in ("+inf", "inf"):
-        return math.inf
-    if low == "-inf":
-        return -math.inf
-    return float(t)  # float() also takes "NaN"
+def _samples(text: str):
+    """Every sample of the exposition text; a line the parser refuses is skipped, not fatal."""
+    try:
+        return [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+    except ValueError:
+        pass
+    out = []
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            try:
+                out += [s for fam in text_string_to_metric_families(line + "\n") for s in fam.samples]
+            except ValueError:
+                continue
+    return out
 
 
 def metrics(text: str) -> dict[str, float]:
-    """Parse Prometheus exposition text.
+    """Parse Prometheus exposition text (prometheus_client's parser).
 
     Returns both the per-name total (summed over label sets, which is what a
     counter like ``vllm:spec_decode_num_drafts_total`` means when several
     models or engines report) and every labelled sample under
-    ``name{k="v",...}`` with label keys sorted. Comment/TYPE lines and
-    malformed lines are skipped rather than fatal: a scrape is evidence, and
-    one odd line must not hide the counters we need.
+    ``name{k="v",...}`` with label keys sorted and values escaped as in the
+    exposition format. Malformed lines are skipped rather than fatal: a
+    scrape is evidence, and one odd line must not hide the counters we need.
     """
     out: dict[str, float] = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _NAME_RE.match(line)
-        if not m:
-            continue
-        name = m.group(0)
-        rest = line[m.end():]
-        labels: list[tuple[str, str]] = []
-        if rest.startswith("{"):
-            pos = 1
-            while True:
-                while pos < len(rest) and rest[pos] in " ,":
-                    pos += 1
-                if pos < len(rest) and rest[pos] == "}":
-                    pos += 1
-                    break
-                lm = _LABEL_RE.match(rest, pos)
-                if not lm:
-                    labels = None  # type: ignore[assignment]
-                    break
-                labels.append((lm.group(1), lm.group(2)))
-                pos = lm.end()
-            if labels is None:
-                continue
-            rest = rest[pos:]
-        fields = rest.split()
-        if not fields:
-            continue
-        try:
-            value = _parse_value(fields[0])  # a trailing timestamp is ignored
-        except ValueError:
-            continue
+    for sample in _samples(text):
+        name, value = sample.name, float(sample.value)
         out[name] = out.get(name, 0.0) + value
-        if labels:
-            key = name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels)) + "}"
+        if sample.labels:
+            key = name + "{" + ",".join(f'{k}="{_escape_label(v)}"' for k, v in sorted(sample.labels.items())) + "}"
             out[key] = out.get(key, 0.0) + value
     return out
 
