@@ -114,8 +114,11 @@ receipt's identity hash: command, env switches, model), not on the audit name.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+
+from markdown_it import MarkdownIt
 
 from . import failures, greedy, rules
 from .artifacts import (
@@ -1361,89 +1364,44 @@ def ledger_markdown(earlier: Sequence[Mapping[str, Any]], spec: str | None) -> l
 
 # ------------------------------------------------------------------ html
 
-_LINK_RE = r"\[([^\]]+)\]\((#[A-Za-z0-9_-]+|[A-Za-z0-9_][A-Za-z0-9_./-]*)\)"
+# Only in-page anchors and relative paths: a report never links out of itself.
+_LOCAL_LINK = re.compile(r"#[A-Za-z0-9_-]+|[A-Za-z0-9_][A-Za-z0-9_./-]*")
 
 
-def _inline(text: str) -> str:
-    import html
-    import re
-
-    parts = re.split(r"(`[^`]*`)", text)
-    out = []
-    for part in parts:
-        if len(part) >= 2 and part.startswith("`") and part.endswith("`"):
-            out.append("<code>" + html.escape(part[1:-1]).replace("\\|", "|") + "</code>")
-        else:
-            esc = html.escape(part).replace("\\|", "|")
-            esc = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", esc)
-            # Only in-page anchors and relative paths: a report never links out of itself.
-            out.append(re.sub(_LINK_RE, r'<a href="\2">\1</a>', esc))
-    return "".join(out)
+def _ids_and_boxes(state) -> None:
+    # Headings get the anchor ids the gate table links to; the first top-level
+    # quote of a page is the verdict banner, later ones are notices (deviations).
+    boxes = 0
+    for k, tok in enumerate(state.tokens):
+        if tok.type == "heading_open":
+            tok.attrSet("id", slug(state.tokens[k + 1].content))
+        elif tok.type == "blockquote_open" and tok.level == 0:
+            tok.meta["box"] = "banner" if boxes == 0 else "notice"
+            boxes += 1
 
 
-def _html_blocks(lines: list[str]) -> list[str]:
-    """Headings (with their anchor id), paragraphs, lists, pipe tables and ``> `` boxes as HTML blocks."""
-    import re
-
-    body: list[str] = []
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        if not line.strip():
-            i += 1
-            continue
-        m = re.match(r"(#{1,4}) (.*)", line)
-        if m:
-            n = len(m.group(1))
-            body.append(f"<h{n} id=\"{slug(m.group(2))}\">{_inline(m.group(2))}</h{n}>")
-            i += 1
-        elif line.startswith(">"):
-            inner = []
-            while i < len(lines) and lines[i].startswith(">"):
-                inner.append(lines[i][2:] if lines[i].startswith("> ") else "")
-                i += 1
-            # The first box of a page is the verdict banner; later ones are notices (deviations).
-            kind = "banner" if not any(b.startswith("<div class=\"box") for b in body) else "notice"
-            body.append(f"<div class=\"box {kind}\">" + "\n".join(_html_blocks(inner)) + "</div>")
-        elif line.startswith("| "):
-            rows = []
-            while i < len(lines) and lines[i].startswith("| "):
-                rows.append([c.strip() for c in re.split(r"(?<!\\)\|", lines[i].strip())[1:-1]])
-                i += 1
-            body.append("<table>")
-            for k, cells in enumerate(rows):
-                if k == 1 and all(set(c) <= {"-"} for c in cells):
-                    continue
-                tag = "th" if k == 0 else "td"
-                body.append("<tr>" + "".join(f"<{tag}>{_inline(c)}</{tag}>" for c in cells) + "</tr>")
-            body.append("</table>")
-        elif line.startswith("- "):
-            body.append("<ul>")
-            while i < len(lines) and lines[i].startswith("- "):
-                body.append(f"<li>{_inline(lines[i][2:])}</li>")
-                i += 1
-            body.append("</ul>")
-        else:
-            para = []
-            while i < len(lines) and lines[i].strip() and not re.match(r"#{1,4} |\| |- |>", lines[i]):
-                para.append(lines[i])
-                i += 1
-            body.append(f"<p>{_inline(' '.join(para))}</p>")
-    return body
+def _markdown_renderer() -> MarkdownIt:
+    md = MarkdownIt("commonmark", {"html": False}).enable("table")
+    md.validateLink = lambda url: bool(_LOCAL_LINK.fullmatch(url))
+    md.core.ruler.push("pairaudit_ids_and_boxes", _ids_and_boxes)
+    md.add_render_rule("blockquote_open", lambda self, tokens, k, options, env:
+                       f'<div class="box {tokens[k].meta.get("box", "notice")}">\n')
+    md.add_render_rule("blockquote_close", lambda self, tokens, k, options, env: "</div>\n")
+    return md
 
 
 VERDICT_COLORS = {"PROMOTE": "#2e7d32", "HOLD": "#ef6c00", "REJECT": "#c62828"}
 
 
 def markdown_html(md: str, *, title: str, verdict: str | None = None) -> str:
-    """The Markdown this module writes (headings, paragraphs, lists, pipe tables, ``> `` boxes, in-page
-    links) as one self-contained page; ``verdict`` colours the banner."""
+    """The Markdown this module writes as one self-contained page (markdown-it, CommonMark + tables, no raw
+    HTML, only in-page and relative links); ``verdict`` colours the banner."""
     import html
 
     lines = md.splitlines()
     if verdict and lines and lines[0].startswith("# pairaudit decision"):
         lines = lines[1:]  # the coloured banner below says it
-    body = _html_blocks(lines)
+    body = _markdown_renderer().render("\n".join(lines)).rstrip("\n").split("\n")
     color = VERDICT_COLORS.get(verdict or "", "#616161")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             "<style>body{font-family:sans-serif;margin:1.5em;max-width:75em}table{border-collapse:collapse;"
