@@ -26,3 +26,11 @@ def fake():
 
 # Real vLLM servers (marker ``vllm``), started once per session for every module that asks.
 from vllm_fixture import vllm_pair  # noqa: E402,F401
+
+
+def pytest_collection_modifyitems(config, items):
+    # The cluster test installs Slurm and stops its daemons afterwards. With
+    # Slurm installed and no controller, the Slurm executor plugin's import
+    # waits up to 10 s on `scontrol show config` in every later snakemake
+    # start, so the cluster test runs last.
+    items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)
