@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
+import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -56,13 +58,52 @@ def _parents(module: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
+# What each project file imports, kept across processes when the caller names
+# a cache file: a no-op rerun then parses nothing. Keyed by path, size and
+# mtime; a changed file is parsed again.
+_caches: dict[str, dict[str, list]] = {}
+_dirty: set[str] = set()
+
+
+def _cache(path: str) -> dict[str, list]:
+    if path not in _caches:
+        try:
+            _caches[path] = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            _caches[path] = {}  # a missing or cut cache is rebuilt, never trusted
+    return _caches[path]
+
+
+def _save(path: str) -> None:
+    if path not in _dirty:
+        return
+    tmp = Path(f"{path}.{os.getpid()}.tmp")
+    try:
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(_caches[path], sort_keys=True))
+        os.replace(tmp, path)
+        _dirty.discard(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a cache that cannot be written costs a parse next time, nothing else
+
+
 @lru_cache(maxsize=None)
-def _file_imports(path: Path, name: str, is_pkg: bool) -> frozenset[str]:
-    # one parse per file per process: every stage's closure shares the same modules
-    return frozenset(imported_modules(path.read_text(), name, is_pkg))
+def _file_imports(path: Path, name: str, is_pkg: bool, cache_path: str | None = None) -> frozenset[str]:
+    if cache_path is None:
+        return frozenset(imported_modules(path.read_text(), name, is_pkg))
+    st = path.stat()
+    key, stamp = f"{path}|{name}|{int(is_pkg)}", [st.st_size, st.st_mtime_ns]
+    cache = _cache(cache_path)
+    hit = cache.get(key)
+    if hit and hit[:2] == stamp:
+        return frozenset(hit[2])
+    found = imported_modules(path.read_text(), name, is_pkg)
+    cache[key] = [*stamp, sorted(found)]
+    _dirty.add(cache_path)
+    return frozenset(found)
 
 
-def module_closure(base: Path, roots: list[Path]) -> list[Path]:
+def module_closure(base: Path, roots: list[Path], cache_path: str | None = None) -> list[Path]:
     """The root files plus every project module they import, transitively; sorted, unique."""
     seen: set[Path] = set()
     todo: list[tuple[Path, str, bool]] = [(p, "", False) for p in roots]
@@ -71,7 +112,7 @@ def module_closure(base: Path, roots: list[Path]) -> list[Path]:
         if path in seen:
             continue
         seen.add(path)
-        for mod in _file_imports(path, name, is_pkg):
+        for mod in _file_imports(path, name, is_pkg, cache_path):
             if mod != PACKAGE and not mod.startswith(PACKAGE + "."):
                 continue
             for m in [*_parents(mod), mod]:
@@ -81,17 +122,22 @@ def module_closure(base: Path, roots: list[Path]) -> list[Path]:
     return sorted(seen)
 
 
-def code_hash(base: str | Path, roots: list[str]) -> str:
-    """sha256 over the relative path and bytes of every file in the roots' import closure."""
-    return _code_hash(Path(base).resolve(), tuple(roots))
+def code_hash(base: str | Path, roots: list[str], *, cache: str | Path | None = None) -> str:
+    """sha256 over the relative path and bytes of every file in the roots' import closure.
+
+    ``cache``: a file keeping each file's imports between processes (never changes the hash).
+    """
+    return _code_hash(Path(base).resolve(), tuple(roots), str(cache) if cache is not None else None)
 
 
 @lru_cache(maxsize=None)
-def _code_hash(base: Path, roots: tuple[str, ...]) -> str:
+def _code_hash(base: Path, roots: tuple[str, ...], cache_path: str | None) -> str:
     h = hashlib.sha256()
-    for f in module_closure(base, [base / r for r in roots]):
+    for f in module_closure(base, [base / r for r in roots], cache_path):
         h.update(str(f.relative_to(base)).encode() + b"\0")
         h.update(f.read_bytes())
+    if cache_path is not None:
+        _save(cache_path)
     return h.hexdigest()
 
 

@@ -30,7 +30,10 @@ def code(stage):
     if stage in SERVER_STAGES:
         # the embedded reference server runs as a subprocess: its code is what answers
         roots.append("pairaudit/refserver/__main__.py")
-    return code_hash(BASE, roots)
+    return code_hash(BASE, roots, cache=CODEHASH_CACHE)
+
+
+CODEHASH_CACHE = ".snakemake/pairaudit/code-imports.json"
 
 
 SERVER_STAGES = {"answers", "diagnostics", "speed"}
