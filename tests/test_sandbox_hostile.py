@@ -626,7 +626,7 @@ def test_hostile_program_is_contained(name, mechanism, host, monkeypatch):
         if chosen["mechanism"] != "bwrap":
             pytest.skip(f"bubblewrap unusable here: {chosen['fallback_reason']}")
     elif name in NEEDS_MOUNTNS:
-        pytest.skip("the fallback does not hide the file system (README, 'The sandbox')")
+        pytest.skip("the fallback does not hide the file system (docs/sandbox.md)")
     elif name == "many_files_fill_the_disk":
         pytest.skip("the fallback's temp dir is on the host disk: only each file's size is capped")
     monkeypatch.setenv("PAIRAUDIT_HOSTILE_SECRET", host["secret"])

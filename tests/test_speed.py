@@ -295,7 +295,7 @@ def test_start_level_noise_is_the_known_limit_of_pairing_by_repeat():
     # A per-start offset is shared by all repeats of the start, so the paired
     # differences carry it as a constant the t interval cannot see. With small
     # start offsets the 2 % bar absorbs it; with 2-3 % offsets the false-WIN
-    # rate leaves 5 % (README "Speed"). The in-window s1/s3 spread printed
+    # rate leaves 5 % (docs/speed.md). The in-window s1/s3 spread printed
     # beside the bar is what exposes such a window.
     rng = np.random.default_rng(7)
     small, _ = _simulate(2000, rng, rep_sd=2.0, start_sd=1.0, guards=False)
