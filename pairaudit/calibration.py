@@ -181,7 +181,7 @@ def _finding(name: str, g: Mapping[str, Any], summary: Mapping[str, Any]) -> str
     v, reason = g.get("verdict"), (g.get("reasons") or ["(no reason recorded)"])[0]
     if kind == "speed" and summary.get("speed"):
         return _speed_finding(summary["speed"], reason)
-    if kind == "quality" and ds in summary["quality"]:
+    if kind == "quality" and ds in summary["quality"] and v in ("HOLD", "FAIL"):
         q = summary["quality"][ds]
         return (f"{name} {v} on identical arms: control-only {q['control_only']}, candidate-only "
                 f"{q['candidate_only']}, McNemar p {q['mcnemar_p']}: two starts of one server disagree")

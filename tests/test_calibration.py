@@ -13,7 +13,7 @@ from pairaudit.artifacts import read_json, sha256_file, write_json
 from pairaudit.jsonlog import read_log
 from pairaudit.rules import win2_v1
 from test_report import _write_inputs, launch_rec, paired_doc, passing_later, passing_pair, preflights
-from test_workflow import TINY, make_project, planned_jobs, snake
+from test_workflow import TINY, dry_run_jobs, make_project, planned_jobs, snake
 
 # ------------------------------------------------------------------ config
 
@@ -115,6 +115,14 @@ def test_a_noisy_host_shows_a_speed_loss_and_the_quality_and_greedy_discordances
     assert s["headline"] == "A/A on node1: 2 gate(s) flagged identical arms: quality:gsm8k FAIL, speed LOSS"
 
 
+def test_an_invalid_table_on_identical_arms_says_why_not_that_the_arms_disagree():
+    pair = {"gsm8k": paired_doc("gsm8k", both=range(20), unnatural_candidate=(3,))}
+    decision = a_a(pair, [[100.0, 100.2, 100.1], [100.1, 99.9, 100.0], [100.0, 100.1, 100.2]])
+    s = calibration.summarize(decision, audit="x-calibration", of_audit="x")
+    assert s["flagged"] == ["quality:gsm8k"]
+    assert s["findings"] == [f"quality:gsm8k INVALID on identical arms (expected PASS): {decision['gates']['quality:gsm8k']['reasons'][0]}"]
+
+
 def test_a_summary_needs_a_calibration_decision_and_says_what_was_not_evaluated():
     pair = passing_pair()
     with pytest.raises(ValueError, match="calibration mode"):
@@ -211,8 +219,8 @@ def test_calibrate_targets_its_own_results_and_runs_the_control_as_both_arms(tmp
     config = audit_config()
     project = make_project(tmp_path / "project", config)
     dry = snake(project, "-n", "calibrate").stdout
-    jobs = planned_jobs(project, "calibrate")
-    assert sorted({r for r, _ in jobs}) == sorted(
+    jobs = dry_run_jobs(dry)
+    assert sorted({r for r, _, _ in jobs}) == sorted(
         ["calibrate"] + [f"calibration_{r}" for r in ("arm_spec", "boundary_plan", "dataset", "requests", "answers",
                                                       "boundary_gate", "sampled", "speed", "score", "paired",
                                                       "diagnostics", "promotion")])
