@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from pairaudit import calibration, report
-from pairaudit.artifacts import read_json, sha256_file, write_json
+from pairaudit.artifacts import read_json, sha256_file
 from pairaudit.jsonlog import read_log
 from pairaudit.rules import win2_v1
 from test_report import _write_inputs, launch_rec, paired_doc, passing_later, passing_pair, preflights
