@@ -1,8 +1,10 @@
 # pairaudit: decide whether a change to an LLM inference server may be promoted.
 #   snakemake --cores 4 promotion          the whole audit (config/config.yaml)
 #   snakemake --cores 4 <output path>      one stage or one dataset (see README)
+#   snakemake --cores 4 calibrate          the control against itself (results/<audit>-calibration/)
 from snakemake.utils import min_version, validate
 
+from pairaudit.calibration import calibration_config, is_calibration
 from pairaudit.configcheck import check_at_load, check_yaml_files
 
 min_version("9.0")
@@ -34,3 +36,23 @@ rule all:
     default_target: True
     input:
         rules.promotion.output,
+
+
+# A/A calibration: this workflow once more, as a module whose config runs the
+# control against a copy of itself as audit <audit>-calibration
+# (pairaudit/calibration.py).  A module, not a config rewritten when the target
+# is asked for: Snakemake parses the Snakefile before it knows the targets, and
+# a cluster job parses it again from the config alone.
+if not is_calibration(config):
+
+    module calibration:
+        snakefile:
+            "Snakefile"
+        config:
+            calibration_config(config)
+
+    use rule * from calibration exclude all as calibration_*
+
+    rule calibrate:
+        input:
+            rules.calibration_promotion.output,

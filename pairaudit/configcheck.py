@@ -22,6 +22,8 @@ The schema covers shapes and enums; this covers what needs code or files:
   bound cannot prove a prompt too long);
 * the speed cells (:func:`pairaudit.speed.resolve_config`, unique names) and
   the boundary cases (:func:`pairaudit.boundary.settings` / ``case_plan``);
+* the calibration keys (:func:`pairaudit.calibration.check`): a calibration's
+  audit name and identical arms, and no audit named like another's calibration;
 * every artifact already under ``results/<audit>/`` still has the content its
   writer recorded (:func:`pairaudit.artifacts.verify_tree`), so an edited
   file is refused by name even when Snakemake would rerun nothing.
@@ -49,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import artifacts, datasets, launch
+from . import artifacts, calibration, datasets, launch
 from .refserver import switches as ref_switches
 
 ARMS = ("control", "candidate")
@@ -309,6 +311,7 @@ def check_config(config: Mapping[str, Any], *, base_dir: str | os.PathLike,
     check_lengths(config, specs, result)
     check_speed(config, specs, result)
     check_boundary(config, specs, result)
+    result.problems += calibration.check(config)
     return result
 
 
@@ -369,12 +372,20 @@ def check_at_load(config: dict, workflow) -> CheckResult:
     server slots, :mod:`pairaudit.slots`).
     """
     base = Path(workflow.basedir)
-    # The schema validation filled defaults in; check a copy so nothing here can change the config.
-    result = check_config(copy.deepcopy(config), base_dir=base)
+    module = getattr(getattr(workflow, "modifier", None), "is_module", False) is True
+    if module and calibration.is_calibration(config):
+        # The Snakefile's calibration module: its config is the audit's, checked a moment ago
+        # by the main Snakefile, with the candidate a copy of the control; checking it again
+        # would only double the load time.
+        result = CheckResult(problems=calibration.check(config))
+    else:
+        # The schema validation filled defaults in; check a copy so nothing here can change the config.
+        result = check_config(copy.deepcopy(config), base_dir=base)
     if isinstance(config.get("audit"), str):
         # relative to the working directory, as the rules' outputs are
         result.problems += check_results(Path("results") / config["audit"])
-        os.environ[AUDIT_ENV] = config["audit"]
+        if not module:  # one process, one label: the audit the invocation was asked for
+            os.environ[AUDIT_ENV] = config["audit"]
     slots = server_slots(workflow)
     if slots is not None:
         os.environ[SERVER_SLOTS_ENV] = str(slots)

@@ -66,6 +66,10 @@ decision.json (``decide``; ``promotion_stage`` adds ``provenance``)::
      "switch_diff": [{"name", "control", "candidate"}],   # None = not set by that arm
      "notes": [str, ...],            # comparability facts that do not decide (e.g. model differs)
      "preflight": {arm: "PASS" | "FAIL" | None},
+     "calibration_ref": None | {"path", "sha256", "time", "audit", "headline", "flagged"},
+                                     # added by promotion_stage: the latest A/A calibration of the same
+                                     # control spec on the same host (pairaudit/calibration.py); it never
+                                     # changes the decision, and None is stated in the report
      "evidence": {                   # added by promotion_stage from the later stages' artifacts
        "boundary_cases": None | [{"case", "planted", "expected", "identical_text",
                                   arm: None | {"text", "extracted", "correct", "finish_reason", "prompt_tokens",
@@ -101,7 +105,7 @@ and the win bar, and the control archive. A stage without an artifact gets a
 
 results/ledger.jsonl (``ledger_entry``; append-only, one line per completed decision)::
 
-    {"schema": "pairaudit.ledger/v1", "time", "audit", "decision", "reasons", "not_evaluated",
+    {"schema": "pairaudit.ledger/v1", "time", "audit", "decision", "calibration", "reasons", "not_evaluated",
      "config_sha256",                       # canonical JSON of the workflow config
      "inputs": {path: sha256},              # = decision provenance.consumed
      "candidate": {"spec_sha256", "env", "switches_sha256", "model", "url"},
@@ -120,6 +124,7 @@ from typing import Any, Mapping, Sequence
 
 from markdown_it import MarkdownIt
 
+from . import calibration as calib
 from . import failures, greedy, rules
 from .artifacts import (
     ArtifactError,
@@ -646,6 +651,73 @@ def _deviations_box(decision: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def calibration_line(decision: Mapping[str, Any], summary: Mapping[str, Any] | None = None) -> str:
+    """The front page's calibration line: the calibration this decision cites, or that there is none.
+
+    ``summary``: this decision's own calibration summary (a calibration run),
+    whose headline comes first; the cited one is then the previous one.
+    """
+    ctrl = decision["arms"]["control"]
+    host = (ctrl.get("machine") or {}).get("hostname")
+    ref = decision.get("calibration_ref")
+    which = "previous calibration" if summary is not None else "latest calibration"
+    if ref:
+        cited = (f"The {which} of this control on this host: {ref.get('headline')} ({ref.get('time')}, "
+                 f"{_code(ref.get('path'))}, sha256 {_code(str(ref.get('sha256'))[:12])}); it does not change "
+                 "the decision.")
+    else:
+        cited = (f"No {'earlier ' if summary is not None else ''}calibration of this control on this host "
+                 f"(control spec {_code(str(ctrl.get('spec_sha256'))[:12])}, host {_code(host)})"
+                 + ("." if summary is not None else ": `snakemake --cores 4 calibrate` runs one."))
+    if summary is None:
+        return cited
+    return f"This decision is the A/A calibration of audit {_code(summary.get('of_audit'))}: {summary['headline']}. " + cited
+
+
+def calibration_markdown(summary: Mapping[str, Any] | None) -> list[str]:
+    """The calibration run's section: what every gate flagged on A vs A, with the host's noise beside."""
+    if summary is None:
+        return []
+    out = ["## A/A calibration", "", f"**{_cell(summary['headline'])}.** Control and candidate are the same server "
+           f"spec ({_code(str(summary.get('control_spec_sha256'))[:12])}) on host {_code(summary['host'].get('hostname'))}: "
+           "every gate that flags something here is a false alarm of this host and this control.", ""]
+    out += [f"- {_cell(f)}" for f in summary.get("findings") or []]
+    out += [f"- note: {_cell(n)}" for n in summary.get("notes") or []]
+    out += ["", _row(["Gate", "verdict", "expected on A vs A", "flagged", "reason"]), _row(["---"] * 5)]
+    for name, g in summary["gates"].items():
+        out.append(_row([_cell(name), _cell(g["verdict"] or "not evaluated"), _cell("/".join(g["expected"] or []) or "-"),
+                         "**yes**" if g["flagged"] else "no", _cell(_one_line(g["reason"]))]))
+    sp = summary.get("speed")
+    if sp:
+        out += ["", f"Speed ({sp.get('rule')}, bar {sp.get('win_pct')} %): {sp.get('verdict')}, pooled gain "
+                f"{_num(sp.get('pooled_gain_pct'), 2)} %.", "",
+                _row(["cell", "in-window control spread per repeat %", "max %", "archive spread before %",
+                      "archive starts", "archive spread with this window %"]), _row(["---"] * 6)]
+        for cell, c in sp["cells"].items():
+            w = c.get("window_pct")
+            out.append(_row([_cell(cell), ", ".join(_num(x, 1) for x in (w if isinstance(w, list) else [w])),
+                             _num(c.get("window_max_pct"), 1), _num(c.get("archive_pct"), 1),
+                             _cell(c.get("archive_n")), _num(c.get("archive_with_window_pct"), 1)]))
+    out += ["", _row(["Dataset", "n", "control-only", "candidate-only", "McNemar p", "exact text matches",
+                      "quality-v1"]), _row(["---"] * 7)]
+    for ds, q in summary["quality"].items():
+        out.append(_row([_cell(ds), _cell(q["n"]), _idx(q["control_only"]), _idx(q["candidate_only"]),
+                         _p(q["mcnemar_p"]), _cell(q["exact_text_matches"]), _cell(q["verdict"])]))
+    if summary.get("greedy"):
+        out += ["", _row(["Dataset", "greedy selected", "compared", "diverged (server against itself)",
+                          "determinism-v1"]), _row(["---"] * 5)]
+        for ds, g in summary["greedy"].items():
+            out.append(_row([_cell(ds), _cell(g["selected"]), _cell(g["compared"]), _idx(g["diverged"]),
+                             _cell(g["determinism"])]))
+    b = summary.get("boundary")
+    out += ["", "Boundary: " + ("not run" if b is None else
+                                f"{b['verdict']} over cases {_cell(b.get('cases'))}; control failures "
+                                f"{_cell([f.get('case') if isinstance(f, Mapping) else f for f in b.get('control_failures') or []])}")
+            + ". Preflight: " + ", ".join(f"{a} {v}" for a, v in summary["preflight"].items())
+            + f". Servers: {summary.get('servers')}."]
+    return out
+
+
 def _gates_table(decision: Mapping[str, Any]) -> list[str]:
     out = ["## Gates", "", _row(["Gate", "verdict", "effect on the decision", "reason", "evidence"]),
            _row(["---"] * 5)]
@@ -784,14 +856,16 @@ def _gate_details(decision: Mapping[str, Any]) -> list[str]:
 
 def render_markdown(decision: Mapping[str, Any], paired: Mapping[str, Mapping[str, Any]],
                     launch: Mapping[str, Mapping[str, Any]],
-                    preflight: Mapping[str, Mapping[str, Any] | None]) -> str:
+                    preflight: Mapping[str, Mapping[str, Any] | None],
+                    calibration_summary: Mapping[str, Any] | None = None) -> str:
     """The report people read: a front page read at a glance, then the details.
 
     Front page: the decision as a banner (with the deciding gates and every
     other gate short of PROMOTE), a "Deviations" box when decision.json lists
     any, one table row per gate (verdict, its effect on the decision, its first
     reason, a link to its details and its artifact), and the paired table per
-    dataset. Below: arms, preflight, item indices, every reason of every gate.
+    dataset, with the calibration line (calibration_line) above the gates.
+    Below: arms, preflight, item indices, every reason of every gate.
 
     ``launch`` is accepted for symmetry with decide(); the arms section reads
     the summary decide() already took from it, so the report and
@@ -802,6 +876,7 @@ def render_markdown(decision: Mapping[str, Any], paired: Mapping[str, Mapping[st
     box = _deviations_box(decision)
     if box:
         out += box + [""]
+    out += [f"**Calibration:** {calibration_line(decision, calibration_summary)}", ""]
     out += _gates_table(decision) + [""]
     out += _paired_section(paired) + [""]
     out += ["## Details", "",
@@ -1310,6 +1385,7 @@ def ledger_entry(decision: Mapping[str, Any], launch: Mapping[str, Mapping[str, 
         "time": prov.get("created_at"),
         "audit": audit,
         "decision": decision["decision"],
+        "calibration": decision.get("calibration") is True,   # an A/A run (pairaudit/calibration.py)
         "reasons": list(decision.get("reasons") or []),
         "not_evaluated": list(decision.get("not_evaluated") or []),
         "config_sha256": None if config is None else sha256_json(config),
@@ -1437,7 +1513,8 @@ def _rst_table(head: Sequence[str], rows: Sequence[Sequence[str]], widths: Seque
     return out + [""]
 
 
-def summary_rst(decision: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]]) -> str:
+def summary_rst(decision: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]],
+                calibration_summary: Mapping[str, Any] | None = None) -> str:
     """The report's front page block (included by report/workflow.rst), read at a glance.
 
     The decision as a banner, a Deviations box when decision.json lists any,
@@ -1458,6 +1535,8 @@ def summary_rst(decision: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]
         out += [f"   - {_rst_esc(d.get('gate', ''))}: {_rst_esc(d.get('what', ''))} — {_rst_esc(d.get('detail', ''))}"
                 for d in devs]
         out.append("")
+    # backquotes are literals in the Markdown line, not reST references
+    out += [f"**Calibration:** {_rst_esc(calibration_line(decision, calibration_summary).replace('`', ''))}", ""]
     rows = []
     for r in gate_rows(decision):
         cat = _RST_CATEGORY.get(r["gate"].partition(":")[0])
@@ -1554,7 +1633,9 @@ def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Seq
                     out_archive_plot: str | os.PathLike | None = None,
                     score_paths: Sequence[str | os.PathLike] = (),
                     ledger_path: str | os.PathLike | None = None, audit: str | None = None,
-                    config: Any = None, calibration: bool = False) -> None:
+                    config: Any = None, calibration: bool = False,
+                    calibrations_path: str | os.PathLike | None = None,
+                    out_calibration: str | os.PathLike | None = None) -> None:
     """Read every input, decide, and write decision.json, the reports, the figures and the manifest.
 
     The manifest is written after every other output and lists every input
@@ -1562,7 +1643,16 @@ def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Seq
     last, once the decision is complete; the earlier ledger lines for the
     same candidate spec are listed in the report. A stage that did not run
     (no artifact in ``later``) gets a figure and a section saying so.
+
+    ``calibrations_path`` (results/calibrations.jsonl) is read as the ledger
+    is, at decision time: the latest calibration of the same control spec on
+    the same host is cited as ``calibration_ref``. ``calibration`` (an A/A
+    run, pairaudit/calibration.py) also writes its summary to
+    ``out_calibration``, shows it in the reports, and appends it to the log
+    after the ledger line.
     """
+    if calibration and not out_calibration:
+        raise ValueError("a calibration decision needs out_calibration for its summary")
     paired = _load_keyed(paired_paths, PAIRED_SCHEMA, "dataset")
     launch = _load_keyed(launch_paths, LAUNCH_SCHEMA, "arm")
     preflight = _load_keyed(preflight_paths, PREFLIGHT_SCHEMA, "arm")
@@ -1581,6 +1671,13 @@ def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Seq
                             "speed": speed_evidence(speed)}
     decision["provenance"] = provenance(inputs, params={"rule": "promotion-v1", "calibration": calibration,
                                                         "datasets": sorted(paired), "arms": list(ARMS)})
+    ref = calib.lookup(calibrations_path, launch["control"])
+    decision["calibration_ref"] = None if ref is None else ref.to_json()
+    summary = None
+    if calibration:
+        summary = calib.summarize(decision, audit=audit,
+                                  of_audit=((config or {}).get("calibration") or {}).get("of"),
+                                  speed_doc=speed, divergence_docs=later_docs.get("divergence"))
     spec = (launch.get("candidate") or {}).get("spec_sha256")
     earlier = earlier_decisions(read_jsonl_lines(ledger_path), spec) if ledger_path else []
 
@@ -1606,8 +1703,12 @@ def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Seq
                                                               "was archived for this audit")
         outputs.append(str(out_archive_plot))
     write_json(out_decision, decision)
-    md = render_markdown(decision, paired, launch, preflight)
-    md += "\n" + "\n".join(boundary_markdown(later_docs.get("boundary")) + [""] + speed_markdown(speed) + [""]
+    if summary is not None:
+        write_json(out_calibration, summary)
+        outputs.append(str(out_calibration))
+    md = render_markdown(decision, paired, launch, preflight, calibration_summary=summary)
+    md += "\n" + "\n".join(calibration_markdown(summary) + ([""] if summary else [])
+                           + boundary_markdown(later_docs.get("boundary")) + [""] + speed_markdown(speed) + [""]
                            + ledger_markdown(earlier, spec)) + "\n"
     _atomic_write(Path(out_report), md)
     title = f"pairaudit decision ({audit or 'audit'}): {decision['decision']}"
@@ -1619,9 +1720,16 @@ def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Seq
                                                         title="Boundary cases"))
         outputs.append(str(out_boundary))
     if out_summary:
-        _atomic_write(Path(out_summary), summary_rst(decision, earlier))
+        _atomic_write(Path(out_summary), summary_rst(decision, earlier, summary))
         outputs.append(str(out_summary))
     write_json(out_manifest, manifest([*inputs, *outputs]))
     if ledger_path:
         append_ledger(ledger_path, ledger_entry(decision, launch, audit=audit, config=config,
                                                 decision_path=str(out_decision)))
+    if summary is not None and calibrations_path:
+        calib.append(calibrations_path, calib.CalibrationEntry(
+            time=decision["provenance"].get("created_at"), audit=audit, of_audit=summary["of_audit"],
+            control_spec_sha256=summary["control_spec_sha256"], host=summary["host"],
+            host_sha256=summary["host_sha256"], decision=summary["decision"], headline=summary["headline"],
+            flagged=summary["flagged"], summary_path=str(out_calibration), summary_sha256=sha256_file(out_calibration),
+            decision_path=str(out_decision), decision_sha256=sha256_file(out_decision)))

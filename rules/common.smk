@@ -2,6 +2,7 @@ import json
 import os
 from pathlib import Path
 
+from pairaudit import calibration
 from pairaudit.codehash import code_hash
 from pairaudit.datasets import source_fingerprint
 from pairaudit.lifecycle import relay_interrupts
@@ -18,6 +19,9 @@ JOURNAL = f"{R}/journal"
 STARTS_LOG = f"{R}/servers/starts.jsonl"
 BOUNDARY_ON = config.get("boundary", {}).get("enabled", True)
 SPEED_ON = config.get("speed", {}).get("enabled", True)
+# An A/A calibration (the Snakefile's calibration module): decided by its gates, summarized, logged.
+CALIBRATION = calibration.is_calibration(config)
+CALIBRATIONS = calibration.log_path(config)
 
 
 # What each stage runs: its script and every pairaudit module the script

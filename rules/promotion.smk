@@ -3,7 +3,9 @@
 # artifact with its sha256.  Gates whose stages have not run are listed as
 # not evaluated, which keeps the decision from ever being PROMOTE.  The
 # completed decision is appended to results/ledger.jsonl (outside any audit:
-# earlier decisions for the same candidate stay visible).
+# earlier decisions for the same candidate stay visible).  It cites the latest
+# A/A calibration of its control on this host from results/calibrations.jsonl,
+# which a calibration's decision appends its summary to.
 
 LEDGER = "results/ledger.jsonl"
 
@@ -20,6 +22,7 @@ rule promotion:
         answers=expand(f"{R}/answers/{{arm}}.json", arm=ARMS),
         divergence=list(divergence_paths().values()),
     output:
+        **({"calibration": f"{R}/promotion/calibration.json"} if CALIBRATION else {}),
         decision=f"{R}/promotion/decision.json",
         report=f"{R}/promotion/report.md",
         manifest=f"{R}/promotion/manifest.json",
@@ -70,6 +73,8 @@ rule promotion:
     params:
         audit=config["audit"],
         ledger=LEDGER,
+        calibration=CALIBRATION,
+        calibrations=CALIBRATIONS,
         code=code("promotion"),
     script:
         "../scripts/promotion.py"

@@ -18,4 +18,6 @@ run_job(snakemake.log[0], promotion_stage, paired_paths=list(inp.paired), launch
         out_report=out.report, out_manifest=out.manifest, out_plot=out.plot, out_html=out.html,
         out_summary=out.summary, out_divergence_plot=out.divergence, out_boundary=out.boundary,
         out_speed_plot=out.speed, out_archive_plot=out.archive, later=later, ledger_path=params.ledger,
-        audit=params.audit, config=dict(snakemake.config))  # noqa: F821
+        audit=params.audit, config=dict(snakemake.config), calibration=params.calibration,  # noqa: F821
+        calibrations_path=params.calibrations,
+        out_calibration=out.calibration if "calibration" in out.keys() else None)
