@@ -21,6 +21,7 @@ from pathlib import Path
 PACKAGE = "pairaudit"
 
 
+@lru_cache(maxsize=None)
 def _module_file(base: Path, module: str) -> Path | None:
     rel = Path(*module.split("."))
     for cand in (base / rel.with_suffix(".py"), base / rel / "__init__.py"):
