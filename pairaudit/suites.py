@@ -31,7 +31,11 @@ sums), so existing ``(n, seed)`` rows never change. Level 1 is one step on
 single-digit operands (``a + b`` or ``a - b`` with a positive result): the
 embedded 135M model answers it right part of the time, which is what a paired
 audit needs (items both arms get right, items neither does, and some on which
-they differ). Each level draws from its own RNG stream.
+they differ). Level 0 (algebra only) is ``Compute $a + b$.`` on single digits,
+sums alone: the model gets level 1's mix of sums and differences right about
+one time in ten, and the sums alone 30-70 % of the time (docs/default-audit.md).
+Each level draws from its own RNG stream, so adding one changes no other
+level's rows. The levels of each suite: ``LEVELS[kind]``.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import random
 from fractions import Fraction
 
 SUITE_VERSION = "v1"
-LEVELS = (1, 2)
+LEVELS = {"arith": (1, 2), "algebra": (0, 1, 2)}
 DEFAULT_LEVEL = 2
 
 _NAMES = ["Ana", "Ben", "Chloe", "Dev", "Elif", "Farid", "Grace", "Hugo", "Ines", "Jamal",
@@ -57,11 +61,11 @@ def _rng(kind: str, seed: int, i: int, level: int = DEFAULT_LEVEL) -> random.Ran
     return random.Random(f"pairaudit-{stream}-{SUITE_VERSION}:{seed}:{i}")
 
 
-def _check(n: int, level: int) -> None:
+def _check(kind: str, n: int, level: int) -> None:
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    if level not in LEVELS:
-        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+    if level not in LEVELS[kind] or isinstance(level, bool):
+        raise ValueError(f"level must be one of {LEVELS[kind]} for {kind}, got {level!r}")
 
 
 def _arith_item_l1(rng: random.Random) -> tuple[str, list[str], int, dict, str, str]:
@@ -123,7 +127,7 @@ def _arith_item(rng: random.Random) -> tuple[str, list[str], int, dict, str, str
 
 def arith_suite(n: int, seed: int, level: int = DEFAULT_LEVEL) -> list[dict]:
     """``n`` grade-school word problems in GSM8K format (level 1: one step, level 2: two); see the module docstring."""
-    _check(n, level)
+    _check("arith", n, level)
     make = _arith_item_l1 if level == 1 else _arith_item
     rows = []
     for i in range(n):
@@ -205,10 +209,22 @@ def _algebra_item_l1(rng: random.Random) -> tuple[str, str, Fraction, dict]:
             {"kind": kind, "a": a, "b": b})
 
 
+def _algebra_item_l0(rng: random.Random) -> tuple[str, str, Fraction, dict]:
+    # Sums alone, the form of the shots' first worked example: the embedded
+    # model gets level 1's differences wrong often enough to pull that mix
+    # below the 30 % a paired audit needs (docs/default-audit.md). The shots'
+    # own example (4 + 3) is drawn again, so no item is answered in its prompt.
+    a, b = 4, 3
+    while (a, b) == (4, 3):
+        a, b = rng.randint(2, 9), rng.randint(2, 9)
+    return (f"Compute ${a} + {b}$.", f"${a} + {b} = \\boxed{{{a + b}}}$.", Fraction(a + b),
+            {"kind": "sum", "a": a, "b": b})
+
+
 def algebra_suite(n: int, seed: int, level: int = DEFAULT_LEVEL) -> list[dict]:
-    """``n`` short algebra/arithmetic problems in MATH format (level 1: one step); see the module docstring."""
-    _check(n, level)
-    make = _algebra_item_l1 if level == 1 else _algebra_item
+    """``n`` short algebra/arithmetic problems in MATH format (level 0: sums, 1: one step); see the module docstring."""
+    _check("algebra", n, level)
+    make = {0: _algebra_item_l0, 1: _algebra_item_l1, 2: _algebra_item}[level]
     rows = []
     for i in range(n):
         problem, solution, value, meta = make(_rng("algebra", seed, i, level))

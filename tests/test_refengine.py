@@ -20,6 +20,20 @@ def test_switches_parse_and_report():
         Switches.from_env({"PAIRAUDIT_REF_FAULT_TAIL": "-1"})
 
 
+def test_fault_noise_is_drawn_for_greedy_requests_only():
+    import queue
+
+    eng = Engine.__new__(Engine)
+    eng.switches, eng.waiting = Switches(fault_noise=2.0), queue.Queue()
+    greedy = eng.submit(Request(prompt=[1], params=SamplingParams(max_tokens=1, temperature=0.0)))
+    sampled = eng.submit(Request(prompt=[1], params=SamplingParams(max_tokens=1, temperature=0.7, seed=3)))
+    assert greedy.noise is not None and sampled.noise is None
+    row = torch.zeros(8)
+    assert torch.equal(eng._noised(sampled, row), row) and not torch.equal(eng._noised(greedy, row), row)
+    eng.switches = Switches()
+    assert eng.submit(Request(prompt=[1], params=SamplingParams(max_tokens=1, temperature=0.0))).noise is None
+
+
 def test_ngram_proposes_the_continuation_of_the_latest_match():
     tokens = [1, 2, 3, 4, 5, 9, 1, 2, 3, 7, 8, 1, 2, 3]
     # suffix [1, 2, 3] last occurred at 6..8, followed by 7, 8

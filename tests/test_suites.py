@@ -116,9 +116,10 @@ def test_level_2_is_the_published_suite_and_level_1_is_a_separate_stream():
     one = arith_suite(20, 7, 1)
     assert one == arith_suite(20, 7, 1) and arith_suite(5, 7, 1) == one[:5]
     assert [r["question"] for r in one] != [r["question"] for r in arith_suite(20, 7)]
-    for bad in (0, 3, "1"):
+    for bad in (0, 3, "1", True):
         with pytest.raises(ValueError, match="level must be one of"):
             arith_suite(3, 7, bad)
+    for bad in (-1, 3, "1", False):
         with pytest.raises(ValueError, match="level must be one of"):
             algebra_suite(3, 7, bad)
 
@@ -152,6 +153,27 @@ def test_algebra_level_1_answers_recompute_and_score():
         assert not score_item(item, f"$\\boxed{{{ans + 1}}}$")["correct"]
 
 
+def test_algebra_level_0_is_sums_alone_deterministic_a_prefix_and_its_own_stream():
+    rows = algebra_suite(300, 11, 0)
+    assert rows == algebra_suite(300, 11, 0) and algebra_suite(40, 11, 0) == rows[:40]
+    assert algebra_suite(40, 12, 0) != rows[:40]
+    # adding level 0 changed no published row of levels 1 and 2
+    assert [r["problem"] for r in algebra_suite(4, 11, 1)] != [r["problem"] for r in rows[:4]]
+    assert algebra_suite(20, 11) == algebra_suite(20, 11, 2)
+    pairs = set()
+    for r in rows:
+        m = r["meta"]
+        assert m["kind"] == "sum" and 2 <= m["a"] <= 9 and 2 <= m["b"] <= 9, r
+        assert r["problem"] == f"Compute ${m['a']} + {m['b']}$." and r["id"].startswith("algebra-11-")
+        assert parse_latex_number(r["answer"]) == m["a"] + m["b"]
+        item = normalize("math", [r])[0]
+        assert score_item(item, r["solution"])["correct"]
+        assert not score_item(item, f"$\\boxed{{{m['a'] + m['b'] + 1}}}$")["correct"]
+        pairs.add((m["a"], m["b"]))
+    # never the shots' own worked example, otherwise every pair of single digits 2..9
+    assert (4, 3) not in pairs and len(pairs) > 50
+
+
 def test_generated_source_level_and_shots_prompt(tmp_path):
     from pairaudit.datasets import DatasetError, SHOTS, load_source, prepare_dataset
 
@@ -161,6 +183,10 @@ def test_generated_source_level_and_shots_prompt(tmp_path):
     assert prov2["level"] == 2 and prov2["sha256"] != prov["sha256"]
     with pytest.raises(DatasetError, match=r"generated\.level: 5 is not one of 1, 2"):
         load_source({"generated": {"kind": "arith", "n": 4, "seed": 7, "level": 5}}, cache_dir=tmp_path)
+    with pytest.raises(DatasetError, match=r"generated\.level: 0 is not one of 1, 2"):
+        load_source({"generated": {"kind": "arith", "n": 4, "seed": 7, "level": 0}}, cache_dir=tmp_path)
+    rows0, prov0 = load_source({"generated": {"kind": "algebra", "n": 4, "seed": 11, "level": 0}}, cache_dir=tmp_path)
+    assert rows0 == algebra_suite(4, 11, 0) and prov0["level"] == 0
     doc = prepare_dataset({"name": "a", "format": "gsm8k", "source": {"generated": {"kind": "arith", "n": 4,
                                                                                      "seed": 7, "level": 1}},
                            "select": {"count": "all"}, "prompt_template": "shots"}, cache_dir=tmp_path,
