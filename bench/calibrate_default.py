@@ -39,7 +39,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pairaudit import datasets, sampled, scoring  # noqa: E402
+from pairaudit import datasets, sampled, schema, scoring  # noqa: E402
 
 # Every reference-server switch, so a switch left in the caller's environment never leaks into an arm.
 SWITCHES = ("PAIRAUDIT_REF_LM_HEAD_BF16", "PAIRAUDIT_REF_SPEC_NGRAM", "PAIRAUDIT_REF_FAULT_TAIL",
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
     sampling = cfg["sampling"]
     ks = [int(k) for k in args.seed_index.split(",")] if args.seed_index else range(args.seeds)
     seeds = [sampling["base_seed"] + 1000 * k for k in ks]
-    limits = {**scoring.DEFAULT_SANDBOX_LIMITS, **((cfg.get("scoring") or {}).get("sandbox") or {})}
+    limits = {**schema.defaults("scoring", "sandbox"), **((cfg.get("scoring") or {}).get("sandbox") or {})}
     print(f"load average before: {os.getloadavg()}; cpus {os.cpu_count()}", flush=True)
     print("dataset      arm        base_seed  correct  natural  longest", flush=True)
     t_all = time.monotonic()

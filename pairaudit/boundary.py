@@ -56,7 +56,7 @@ import re
 import secrets
 from typing import Any, Callable, Mapping, Sequence
 
-from . import artifacts, launch, rules
+from . import artifacts, launch, rules, schema
 from .client import Endpoint, clamping, error_message, safe_salt, sha256_json
 from .progress import Progress
 
@@ -66,27 +66,10 @@ SCHEMA = "pairaudit.boundary/v1"
 GATE_SCHEMA = "pairaudit.boundary_gate/v1"
 ARMS = ("control", "candidate")
 
-# SmolLM2's ChatML, as text: /tokenize with add_special_tokens=false parses
-# the special tokens in it. Another model needs its own frame (config).
-DEFAULT_PROMPT = {
-    "head": ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-             "<|im_start|>user\nBelow is a long text. Some sentences in it give secret numbers. Remember them.\n\n"),
-    "plant": " The {ordinal} secret number is {value}.",
-    "question": ("\n\nWhat are the {count_word} secret numbers, in order? Answer with the numbers only."
-                 "<|im_end|>\n<|im_start|>assistant\nThe secret numbers are: "),
-}
-
-DEFAULTS: dict[str, Any] = {
-    "enabled": True,
-    "fractions": [0.125, 0.5, 0.98],
-    "values": 3,
-    "digits": 3,
-    "seed": 0,
-    "retrieval_max_tokens": 32,
-    "tail_offsets": [16, 32],
-    "request_timeout_s": 900,
-    "prompt": DEFAULT_PROMPT,
-}
+# Every default, the haystack's frame (SmolLM2's ChatML as text) included, is
+# the schema's.
+DEFAULTS: dict[str, Any] = schema.defaults("boundary")
+DEFAULT_PROMPT = DEFAULTS["prompt"]
 
 ORDINALS = ["first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth"]
 COUNT_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]

@@ -33,7 +33,7 @@ import random
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import artifacts, boundary, failures, greedy, launch, lifecycle, plans, preflight, rules
+from . import artifacts, boundary, failures, greedy, launch, lifecycle, plans, preflight, rules, schema
 from .client import Endpoint, ServerError
 from .jsonlog import AppendLog, append_record, read_log
 from .launch import Server
@@ -43,7 +43,6 @@ from .sampled import Journal, answer_dataset, is_final
 log = logging.getLogger("pairaudit")
 
 ARMS = ("control", "candidate")
-GREEDY_DEFAULTS = {"items": "discordant", "concordant": 2, "seed": 0, "max_tokens": 256, "determinism_repeats": 3}
 PHASE_SCHEMA = "pairaudit.phase/v1"
 STARTS_SCHEMA = launch.STARTS_SCHEMA
 
@@ -477,7 +476,7 @@ def diagnostics_phase(*, dataset_paths: Mapping[str, str], paired_paths: Mapping
                       phase_path: str, max_divergent: int = 3,
                       answers_paths: Mapping[str, str] | None = None) -> dict:
     """Greedy runs, determinism repeats and divergence probes of every dataset, both arms, in few starts."""
-    greedy_cfg = {**GREEDY_DEFAULTS, **(greedy_cfg or {})}
+    greedy_cfg = {**schema.defaults("greedy"), **(greedy_cfg or {})}
     names = list(dataset_paths)
     failed = {arm: (artifacts.read_json(answers_paths[arm]).get("failure") if answers_paths else None)
               for arm in ARMS}

@@ -50,7 +50,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal, InvalidOperation
 
-from pairaudit import sandbox
+from pairaudit import sandbox, schema
 from pairaudit.client import chat_message, clamping
 
 FORMATS = ("gsm8k", "math", "mbpp", "humaneval")
@@ -59,7 +59,6 @@ FORMATS = ("gsm8k", "math", "mbpp", "humaneval")
 GSM8K_STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
 GSM8K_FLEXIBLE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
 
-DEFAULT_SANDBOX_LIMITS = {"timeout_s": 10, "cpu_s": 10, "memory_mb": 512, "fsize_mb": 16, "nproc": 64}
 
 
 # ---------------------------------------------------------------- gsm8k
@@ -296,7 +295,7 @@ def _run_code_tests(code: str, tests: list[str], imports: list[str], keep: list[
     report (see ``pairaudit.sandbox``), so exiting early, printing a fake
     marker or patching ``assert``/builtins does not score.
     """
-    limits = {**DEFAULT_SANDBOX_LIMITS, **(sandbox_limits or {})}
+    limits = {**schema.defaults("scoring", "sandbox"), **(sandbox_limits or {})}
     res = sandbox.run_tests(code, tests, imports=imports, keep=keep, **limits)
     why = _sandbox_reason(res, limits)
     if why:

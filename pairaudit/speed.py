@@ -205,7 +205,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from . import artifacts, failures, launch, rules
+from . import artifacts, failures, launch, rules, schema
 from .client import Endpoint, ServerError, clamping, metrics_delta, tail_lines, utc_now
 from .progress import Progress
 
@@ -231,32 +231,9 @@ METRICS = ("pooled_rate_tps", "accepted_per_round", "ms_per_round", "decode_tps"
 LOWER_IS_BETTER = frozenset({"ms_per_round", "ttft_s"})
 RULES = ("win2-v2", "win2-v1")
 
-# A GPU audit's defaults. The embedded config/config.yaml
+# A GPU audit's defaults (the schema's). The embedded config/config.yaml
 # shrinks them so one bracket fits in minutes on a 2-core CPU.
-DEFAULTS: dict[str, Any] = {
-    "enabled": True,
-    "cells": [
-        {"name": "short-c1", "prompt": "short", "input_len": 32, "concurrency": 1, "decide": True},
-        {"name": "long-c1", "prompt": "long", "input_len": 1024, "concurrency": 1, "decide": True},
-        {"name": "random-c1", "prompt": "random", "input_len": 256, "concurrency": 1, "decide": False},
-        {"name": "random-c4", "prompt": "random", "input_len": 256, "concurrency": 4, "decide": False},
-    ],
-    "repeats": 3,
-    "waves": 2,
-    "output_len": 512,
-    "base_seed": 42,
-    "primary": "pooled_rate_tps",
-    "guards": ["accepted_per_round", "decode_tps"],
-    "reported": ["ms_per_round", "ttft_s"],
-    "win_pct": 2.0,
-    "informational": False,
-    "expected_clock_cap": None,
-    "accept_unverifiable_clock": False,
-    "rule": "win2-v2",
-    "start_noise_pct": 3.0,
-    "request_timeout_s": 900,
-    "archive": "results/control-archive.jsonl",
-}
+DEFAULTS: dict[str, Any] = schema.defaults("speed")
 
 
 class SpeedConfigError(ValueError):

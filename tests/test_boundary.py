@@ -126,13 +126,15 @@ def test_salts_stay_within_what_vllm_accepts_whatever_the_audit_name():
     assert "candidate-tail-16-" in long  # cut from the left: the specific end is kept
 
 
-def test_schema_defaults_match_the_module():
+def test_the_modules_defaults_are_the_schemas():
     schema = yaml.safe_load((REPO / "config" / "schema.yaml").read_text())
     props = schema["properties"]["boundary"]["properties"]
-    for k, v in boundary.DEFAULTS.items():
-        if k != "prompt":
-            assert props[k]["default"] == v, k
     assert set(props) == set(boundary.DEFAULTS)
+    assert all(props[k]["default"] == v for k, v in boundary.DEFAULTS.items())
+    # the frame is SmolLM2's ChatML and asks for the planted values
+    assert boundary.DEFAULTS["prompt"]["head"].startswith("<|im_start|>system")
+    assert "{value}" in boundary.DEFAULTS["prompt"]["plant"]
+    assert boundary.settings({})["tail_offsets"] == [16, 32]
 
 
 # ------------------------------------------------------- real servers (stage)
