@@ -522,15 +522,15 @@ def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
 
 
 def test_the_report_accepts_either_registered_speed_rule():
-    from pairaudit import report
+    from pairaudit import decision, render
     res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
     for cfg in (CFG, CFG_V2):
         gate = speed.decide(res, cfg, quiet_clock())[2]
-        report._check_rule("speed", "speed", gate)
-    assert report._key_numbers(gate)["point_gain_pct"] > 2 and report._key_numbers(gate)["rates"]
+        decision._check_rule("speed", "speed", gate)
+    assert decision._key_numbers(gate)["point_gain_pct"] > 2 and decision._key_numbers(gate)["rates"]
     with pytest.raises(ValueError, match="win2-v2 or win2-v1"):
-        report._check_rule("speed", "speed", {**gate, "rule": "win2-v0"})
-    md = "\n".join(report.speed_markdown({"gate": gate}))
+        decision._check_rule("speed", "speed", {**gate, "rule": "win2-v0"})
+    md = "\n".join(render.speed_markdown({"gate": gate}))
     assert md.startswith("## Speed (win2-v2)")
 
 
