@@ -66,11 +66,12 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
-from .artifacts import sha256_obj
+from .artifacts import sha256_json
+from .contracts import CALIBRATION_LOG_SCHEMA, CALIBRATION_SCHEMA
 from .jsonlog import append_record, read_log
 
-SCHEMA = "pairaudit.calibration/v1"
-LOG_SCHEMA = "pairaudit.calibration_log/v1"
+SCHEMA = CALIBRATION_SCHEMA
+LOG_SCHEMA = CALIBRATION_LOG_SCHEMA
 SUFFIX = "-calibration"
 LOG = "results/calibrations.jsonl"
 
@@ -134,7 +135,7 @@ def host_facts(control_receipt: Mapping[str, Any]) -> dict:
 
 
 def host_sha256(host: Mapping[str, Any]) -> str:
-    return sha256_obj(dict(host))
+    return sha256_json(dict(host))
 
 
 # ----------------------------------------------------------------- summary

@@ -17,15 +17,13 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .artifacts import sha256_file
+from .artifacts import sha256_file, sha256_json
 from .contracts import LEDGER_SCHEMA
 
 
 def ledger_entry(decision: Mapping[str, Any], launch: Mapping[str, Mapping[str, Any]], *, audit: str | None,
                  config: Any, decision_path: str) -> dict:
     """One line of results/ledger.jsonl: what was decided, on which evidence, for which candidate."""
-    from .client import sha256_json
-
     cand = launch.get("candidate") or {}
     prov = decision.get("provenance") or {}
     return {

@@ -32,9 +32,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from .contracts import NATURAL_FINISH
 from .stats import MDE_POWER, mcnemar_exact_p, minimum_detectable_loss, paired_t_interval
-
-NATURAL_FINISH = "stop"
 
 
 def _params(used: dict[str, Any], registered: dict[str, Any]) -> tuple[dict, dict, list[str]]:
@@ -705,7 +704,6 @@ def grid_tie_audit(per_dataset: Mapping[str, Mapping[str, Any] | None], *, max_d
         "tolerance_model": "tol(a,b) = 1 * 2^-23 * (|a| + |b|) per pair; exact 2^k step",
         "probes": probes,
     }
-
 
 
 # ------------------------------------------------------------ determinism-v1

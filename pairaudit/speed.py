@@ -124,7 +124,8 @@ import time
 from typing import Any, Mapping, Sequence
 
 from . import artifacts, failures, launch, schema
-from .client import Endpoint, ServerError, clamping, metrics_delta, tail_lines, utc_now
+from .artifacts import utc_now
+from .client import Endpoint, ServerError, clamping, metrics_delta, tail_lines
 from .contracts import SPEED_DECISION_SCHEMA, SPEED_STREAMS_SCHEMA
 from .progress import Progress
 from .speedarchive import append_archive, archive_line, archive_spread, config_hash, read_archive
@@ -285,7 +286,7 @@ def run_wave(ep: Endpoint, bodies: Sequence[dict], *, timeout_s: float) -> dict:
     """Start every stream of the wave together; /metrics right before and once all are booked after."""
     before = _scrape(ep)
     t0 = time.perf_counter()
-    started_at = utc_now()
+    started_at = utc_now("milliseconds")
     results = send_together(ep, bodies, timeout_s=timeout_s)
     duration = time.perf_counter() - t0
     ok = sum(1 for r in results if r is not None and r.get("error") is None)
@@ -402,7 +403,7 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
     starts, results, records, prompts, appended = [], {}, [], None, 0
     for start, role, arm in START_ROLES:
         rec = {"start": start, "role": role, "arm": arm, **host_facts(), "clock": clock_facts(),
-               "started_at": utc_now(), "stopped_at": None}
+               "started_at": utc_now("milliseconds"), "stopped_at": None}
         log.info("speed %s: %s arm, fresh server", start, arm)
         try:
             facts, recs = _measure_start(start, arm, specs[arm], receipts[arm], rec, cfg=cfg, model=model,
@@ -448,7 +449,7 @@ def _measure_start(start: str, arm: str, spec: dict, receipt: dict, rec: dict, *
         rec["clock_after"] = clock_facts()
         srv.assert_alive()
         facts = dict(srv.facts())
-    rec["stopped_at"] = utc_now()
+    rec["stopped_at"] = utc_now("milliseconds")
     launch.log_start_event(starts_log, event="stopped", phase="speed", spec=spec, receipt=receipt,
                            facts={"stop": facts.get("stop"), "pid": facts.get("pid")})
     rec["server"] = {k: facts.get(k) for k in ("pid", "url", "ready_s", "identity_check", "stop")}
@@ -462,17 +463,17 @@ def _start_failure(exc: BaseException, *, start: str, arm: str, server_log: str)
         return {"arm": arm, "stage": "speed", "what": exc.what, "kind": exc.kind, "status": exc.status,
                 "request": {"method": "POST", "path": "/v1/completions", "bodies": exc.requests},
                 "error": exc.error, "error_body": exc.error_body, "log_tail": tail_lines(server_log, 40),
-                "at": utc_now()}
+                "at": utc_now("milliseconds")}
     # The server did not come up, or died: its own log is the evidence.
     return {"arm": arm, "stage": "speed", "what": f"{start} server start", "kind": failures.DEAD, "status": None,
             "request": None, "error": str(exc).split("\n")[0], "error_body": None,
-            "log_tail": tail_lines(server_log, 40), "at": utc_now()}
+            "log_tail": tail_lines(server_log, 40), "at": utc_now("milliseconds")}
 
 
 def _confirm_failure(exc: BaseException, spec: dict, receipt: dict, *, cfg: Mapping[str, Any], server_log: str,
                      starts_log: str | None) -> dict:
     """The failed start's work once more on a fresh start of the same server (stored beside the first failure)."""
-    conf: dict = {"at": utc_now(), "kind": None, "status": None, "error": None, "error_body": None}
+    conf: dict = {"at": utc_now("milliseconds"), "kind": None, "status": None, "error": None, "error_body": None}
     try:
         with launch.Server(spec, log_path=server_log, receipt=receipt, timeout_s=cfg["request_timeout_s"]) as srv:
             launch.log_start_event(starts_log, event="ready", phase="speed-confirm", spec=spec, receipt=receipt,
@@ -506,7 +507,7 @@ def _failed_bracket(exc: BaseException, *, start: str, arm: str, rec: dict, star
         failure["confirmation"] = _confirm_failure(exc, specs[arm], receipts[arm], cfg=cfg,
                                                    server_log=f"{server_logs[start]}.confirm",
                                                    starts_log=starts_log)
-    rec.update(stopped_at=utc_now(), failure=failure)
+    rec.update(stopped_at=utc_now("milliseconds"), failure=failure)
     why = f"the {arm} server failed at {failure['what']}: {failures.summary(failure)}"
     prov = artifacts.provenance(inputs, {"speed": cfg})
     artifacts.write_jsonl(streams_path, {"schema": STREAMS_SCHEMA, "audit": audit, "provenance": prov}, records)

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from . import artifacts, launch
-from .client import utc_now
+from .artifacts import utc_now
 from .contracts import CONTROL_ARCHIVE_SCHEMA
 from .speedmetrics import METRICS, finite_json, spread_stats
 
@@ -27,7 +27,7 @@ from .speedmetrics import METRICS, finite_json, spread_stats
 
 def config_hash(cell: Mapping[str, Any], cfg: Mapping[str, Any], control_spec: Mapping[str, Any]) -> str:
     """Which archived control starts are comparable: same cell, request shape and control server."""
-    return artifacts.sha256_obj({"cell": dict(cell), "output_len": cfg["output_len"], "waves": cfg["waves"],
+    return artifacts.sha256_json({"cell": dict(cell), "output_len": cfg["output_len"], "waves": cfg["waves"],
                                  "sampling": {"temperature": 1.0, "top_p": 1.0, "ignore_eos": True},
                                  "control": launch.identity_fields(dict(control_spec))})
 
@@ -75,5 +75,5 @@ def archive_line(*, audit: str, start: str, cell: Mapping[str, Any], chash: str,
                   clock: Mapping, host: str) -> dict:
     per_repeat = {m: [p[m] for p in pooled] for m in METRICS}
     means = {m: (float(np.mean(v)) if all(x is not None for x in v) else None) for m, v in per_repeat.items()}
-    return {"audit": audit, "time": utc_now(), "start": start, "cell": cell["name"], "config_hash": chash,
+    return {"audit": audit, "time": utc_now("milliseconds"), "start": start, "cell": cell["name"], "config_hash": chash,
             "metrics": means, "per_repeat": per_repeat, "clock": dict(clock), "host": host}

@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .client import utc_now
+from .artifacts import utc_now
 
 # ------------------------------------------------------------- clock facts
 
@@ -79,7 +79,7 @@ def clock_facts() -> dict:
         load = list(os.getloadavg())
     except OSError:
         load = None
-    return {"time": utc_now(), "cpu_mhz": float(np.mean(mhz)) if mhz else None,
+    return {"time": utc_now("milliseconds"), "cpu_mhz": float(np.mean(mhz)) if mhz else None,
             "cpu_mhz_min": min(mhz) if mhz else None, "cpu_mhz_max": max(mhz) if mhz else None,
             "governor": _read(f"{cf}/scaling_governor"),
             "scaling_max_freq_khz": int(maxf) if maxf and maxf.isdigit() else None,
