@@ -12,7 +12,7 @@ speculation, and client decode tok/s, as noisy as the primary).
 win2-v2 runs through ``rules._win2_v2_core``, the function the registered
 rule itself calls. win2-v1 is vectorized here (the registered function takes
 one cell at a time); the first ``--check`` windows of every setting are also
-run through ``rules.win2_v1`` and ``speed.combine`` and must give the same
+run through ``rules.win2_v1`` and ``speeddecision.combine`` and must give the same
 gate verdicts, else the script stops.
 
 Usage: .venv/bin/python bench/speed_noise.py [--windows 5000] [--repeats 3] [--cells 2] [--seed 2026]
@@ -31,7 +31,7 @@ from scipy import stats as st
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from pairaudit import rules, speed  # noqa: E402
+from pairaudit import rules, speeddecision  # noqa: E402
 
 GUARDS = ["accepted_per_round", "decode_tps"]
 ZERO = ["accepted_per_round"]
@@ -45,7 +45,7 @@ POWER_GAIN = 10.0
 
 
 def v1_gate(w: dict, *, win_pct: float = 2.0, level: float = 0.95) -> np.ndarray:
-    """win2-v1 per cell (rules.win2_v1) and the stage's gate over the cells (speed.combine), vectorized."""
+    """win2-v1 per cell (rules.win2_v1) and the stage's gate over the cells (speeddecision.combine), vectorized."""
     x = w["pooled_rate_tps"]                                   # (W, C, R, 3)
     n_rep = x.shape[2]
     control = (x[..., 0] + x[..., 2]) / 2.0
@@ -78,7 +78,7 @@ def check_v1(w: dict, got: np.ndarray, n: int) -> None:
     for i in range(min(n, len(got))):
         per = {c: rules.win2_v1({m: w[m][i, j].tolist() for m in METRICS}, primary="pooled_rate_tps",
                                 guards=GUARDS) for j, c in enumerate(cells)}
-        want = speed.combine(per, cells, informational=False)["verdict"]
+        want = speeddecision.combine(per, cells, informational=False)["verdict"]
         if want != got[i]:
             raise SystemExit(f"vectorized win2-v1 disagrees with rules.win2_v1 at window {i}: {got[i]} != {want}")
 

@@ -79,12 +79,14 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def canonical(obj: Any) -> str:
+def canonical_json(obj: Any) -> str:
+    # One byte string per value, whatever the dict insertion order, so hashes
+    # of request bodies match across arms and reruns.
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def sha256_obj(obj: Any) -> str:
-    return sha256_text(canonical(obj))
+def sha256_json(obj: Any) -> str:
+    return sha256_text(canonical_json(obj))
 
 
 def code_version() -> str:
@@ -96,8 +98,10 @@ def code_version() -> str:
     return h.hexdigest()
 
 
-def utc_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+def utc_now(timespec: str = "seconds") -> str:
+    # Artifacts' timestamps are to the second; server events and streams ask
+    # for milliseconds, where start-to-healthy and wave timings are read.
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec=timespec)
 
 
 def provenance(inputs: Iterable[str | os.PathLike], params: dict | None = None) -> dict:
@@ -146,15 +150,15 @@ def _round_trip(obj: Any) -> Any:
 
 def content_sha256_doc(body: dict) -> str:
     """The self-hash of a JSON document (``body`` without its ``content_sha256``)."""
-    return sha256_text(canonical(body))
+    return sha256_text(canonical_json(body))
 
 
 def content_sha256_table(header: dict, records: Iterable[dict]) -> str:
     """The self-hash of a JSONL table: header (no ``kind``, no hash) and records (no ``kind``)."""
-    h = hashlib.sha256(canonical(header).encode())
+    h = hashlib.sha256(canonical_json(header).encode())
     for r in records:
         h.update(b"\n")
-        h.update(canonical(r).encode())
+        h.update(canonical_json(r).encode())
     return h.hexdigest()
 
 

@@ -57,14 +57,15 @@ import secrets
 from typing import Any, Callable, Mapping, Sequence
 
 from . import artifacts, launch, rules, schema
-from .client import Endpoint, clamping, error_message, safe_salt, sha256_json
+from .artifacts import sha256_json
+from .client import Endpoint, clamping, error_message, safe_salt
+from .contracts import ARMS, BOUNDARY_GATE_SCHEMA, BOUNDARY_SCHEMA
 from .progress import Progress
 
 log = logging.getLogger("pairaudit")
 
-SCHEMA = "pairaudit.boundary/v1"
-GATE_SCHEMA = "pairaudit.boundary_gate/v1"
-ARMS = ("control", "candidate")
+SCHEMA = BOUNDARY_SCHEMA
+GATE_SCHEMA = BOUNDARY_GATE_SCHEMA
 
 # Every default, the haystack's frame (SmolLM2's ChatML as text) included, is
 # the schema's.

@@ -12,7 +12,7 @@ cluster job parses it again with only its own config, so the calibration's
 rules must follow from the config alone.
 
 With ``calibration.of`` set the promotion decides in calibration mode
-(``report.decide(..., calibration=True)``: identical arms are decided by
+(``decision.decide(..., calibration=True)``: identical arms are decided by
 their gates) and writes the summary below beside the decision; every gate
 that flags something on A vs A is a false alarm of this host and this
 control, which is exactly what the calibration is there to show.
@@ -66,11 +66,12 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
-from .artifacts import sha256_obj
+from .artifacts import sha256_json
+from .contracts import CALIBRATION_LOG_SCHEMA, CALIBRATION_SCHEMA
 from .jsonlog import append_record, read_log
 
-SCHEMA = "pairaudit.calibration/v1"
-LOG_SCHEMA = "pairaudit.calibration_log/v1"
+SCHEMA = CALIBRATION_SCHEMA
+LOG_SCHEMA = CALIBRATION_LOG_SCHEMA
 SUFFIX = "-calibration"
 LOG = "results/calibrations.jsonl"
 
@@ -134,7 +135,7 @@ def host_facts(control_receipt: Mapping[str, Any]) -> dict:
 
 
 def host_sha256(host: Mapping[str, Any]) -> str:
-    return sha256_obj(dict(host))
+    return sha256_json(dict(host))
 
 
 # ----------------------------------------------------------------- summary
@@ -198,7 +199,7 @@ def summarize(decision: Mapping[str, Any], *, audit: str | None, of_audit: str |
               divergence_docs: Mapping[str, Mapping[str, Any]] | None = None) -> dict:
     """calibration.json (module docstring) from a calibration-mode decision and the stage artifacts it read.
 
-    decision: ``report.decide(..., calibration=True)`` with the gates' key
+    decision: ``decision.decide(..., calibration=True)`` with the gates' key
     numbers; speed_doc: ``speed/decision.json`` (its ``spread``);
     divergence_docs: dataset -> ``divergence/<dataset>.json`` (its
     ``divergences`` and ``items``).

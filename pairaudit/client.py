@@ -40,8 +40,6 @@ HealthResult (``wait_healthy``)::
 
 from __future__ import annotations
 
-import datetime as _dt
-import hashlib
 import json
 import re
 import time
@@ -50,6 +48,8 @@ from typing import Any
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from .artifacts import canonical_json, utc_now
+
 # Keep the health poll's own request short so the overall deadline holds even
 # when the server accepts a connection but never answers.
 _HEALTH_REQUEST_TIMEOUT_S = 2.0
@@ -57,20 +57,6 @@ _HEALTH_REQUEST_TIMEOUT_S = 2.0
 
 class ServerError(RuntimeError):
     """A server died, never became healthy, or is not the server we asked for."""
-
-
-def utc_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
-
-
-def canonical_json(obj: Any) -> str:
-    # One byte string per value, whatever the dict insertion order, so hashes
-    # of request bodies match across arms and reruns.
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def sha256_json(obj: Any) -> str:
-    return hashlib.sha256(canonical_json(obj).encode("utf-8")).hexdigest()
 
 
 def error_message(body: Any, limit: int = 2000) -> str:
@@ -143,7 +129,7 @@ class Endpoint:
 
     def _request(self, method: str, path: str, body: Any = None,
                  timeout_s: float | None = None) -> dict:
-        started_at = utc_now()
+        started_at = utc_now("milliseconds")
         t0 = time.perf_counter()
         rec: dict = {"method": method, "path": path, "status": None, "body": None,
                      "error": None, "elapsed_s": None, "started_at": started_at}
@@ -186,7 +172,7 @@ class Endpoint:
         out: dict = {"path": path, "status": None, "text": "", "finish_reason": None,
                      "usage": None, "chunks": 0, "events": 0, "ttft_s": None, "itl_s": [],
                      "e2el_s": None, "tpot_s": None, "output_tokens": None, "body": None,
-                     "error": None, "started_at": utc_now()}
+                     "error": None, "started_at": utc_now("milliseconds")}
         parts: list[str] = []
         t0 = time.perf_counter()
         last_t: float | None = None

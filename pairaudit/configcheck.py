@@ -52,9 +52,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from . import artifacts, calibration, datasets, launch
+from .contracts import ARMS
 from .refserver import switches as ref_switches
 
-ARMS = ("control", "candidate")
 SERVER_SLOTS_ENV = "PAIRAUDIT_SERVER_SLOTS"
 AUDIT_ENV = "PAIRAUDIT_AUDIT"
 EMBEDDED_MODELS = ("SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct")

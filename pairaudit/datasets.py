@@ -58,7 +58,9 @@ from pathlib import Path
 
 from pairaudit import suites
 
-SCHEMA = "pairaudit.dataset/v1"
+from .contracts import DATASET_SCHEMA
+
+SCHEMA = DATASET_SCHEMA
 FORMATS = ("gsm8k", "math", "mbpp", "humaneval")
 SOURCE_KINDS = ("local", "package", "generated", "hf")
 HF_ENDPOINT_ENV = "PAIRAUDIT_HF_ENDPOINT"

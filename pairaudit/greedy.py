@@ -56,7 +56,8 @@ from __future__ import annotations
 import secrets
 from typing import Any, Iterable, Mapping, Sequence
 
-from .client import Endpoint, clamping, sha256_json
+from .artifacts import sha256_json
+from .client import Endpoint, clamping
 
 TOP_K_LOGPROBS = 20  # vLLM's default max_logprobs; 21 is refused
 TOKEN_ID_PREFIX = "token_id:"

@@ -92,12 +92,14 @@ from pathlib import Path
 from typing import Any
 
 from . import lifecycle, slots
+from .artifacts import sha256_json, utc_now
+from .client import Endpoint, ServerError, tail_lines, wait_healthy
+from .contracts import LAUNCH_SCHEMA, SERVER_START_SCHEMA
 from .jsonlog import append_record
-from .client import Endpoint, ServerError, sha256_json, tail_lines, utc_now, wait_healthy
 
 # One line per server start and stop of an audit, whatever the phase: the
 # audit's log of what it cost to bring its servers up.
-STARTS_SCHEMA = "pairaudit.server-start/v1"
+STARTS_SCHEMA = SERVER_START_SCHEMA
 _START_FACTS = ("url", "pid", "started_at", "ready_at", "ready_s", "stop")
 
 
@@ -108,13 +110,13 @@ def log_start_event(path: str | Path | None, *, event: str, phase: str, spec: di
         return
     append_record(path, {
         "schema": STARTS_SCHEMA, "event": event, "phase": phase, "arm": spec["arm"], "mode": spec["mode"],
-        "spec_sha256": (receipt or {}).get("spec_sha256"), "at": utc_now(),
+        "spec_sha256": (receipt or {}).get("spec_sha256"), "at": utc_now("milliseconds"),
         **{k: facts.get(k) for k in _START_FACTS if k in facts}})
 
 __all__ = ["ConfigError", "ServerError", "resolve_spec", "receipt", "check_identity",
            "Server", "start_server", "launch_record", "stop_all", "pick_free_port"]
 
-RECEIPT_SCHEMA = "pairaudit.launch/v1"
+RECEIPT_SCHEMA = LAUNCH_SCHEMA
 MODES = ("launch", "attach")
 # gpus: what the arm's jobs request from a cluster; scheduling, not the server's identity
 LAUNCH_KEYS = ("mode", "command", "env", "host", "port", "health_timeout_s", "stop_grace_s", "model",
@@ -638,12 +640,12 @@ class Server:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log_path, "ab")
         self._log_offset = self._log_file.tell()
-        self._log_file.write(f"=== pairaudit launch arm={spec['arm']} at {utc_now()}: {cmd}\n".encode())
+        self._log_file.write(f"=== pairaudit launch arm={spec['arm']} at {utc_now('milliseconds')}: {cmd}\n".encode())
         self._log_file.flush()
         env = {**os.environ, **spec["env"]}
         main_thread = threading.current_thread() is threading.main_thread()
         _install_handlers()
-        self._facts["started_at"] = utc_now()
+        self._facts["started_at"] = utc_now("milliseconds")
         t0 = time.monotonic()
         self.proc = subprocess.Popen(cmd, env=env, stdout=self._log_file, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True,
@@ -655,7 +657,7 @@ class Server:
                                                  log_path=self.log_path, log_offset=self._log_offset)
         except ServerError as exc:
             raise self._fail(str(exc)) from None
-        self._facts["ready_at"] = utc_now()
+        self._facts["ready_at"] = utc_now("milliseconds")
         self._facts["ready_s"] = time.monotonic() - t0
         self._check_identity()
 
@@ -664,13 +666,13 @@ class Server:
         self._facts["url"] = spec["url"]
         self.endpoint = Endpoint(spec["url"], model=spec["served_model_name"], timeout_s=self._timeout_s,
                                  api_key=self._api_key)
-        self._facts["started_at"] = utc_now()
+        self._facts["started_at"] = utc_now("milliseconds")
         t0 = time.monotonic()
         try:
             self._facts["health"] = wait_healthy(self.endpoint, spec["health_timeout_s"])
         except ServerError as exc:
             raise self._fail(str(exc)) from None
-        self._facts["ready_at"] = utc_now()
+        self._facts["ready_at"] = utc_now("milliseconds")
         self._facts["ready_s"] = time.monotonic() - t0
         self._check_identity()
 
@@ -727,7 +729,7 @@ class Server:
         except (ProcessLookupError, PermissionError):
             pass
         rec["exit_code"] = proc.returncode
-        rec["stopped_at"] = utc_now()
+        rec["stopped_at"] = utc_now("milliseconds")
         self._facts["stop"] = rec
         _LIVE.pop(proc.pid, None)
         if self._log_file is not None:

@@ -35,6 +35,7 @@ from typing import Any, Mapping
 
 from . import artifacts, boundary, failures, greedy, launch, lifecycle, plans, preflight, rules, schema
 from .client import Endpoint, ServerError
+from .contracts import ARMS, DIVERGENCE_SCHEMA, GREEDY_SCHEMA, PAIRED_SCHEMA, PHASE_SCHEMA
 from .jsonlog import AppendLog, append_record, read_log
 from .launch import Server
 from .progress import Progress
@@ -42,8 +43,6 @@ from .sampled import Journal, answer_dataset, is_final
 
 log = logging.getLogger("pairaudit")
 
-ARMS = ("control", "candidate")
-PHASE_SCHEMA = "pairaudit.phase/v1"
 STARTS_SCHEMA = launch.STARTS_SCHEMA
 
 
@@ -124,7 +123,7 @@ def _journal_path(journal_dir: str, kind: str, *parts: str) -> Path:
 
 
 def boundary_key(params: Mapping[str, Any], max_model_len: int, model: str, salt_prefix: str) -> str:
-    return artifacts.sha256_obj({"params": params, "max_model_len": max_model_len, "model": model,
+    return artifacts.sha256_json({"params": params, "max_model_len": max_model_len, "model": model,
                                  "salt_prefix": salt_prefix})
 
 
@@ -366,7 +365,7 @@ class GreedyPlan:
         records = [self.done[w] for w in self.want if w[0] == "greedy"]
         repeats = [self.done[w] for w in self.want if w[0] == "determinism"]
         header = {
-            "schema": "pairaudit.greedy/v1", "dataset": self.dataset["name"], "arm": arm,
+            "schema": GREEDY_SCHEMA, "dataset": self.dataset["name"], "arm": arm,
             "selection": self.selection, "max_tokens": self.cfg["max_tokens"],
             "determinism": {"index": self.det_index,
                             "hashes": [r["output_sha256"] or f"error:{r['error']}" for r in repeats],
@@ -377,7 +376,7 @@ class GreedyPlan:
 
 
 def _prefix_key(prompt_ids: list[int], prefix: list[int]) -> str:
-    return artifacts.sha256_obj({"prompt": prompt_ids, "prefix": prefix})
+    return artifacts.sha256_json({"prompt": prompt_ids, "prefix": prefix})
 
 
 def probe_arm(ps: PhaseServer, divergences: list[dict], prompt_ids: Mapping[int, list[int]],
@@ -418,7 +417,7 @@ def divergence_doc(name: str, headers: dict, probes: dict, probed: list, diverge
     grid_inputs = greedy.grid_tie_inputs(probed, probes["control"], probes["candidate"]) + unresolved
     counts = greedy.comparison_counts(order, divergences)
     return {
-        "schema": "pairaudit.divergence/v1", "dataset": name, "items": order, "divergences": divergences,
+        "schema": DIVERGENCE_SCHEMA, "dataset": name, "items": order, "divergences": divergences,
         "probes": probes, "grid_tie_inputs": grid_inputs, "counts": counts,
         "grid_tie": rules.grid_tie_v1(grid_inputs, max_divergent=max_divergent, selected=counts["selected"],
                                       compared=counts["compared"]),
@@ -454,12 +453,12 @@ def _diagnostics_not_run(names: list[str], failed: Mapping[str, str], greedy_pat
     for name in names:
         for arm in ARMS:
             artifacts.write_jsonl(greedy_paths[name][arm], {
-                "schema": "pairaudit.greedy/v1", "dataset": name, "arm": arm, "not_run": why,
+                "schema": GREEDY_SCHEMA, "dataset": name, "arm": arm, "not_run": why,
                 "selection": {"mode": None, "discordant": [], "concordant": [], "indices": []},
                 "determinism": {"index": None, "hashes": [], "records": []}, "provenance": prov}, [])
         not_run = {"verdict": "INCONCLUSIVE", "reasons": [f"not run: {why}"]}
         artifacts.write_json(divergence_paths[name], {
-            "schema": "pairaudit.divergence/v1", "dataset": name, "not_run": why, "items": [], "divergences": [],
+            "schema": DIVERGENCE_SCHEMA, "dataset": name, "not_run": why, "items": [], "divergences": [],
             "probes": {arm: [] for arm in ARMS}, "grid_tie_inputs": [],
             "grid_tie": {"rule": "grid-tie-v1", **not_run}, "determinism": {"rule": "determinism-v1", **not_run},
             "provenance": prov})
@@ -495,7 +494,7 @@ def diagnostics_phase(*, dataset_paths: Mapping[str, str], paired_paths: Mapping
     plans: dict[str, dict[str, GreedyPlan]] = {}
     for name in names:
         ds = artifacts.read_json(dataset_paths[name])
-        paired = artifacts.check_schema(artifacts.read_json(paired_paths[name]), "pairaudit.paired/v1",
+        paired = artifacts.check_schema(artifacts.read_json(paired_paths[name]), PAIRED_SCHEMA,
                                         paired_paths[name])
         plans[name] = {arm: GreedyPlan(ds, paired, greedy_cfg, chat_template_kwargs,
                                        _journal_path(journal_dir, "greedy", name, arm)) for arm in ARMS}

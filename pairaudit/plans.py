@@ -20,12 +20,11 @@ the dependency instead: a job reruns when its plan changes, and only then.
 from __future__ import annotations
 
 from . import artifacts, boundary, launch
-from .client import sha256_json
+from .artifacts import sha256_json
+from .contracts import ARM_SPEC_SCHEMA, BOUNDARY_PLAN_SCHEMA, DATASET_SCHEMA, REQUESTS_SCHEMA
 from .sampled import body_sha256, request_body
 
-SPEC_SCHEMA = "pairaudit.arm-spec/v1"
-REQUESTS_SCHEMA = "pairaudit.requests/v1"
-BOUNDARY_PLAN_SCHEMA = "pairaudit.boundary-plan/v1"
+SPEC_SCHEMA = ARM_SPEC_SCHEMA
 
 
 def arm_spec_stage(*, arm: str, arm_cfg: dict, out_path: str) -> dict:
@@ -38,7 +37,7 @@ def arm_spec_stage(*, arm: str, arm_cfg: dict, out_path: str) -> dict:
 
 
 def requests_stage(*, dataset_path: str, spec_path: str, sampling: dict, audit: str, out_path: str) -> dict:
-    dataset = artifacts.check_schema(artifacts.read_json(dataset_path), "pairaudit.dataset/v1", dataset_path)
+    dataset = artifacts.check_schema(artifacts.read_json(dataset_path), DATASET_SCHEMA, dataset_path)
     spec = artifacts.check_schema(artifacts.read_json(spec_path), SPEC_SCHEMA, spec_path)
     model = spec["spec"]["served_model_name"]
     items = []

@@ -41,9 +41,11 @@ import time
 import uuid
 from typing import Any, Callable
 
-from .client import Endpoint, canonical_json, chat_message, error_message, metrics, sha256_json, utc_now
+from .artifacts import canonical_json, sha256_json, utc_now
+from .client import Endpoint, chat_message, error_message, metrics
+from .contracts import PREFLIGHT_SCHEMA
 
-SCHEMA = "pairaudit.preflight/v1"
+SCHEMA = PREFLIGHT_SCHEMA
 
 ROUNDTRIP_TEXT = "Paired audits compare two arms: control and candidate. Naïve café, 42% ✓"
 COMPLETION_PROMPT = "The three primary colors are"
@@ -423,7 +425,7 @@ def run_preflight(endpoint: Endpoint, spec: dict, *, primary: dict | None = None
     result: dict = {"schema": SCHEMA, "arm": spec.get("arm"), "url": endpoint.base_url, "model": model,
                     "speculative": speculative, "primary": ctx["primary"], "max_model_len": None,
                     "verdict": None, "failed_probe": None, "server_alive_after": None,
-                    "started_at": utc_now(), "finished_at": None, "probes": []}
+                    "started_at": utc_now("milliseconds"), "finished_at": None, "probes": []}
     for name, fn in probes:
         p = _Probe(name, endpoint)
         try:
@@ -443,7 +445,7 @@ def run_preflight(endpoint: Endpoint, spec: dict, *, primary: dict | None = None
             break
     result["max_model_len"] = ctx["max_model_len"]
     result["verdict"] = "FAIL" if result["failed_probe"] else "PASS"
-    result["finished_at"] = utc_now()
+    result["finished_at"] = utc_now("milliseconds")
     return result
 
 

@@ -32,9 +32,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from .contracts import NATURAL_FINISH
 from .stats import MDE_POWER, mcnemar_exact_p, minimum_detectable_loss, paired_t_interval
-
-NATURAL_FINISH = "stop"
 
 
 def _params(used: dict[str, Any], registered: dict[str, Any]) -> tuple[dict, dict, list[str]]:
@@ -707,7 +706,6 @@ def grid_tie_audit(per_dataset: Mapping[str, Mapping[str, Any] | None], *, max_d
     }
 
 
-
 # ------------------------------------------------------------ determinism-v1
 
 def determinism_v1(hashes_by_arm: Mapping[str, Sequence[str]]) -> dict:
@@ -1187,7 +1185,7 @@ def win2_v2(
     - otherwise NO_WIN when the window resolves the bar (one-sided half-width
       <= win_pct), else INCONCLUSIVE, with the repeats (or brackets) it
       would need.
-    Clock checks are the stage's (speed.decide), not this function's. The
+    Clock checks are the stage's (speeddecision.decide), not this function's. The
     result names the window's noise and, when ``rates``, the rule's
     simulated false WIN / false LOSS / power at that noise and at the noise
     it assumes (``with_rates``).

@@ -39,13 +39,14 @@ from pathlib import Path
 
 from . import artifacts, failures, lifecycle
 from .client import Endpoint
+from .contracts import DATASET_SCHEMA, SAMPLED_SCHEMA
 from .jsonlog import AppendLog, read_log
 from .launch import Server, resolve_spec
 from .progress import Progress
 
 log = logging.getLogger("pairaudit")
 
-SCHEMA = "pairaudit.sampled/v1"
+SCHEMA = SAMPLED_SCHEMA
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "max_tokens")
 
 
@@ -83,7 +84,7 @@ def request_body(item: dict, sampling: dict, *, model: str, audit: str, dataset:
 
 
 def body_sha256(body: dict) -> str:
-    return artifacts.sha256_obj({k: v for k, v in body.items() if k != "model"})
+    return artifacts.sha256_json({k: v for k, v in body.items() if k != "model"})
 
 
 def is_final(attempt: dict) -> bool:
@@ -262,7 +263,7 @@ def sampled_stage(*, dataset_path: str, launch_path: str, preflight_path: str, o
     The workflow runs every dataset of an arm on one server (``phases``); this
     is the same work for a single dataset, for library use and tests.
     """
-    dataset = artifacts.check_schema(artifacts.read_json(dataset_path), "pairaudit.dataset/v1", dataset_path)
+    dataset = artifacts.check_schema(artifacts.read_json(dataset_path), DATASET_SCHEMA, dataset_path)
     receipt = artifacts.read_json(launch_path)
     preflight = artifacts.read_json(preflight_path)
     if preflight.get("verdict") != "PASS":

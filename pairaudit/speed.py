@@ -12,59 +12,11 @@ checked against its launch receipt. Every start runs the same cells with the
 same seeds; every stream gets a fresh ``cache_salt``. Repeat r of the
 decision pairs s2's repeat r with the mean of s1's and s3's repeat r.
 
-Workload
---------
-A *cell* is (name, prompt kind, input length, concurrency, decide). Per start
-the order is: one warm-up request (not measured), then for repeat r in
-0..R-1, for each cell, for wave w in 0..W-1: ``concurrency`` streams started
-together, each ``/v1/completions`` with ``stream``, ``max_tokens = min_tokens
-= output_len``, ``ignore_eos``, ``temperature=1``, ``top_p=1``, ``seed =
-base_seed + 1000 * (r * W + w) + i`` (identical in every start), a prompt
-that is identical in every start (prompt kinds: ``short`` -- one fixed
-sentence; ``long`` -- varied filler text, its last ``input_len`` tokens;
-``random`` -- ``input_len`` token ids drawn at random (seeded by cell, r, w,
-i) from the filler's vocabulary, in the spirit of ``vllm bench serve
---dataset-name random`` (whose ids span the whole vocabulary);
-``repetitive`` -- a short pattern repeated up to ``input_len`` tokens, the workload where n-gram
-speculation has something to draft), and a fresh uuid4 ``cache_salt``.
-The server's ``/metrics`` is scraped right before every wave and, after it,
-once the server counts the wave's requests as finished (a client sees the
-last chunk before the server books the request).
-
-Metrics (server, pooled per start, cell and repeat over its W waves)
---------------------------------------------------------------------
-From the counter deltas of the waves, summed:
-
-- ``requests`` = Δ ``vllm:request_success_total``
-- ``generation_tokens`` = Δ ``vllm:generation_tokens_total``
-- ``accepted`` = Δ ``vllm:spec_decode_num_accepted_tokens_total``
-- ``drafts`` = Δ ``vllm:spec_decode_num_drafts_total``,
-  ``draft_tokens`` = Δ ``vllm:spec_decode_num_draft_tokens_total``
-- ``decode_s`` = Δ ``vllm:request_decode_time_seconds_sum`` (per request,
-  first token -> finish; summed over requests, so at concurrency c it is
-  about c x the wall time: every rate below is a per-stream rate)
-- ``rounds`` = generation_tokens - accepted - requests: decode rounds. The
-  first token of each request comes from its prefill; every later round
-  emits 1 token plus its accepted drafts. For a non-speculative server
-  (accepted = 0) this is the number of decode steps per request, summed;
-  under speculation it counts rounds that drafted nothing as well (the
-  refserver's ``drafts`` counts only rounds with at least one draft, as
-  vLLM's does), which is why rounds are not read from ``drafts``.
-- ``pooled_rate_tps`` = (rounds + accepted) / decode_s  [primary, higher better]
-- ``accepted_per_round`` = accepted / rounds              [guard, higher better]
-- ``ms_per_round`` = 1000 * decode_s / rounds             [reported, lower better]
-
-Client metrics (``vllm bench serve`` definitions, ``client.stream_completion``):
-TTFT = first chunk with choices; ITL = gaps between chunks (per chunk, so
-several tokens per gap under speculation); E2EL = last chunk - start; TPOT =
-(E2EL - TTFT) / (output_tokens - 1), output_tokens from usage; output
-throughput = sum output tokens / wall duration of the waves.
-
-- ``decode_tps`` = sum(output_tokens - 1) / sum(E2EL - TTFT)  [guard, higher better]
-- ``ttft_s`` = mean TTFT                                       [reported, lower better]
-
-Which metric plays which role is config (``speed.primary/guards/reported``);
-the defaults above are those of a GPU speed audit.
+The prompts and request bodies are :mod:`pairaudit.speedworkload`, the pooled
+metrics :mod:`pairaudit.speedmetrics`, the clock facts :mod:`pairaudit.speedclock`,
+the verdict over win2 :mod:`pairaudit.speeddecision`, the control archive
+:mod:`pairaudit.speedarchive`; this module resolves the config, runs the
+bracket (its failure path too) and writes the artifacts.
 
 Artifacts
 ---------
@@ -162,52 +114,25 @@ pairaudit.speed_streams/v1, provenance}`` then one line per request: start,
 arm, cell, repeat, wave, stream, seed, cache_salt, prompt_tokens, status,
 error, finish_reason, output_tokens, ttft_s, tpot_s, e2el_s, itl_s (list),
 chunks, wave_started_at; warm-up requests have ``cell: "warmup"``.
-
-``results/control-archive.jsonl`` (outside any audit dir, append-only):
-one line per finished control start and cell: {schema:
-pairaudit.control_archive/v1, audit, time, start, cell, config_hash
-(sha256 of the cell, output_len, waves, sampling and the control arm's
-identity fields), metrics
-{metric: mean over repeats}, per_repeat {metric: [..]}, clock, host}.
-
-Clock facts per start (``clock_facts``): cpu_mhz (mean of /proc/cpuinfo),
-governor, scaling_max_freq_khz, scaling_min_freq_khz (cpu0 cpufreq, null
-when absent), loadavg [1, 5, 15], and when ``nvidia-smi`` exists ``gpus``:
-per GPU {clocks.sm, clocks.max.sm, clocks.applications.graphics,
-clocks_throttle_reasons.active, power.limit}. The *cap* facts (governor,
-scaling_max_freq_khz, per GPU clocks.max.sm, clocks.applications.graphics,
-power.limit and whether throttle reasons other than idle are active) must
-be equal across the three starts, equal within each start (before it and
-after its last wave: a governor or max frequency that moved, GPU clocks or
-power limit that moved, a throttle reason that appeared), and show no
-throttle reason, else the gate is INCONCLUSIVE under either rule. A start
-without clock facts (no cpufreq, no nvidia-smi: typical of a VM) makes the
-gate INCONCLUSIVE ("clock unverifiable") unless ``speed.
-accept_unverifiable_clock: true``, which is then listed as a deviation. CPU
-MHz and load average are recorded, not decisive.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import os
-import random
-import shutil
-import socket
-import subprocess
 import threading
 import time
-import uuid
-from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-import numpy as np
-
-from . import artifacts, failures, launch, rules, schema
-from .client import Endpoint, ServerError, clamping, metrics_delta, tail_lines, utc_now
+from . import artifacts, failures, launch, schema
+from .artifacts import utc_now
+from .client import Endpoint, ServerError, clamping, metrics_delta, tail_lines
+from .contracts import SPEED_DECISION_SCHEMA, SPEED_STREAMS_SCHEMA
 from .progress import Progress
+from .speedarchive import append_archive, archive_line, archive_spread, config_hash, read_archive
+from .speedclock import CAP_KEYS, clock_check, clock_facts, host_facts
+from .speeddecision import RULES, decide
+from .speedmetrics import COUNTERS, LOWER_IS_BETTER, METRICS, START_ROLES, bench_serve_table, finite_json, pool_repeat
+from .speedworkload import PROMPT_KINDS, build_prompts, request_body, stream_seed
 
 log = logging.getLogger("pairaudit")
 
@@ -221,15 +146,9 @@ class BracketFailure(RuntimeError):
         self.what, self.kind, self.status, self.error = what, kind, status, error
         self.error_body, self.requests = error_body, list(requests)
 
-SCHEMA = "pairaudit.speed_decision/v1"
-STREAMS_SCHEMA = "pairaudit.speed_streams/v1"
-ARCHIVE_SCHEMA = "pairaudit.control_archive/v1"
-START_ROLES = (("s1", "control_before", "control"), ("s2", "candidate", "candidate"),
-               ("s3", "control_after", "control"))
-PROMPT_KINDS = ("short", "long", "random", "repetitive")
-METRICS = ("pooled_rate_tps", "accepted_per_round", "ms_per_round", "decode_tps", "ttft_s")
-LOWER_IS_BETTER = frozenset({"ms_per_round", "ttft_s"})
-RULES = ("win2-v2", "win2-v1")
+# The names the rules and tests read these contracts by.
+SCHEMA = SPEED_DECISION_SCHEMA
+STREAMS_SCHEMA = SPEED_STREAMS_SCHEMA
 
 # A GPU audit's defaults (the schema's). The embedded config/config.yaml
 # shrinks them so one bracket fits in minutes on a 2-core CPU.
@@ -315,314 +234,6 @@ def resolve_config(cfg: Mapping[str, Any] | None) -> dict:
     return out
 
 
-# ------------------------------------------------------------- clock facts
-
-CAP_KEYS = ("governor", "scaling_max_freq_khz")
-GPU_FIELDS = ("clocks.sm", "clocks.max.sm", "clocks.applications.graphics",
-              "clocks_throttle_reasons.active", "power.limit")
-GPU_CAP_FIELDS = ("clocks.max.sm", "clocks.applications.graphics", "power.limit")
-# Reasons that say nothing about a cap: an idle GPU or one held back by the
-# application clock setting itself (compared separately).
-_BENIGN_THROTTLE = {0x0, 0x1, 0x2}
-
-
-def _read(path: str) -> str | None:
-    try:
-        return Path(path).read_text().strip()
-    except OSError:
-        return None
-
-
-def gpu_facts(exe: str | None = None) -> list[dict] | None:
-    exe = exe or shutil.which("nvidia-smi")
-    if not exe:
-        return None
-    try:
-        res = subprocess.run([exe, f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return [{"error": f"nvidia-smi failed: {exc}"}]
-    if res.returncode != 0:
-        return [{"error": f"nvidia-smi exit {res.returncode}: {res.stderr.strip()[:200]}"}]
-    return [dict(zip(GPU_FIELDS, (v.strip() for v in line.split(","))))
-            for line in res.stdout.splitlines() if line.strip()]
-
-
-def clock_facts() -> dict:
-    """What the clocks were at one start: recorded per start, the cap facts compared across starts."""
-    mhz = []
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("cpu mhz"):
-                mhz.append(float(line.split(":", 1)[1]))
-    except (OSError, ValueError):
-        pass
-    cf = "/sys/devices/system/cpu/cpu0/cpufreq"
-    maxf, minf = _read(f"{cf}/scaling_max_freq"), _read(f"{cf}/scaling_min_freq")
-    try:
-        load = list(os.getloadavg())
-    except OSError:
-        load = None
-    return {"time": utc_now(), "cpu_mhz": float(np.mean(mhz)) if mhz else None,
-            "cpu_mhz_min": min(mhz) if mhz else None, "cpu_mhz_max": max(mhz) if mhz else None,
-            "governor": _read(f"{cf}/scaling_governor"),
-            "scaling_max_freq_khz": int(maxf) if maxf and maxf.isdigit() else None,
-            "scaling_min_freq_khz": int(minf) if minf and minf.isdigit() else None,
-            "loadavg": load, "cpu_count": os.cpu_count(), "gpus": gpu_facts()}
-
-
-def _throttled(reasons: str | None) -> bool | None:
-    if reasons is None or reasons in ("", "[N/A]", "N/A", "[Not Supported]"):
-        return None
-    try:
-        return int(reasons, 16) not in _BENIGN_THROTTLE
-    except ValueError:
-        return None
-
-
-def cap_facts(facts: Mapping[str, Any]) -> dict:
-    """The facts that must be equal across the bracket's starts (load and current MHz are not)."""
-    cap = {k: facts.get(k) for k in CAP_KEYS}
-    for i, g in enumerate(facts.get("gpus") or []):
-        for f in GPU_CAP_FIELDS:
-            cap[f"gpu{i}.{f}"] = g.get(f)
-        cap[f"gpu{i}.throttled"] = _throttled(g.get("clocks_throttle_reasons.active"))
-        if "error" in g:
-            cap[f"gpu{i}.error"] = g["error"]
-    return cap
-
-
-def clock_gaps(facts: Mapping[str, Any]) -> list[str]:
-    """Why one reading cannot vouch for the clocks ([] when it can).
-
-    A reading vouches when it has a CPU cap fact (cpufreq governor or max
-    frequency) or GPU facts, and no GPU query failed. A VM without cpufreq
-    and without nvidia-smi has none: its clocks are unverifiable.
-    """
-    gaps = []
-    gpus = facts.get("gpus") or []
-    for i, g in enumerate(gpus):
-        if "error" in g:
-            gaps.append(f"gpu{i}: {g['error']}")
-    cpu = facts.get("governor") is not None or facts.get("scaling_max_freq_khz") is not None
-    if not cpu and not gpus:
-        gaps.append("no cpufreq governor or max frequency and no nvidia-smi")
-    return gaps
-
-
-def clock_check(facts_per_start: Sequence[Mapping[str, Any]], expected: Mapping[str, Any] | None = None,
-                after: Sequence[Mapping[str, Any]] | None = None,
-                starts: Sequence[str] = ("s1", "s2", "s3")) -> dict:
-    """Cap facts across the starts, and within each start (before it vs after its last wave).
-
-    verdict: DIFFERENT when the starts' cap facts differ, differ from
-    ``expected``, a GPU reports a throttle reason (before or after), or a
-    start's facts after its work differ from its facts before (a governor or
-    max frequency changed, a GPU's clocks or power limit moved, a throttle
-    reason appeared); else UNVERIFIABLE when some reading has no clock facts
-    at all (``clock_gaps``); else OK.
-    """
-    caps = [cap_facts(f) for f in facts_per_start]
-    caps_after = [cap_facts(f) for f in after] if after is not None else []
-    keys = sorted(set().union(*caps)) if caps else []
-    mismatch = [k for k in keys if len({json.dumps(c.get(k)) for c in caps}) > 1]
-    off = sorted(k for k, v in (expected or {}).items() if any(str(c.get(k)) != str(v) for c in caps))
-    throttled = sorted(k for c in caps + caps_after for k, v in c.items() if k.endswith(".throttled") and v)
-    within = []
-    for name, b, a in zip(starts, caps, caps_after):
-        changed = sorted(k for k in set(b) | set(a) if json.dumps(b.get(k)) != json.dumps(a.get(k)))
-        if changed:
-            within.append({"start": name, "changed": changed,
-                           "before": {k: b.get(k) for k in changed}, "after": {k: a.get(k) for k in changed}})
-    unverifiable = []
-    for name, f, fa in zip(starts, facts_per_start, list(after) if after is not None else [None] * len(caps)):
-        gaps = clock_gaps(f) + ([] if fa is None else [f"after: {g}" for g in clock_gaps(fa)])
-        if gaps:
-            unverifiable.append({"start": name, "gaps": gaps})
-    if mismatch or off or throttled or within:
-        verdict = "DIFFERENT"
-    elif unverifiable:
-        verdict = "UNVERIFIABLE"
-    else:
-        verdict = "OK"
-    return {"cap_keys": keys, "caps": caps, "caps_after": caps_after, "mismatch": mismatch,
-            "expected": dict(expected or {}), "off_expected": off, "throttled": sorted(set(throttled)),
-            "within_start": within, "unverifiable": unverifiable, "verdict": verdict}
-
-
-def clock_findings(clock: Mapping[str, Any], cfg: Mapping[str, Any]) -> tuple[list[str], list[dict]]:
-    """(reasons that make the gate INCONCLUSIVE, deviations) from a clock_check.
-
-    Every condition the rule itself does not see is here, so win2-v1 and
-    win2-v2 are held to the same clocks.
-    """
-    incon, devs = [], []
-    if clock.get("off_expected"):
-        incon.append(f"clock cap facts {clock['off_expected']} differ from "
-                     f"speed.expected_clock_cap {clock.get('expected')}")
-    for w in clock.get("within_start") or []:
-        incon.append(f"{w['start']}: clock facts changed during the start ({', '.join(w['changed'])}: "
-                     f"before {w['before']}, after {w['after']})")
-    if clock.get("throttled"):
-        incon.append(f"throttling was flagged inside the bracket ({', '.join(clock['throttled'])})")
-    unv = clock.get("unverifiable") or []
-    if unv:
-        what = "; ".join(f"{u['start']}: {', '.join(u['gaps'])}" for u in unv)
-        if cfg.get("accept_unverifiable_clock"):
-            devs.append({"gate": "speed", "what": "accept_unverifiable_clock",
-                         "detail": f"clock unverifiable, accepted by speed.accept_unverifiable_clock ({what}): "
-                                   "a start may have run at another clock than the others"})
-        else:
-            incon.append(f"clock unverifiable ({what}); speed.accept_unverifiable_clock: true accepts this "
-                         "as a reported deviation")
-    return incon, devs
-
-
-# ------------------------------------------------------------------ prompts
-
-SHORT_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
-REPETITIVE_UNIT = ("The quick brown fox jumps over the lazy dog. 1, 2, 3, 4, 5, 6, 7, 8, 9, 10. "
-                   "Again: ")
-_WORDS = {
-    "adj": ["amber", "brisk", "coastal", "dusty", "early", "faded", "granite", "hollow", "inland", "jagged",
-            "late", "misty", "narrow", "open", "pale", "quiet", "rural", "steep", "tidal", "upper"],
-    "noun": ["bridge", "canal", "depot", "engine", "ferry", "granary", "harbour", "kiln", "lock", "mill",
-             "orchard", "pier", "quarry", "reservoir", "station", "tannery", "viaduct", "warehouse", "yard"],
-    "place": ["Aldwick", "Brant", "Colby", "Dunmore", "Elstow", "Farley", "Garth", "Hexley", "Ilford",
-              "Kelso", "Lindow", "Marden", "Norley", "Oxted", "Penrith", "Rydal", "Selby", "Thirsk"],
-}
-
-
-def long_text(n_sentences: int, seed: int = 0) -> str:
-    """Varied, non-repeating filler for long prompts (numbers differ sentence to sentence)."""
-    rng = random.Random(seed)
-    out = []
-    for k in range(n_sentences):
-        out.append(f"Record {k + 1}: the {rng.choice(_WORDS['adj'])} {rng.choice(_WORDS['noun'])} at "
-                   f"{rng.choice(_WORDS['place'])} logged {rng.randint(10, 9999)} units on day "
-                   f"{rng.randint(1, 365)}, {rng.choice(['up', 'down', 'flat'])} from the week before.")
-    return " ".join(out) + "\nSummarise the records above."
-
-
-def _tokenize(ep: Endpoint, model: str, text: str) -> list[int]:
-    res = ep.post_json("/tokenize", {"model": model, "prompt": text, "add_special_tokens": False}, timeout_s=60)
-    if res["error"] is not None or not isinstance(res["body"], dict) or "tokens" not in res["body"]:
-        raise RuntimeError(f"/tokenize failed while building speed prompts: {res['error'] or res['body']!r}")
-    return list(res["body"]["tokens"])
-
-
-def build_prompts(ep: Endpoint, model: str, cells: Sequence[Mapping[str, Any]], repeats: int, waves: int,
-                  base_seed: int) -> dict:
-    """cell -> (r, w, i) -> token ids: built once, sent unchanged to every start.
-
-    Token-id prompts make every start see exactly the same input whatever its
-    chat template or tokenizer settings. ``random`` draws ids from the
-    tokenized filler text (real, non-special tokens), seeded per stream.
-    """
-    long_ids = _tokenize(ep, model, long_text(40 + max(c["input_len"] for c in cells) // 8, seed=base_seed))
-    need = max(c["input_len"] for c in cells)
-    while len(long_ids) < need:
-        long_ids = long_ids + long_ids  # only reached for very long cells; still valid input
-    short_ids = _tokenize(ep, model, SHORT_PROMPT)
-    rep_unit = _tokenize(ep, model, REPETITIVE_UNIT)
-    vocab = sorted(set(long_ids))
-    out: dict = {}
-    for c in cells:
-        n = c["input_len"]
-        per: dict = {}
-        for r in range(repeats):
-            for w in range(waves):
-                for i in range(c["concurrency"]):
-                    if c["prompt"] == "short":
-                        ids = short_ids[:n]
-                    elif c["prompt"] == "long":
-                        ids = long_ids[-n:]  # keep the closing instruction
-                    elif c["prompt"] == "repetitive":
-                        ids = (rep_unit * (n // len(rep_unit) + 1))[:n]
-                    else:
-                        rng = random.Random(f"{base_seed}:{c['name']}:{r}:{w}:{i}")
-                        ids = [rng.choice(vocab) for _ in range(n)]
-                    per[(r, w, i)] = ids
-        out[c["name"]] = per
-    return out
-
-
-def request_body(model: str, prompt_ids: list[int], *, output_len: int, seed: int) -> dict:
-    return {"model": model, "prompt": prompt_ids, "max_tokens": output_len, "min_tokens": output_len,
-            "ignore_eos": True, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "seed": seed,
-            "cache_salt": uuid.uuid4().hex}
-
-
-def stream_seed(base_seed: int, r: int, w: int, waves: int, i: int) -> int:
-    return base_seed + 1000 * (r * waves + w) + i
-
-
-# ------------------------------------------------------------------ metrics
-
-def _pct(values: Sequence[float], q: float) -> float | None:
-    return float(np.percentile(np.asarray(values, dtype=float), q)) if len(values) else None
-
-
-def _summary_ms(values: Sequence[float]) -> dict:
-    v = [1000.0 * x for x in values if x is not None]
-    if not v:
-        return {"mean": None, "median": None, "std": None, "p90": None, "p99": None, "n": 0}
-    a = np.asarray(v, dtype=float)
-    return {"mean": float(a.mean()), "median": float(np.median(a)), "std": float(a.std()),
-            "p90": _pct(v, 90), "p99": _pct(v, 99), "n": len(v)}
-
-
-def bench_serve_table(streams: Sequence[Mapping[str, Any]], duration_s: float) -> dict:
-    """``vllm bench serve``'s summary over a set of streams and their wall duration.
-
-    Like vLLM: only successful requests count; TPOT over requests with more
-    than one output token; ITL over every chunk gap of every request.
-    """
-    ok = [s for s in streams if s.get("error") is None and s.get("output_tokens")]
-    out_tok = sum(int(s["output_tokens"]) for s in ok)
-    return {
-        "completed": len(ok), "failed": len(streams) - len(ok), "duration_s": duration_s,
-        "total_output_tokens": out_tok,
-        "request_throughput": len(ok) / duration_s if duration_s > 0 else None,
-        "output_throughput": out_tok / duration_s if duration_s > 0 else None,
-        "ttft_ms": _summary_ms([s["ttft_s"] for s in ok]),
-        "tpot_ms": _summary_ms([s["tpot_s"] for s in ok if s.get("tpot_s") is not None]),
-        "itl_ms": _summary_ms([x for s in ok for x in s.get("itl_s") or []]),
-        "e2el_ms": _summary_ms([s["e2el_s"] for s in ok]),
-    }
-
-
-_C = {"requests": "vllm:request_success_total", "generation_tokens": "vllm:generation_tokens_total",
-      "accepted": "vllm:spec_decode_num_accepted_tokens_total", "drafts": "vllm:spec_decode_num_drafts_total",
-      "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
-      "decode_s": "vllm:request_decode_time_seconds_sum"}
-
-
-def pool_repeat(waves: Sequence[Mapping[str, Any]]) -> dict:
-    """Pool one repeat's waves (each ``{"delta": {metric: value}, "streams": [...]}``) into its metrics.
-
-    Counters are summed over the waves before any ratio (pooled, as a speed audit pools its waves),
-    so a short wave does not weigh as much as a long one.
-    """
-    tot = {k: sum(float(w["delta"].get(name, 0.0)) for w in waves) for k, name in _C.items()}
-    rounds = tot["generation_tokens"] - tot["accepted"] - tot["requests"]
-    streams = [s for w in waves for s in w["streams"]]
-    ok = [s for s in streams if s.get("error") is None and s.get("ttft_s") is not None and s.get("e2el_s")]
-    dec_tok = sum(int(s["output_tokens"] or 0) - 1 for s in ok)
-    dec_s = sum(s["e2el_s"] - s["ttft_s"] for s in ok)
-    errors = [s["error"] for s in streams if s.get("error") is not None]
-
-    def ratio(a, b, scale=1.0):
-        return scale * a / b if b > 0 else None
-
-    return {**tot, "rounds": rounds, "waves": len(waves), "streams": len(streams), "errors": errors,
-            "pooled_rate_tps": ratio(rounds + tot["accepted"], tot["decode_s"]),
-            "accepted_per_round": ratio(tot["accepted"], rounds),
-            "ms_per_round": ratio(tot["decode_s"], rounds, 1000.0),
-            "decode_tps": ratio(dec_tok, dec_s),
-            "ttft_s": float(np.mean([s["ttft_s"] for s in ok])) if ok else None}
-
-
 # ------------------------------------------------------------------ running
 
 def _scrape(ep: Endpoint) -> dict[str, float]:
@@ -646,9 +257,9 @@ def settled_scrape(ep: Endpoint, finished: float, *, timeout_s: float = 60.0) ->
     deadline = time.monotonic() + timeout_s
     while True:
         m = _scrape(ep)
-        if m.get(_C["requests"], 0.0) >= finished or time.monotonic() > deadline:
-            if m.get(_C["requests"], 0.0) < finished:
-                raise RuntimeError(f"/metrics still counts {m.get(_C['requests'], 0.0):g} finished requests "
+        if m.get(COUNTERS["requests"], 0.0) >= finished or time.monotonic() > deadline:
+            if m.get(COUNTERS["requests"], 0.0) < finished:
+                raise RuntimeError(f"/metrics still counts {m.get(COUNTERS['requests'], 0.0):g} finished requests "
                                    f"after {timeout_s:g} s, expected {finished:g}")
             return m
         time.sleep(0.02)
@@ -675,17 +286,17 @@ def run_wave(ep: Endpoint, bodies: Sequence[dict], *, timeout_s: float) -> dict:
     """Start every stream of the wave together; /metrics right before and once all are booked after."""
     before = _scrape(ep)
     t0 = time.perf_counter()
-    started_at = utc_now()
+    started_at = utc_now("milliseconds")
     results = send_together(ep, bodies, timeout_s=timeout_s)
     duration = time.perf_counter() - t0
     ok = sum(1 for r in results if r is not None and r.get("error") is None)
     if ok < len(results):
         # The caller reports the failed stream; a scrape now could only fail on a server that died of it.
         return {"started_at": started_at, "duration_s": duration, "delta": None, "streams": results}
-    after = settled_scrape(ep, before.get(_C["requests"], 0.0) + ok)
+    after = settled_scrape(ep, before.get(COUNTERS["requests"], 0.0) + ok)
     delta = metrics_delta(before, after)
     return {"started_at": started_at, "duration_s": duration,
-            "delta": {name: delta.get(name, 0.0) for name in _C.values()}, "streams": results}
+            "delta": {name: delta.get(name, 0.0) for name in COUNTERS.values()}, "streams": results}
 
 
 def _stream_record(s: Mapping[str, Any], **where) -> dict:
@@ -703,7 +314,7 @@ def run_start(ep: Endpoint, *, model: str, cfg: Mapping[str, Any], prompts: Mapp
     out_len, waves, timeout = cfg["output_len"], cfg["waves"], cfg["request_timeout_s"]
     first = cfg["cells"][0]
     warm_body = request_body(model, prompts[first["name"]][(0, 0, 0)], output_len=out_len, seed=cfg["base_seed"] - 1)
-    base = _scrape(ep).get(_C["requests"], 0.0)
+    base = _scrape(ep).get(COUNTERS["requests"], 0.0)
     warm = ep.stream_completion("/v1/completions", warm_body, timeout_s=timeout)
     if warm.get("error") is not None:
         raise BracketFailure(f"{start} ({arm}): warm-up request failed: {warm['error']}", what=f"{start} warm-up",
@@ -757,224 +368,6 @@ def run_start(ep: Endpoint, *, model: str, cfg: Mapping[str, Any], prompts: Mapp
     return result, records
 
 
-# ----------------------------------------------------------------- decision
-
-def series_for(cell_results: Mapping[str, Mapping[str, Any]], metrics: Iterable[str]) -> dict:
-    """metric -> per repeat [s1, s2, s3] from ``{start: {"pooled": [per repeat]}}``."""
-    starts = [s for s, _, _ in START_ROLES]
-    n = len(cell_results[starts[0]]["pooled"])
-    return {m: [[cell_results[s]["pooled"][r][m] for s in starts] for r in range(n)] for m in metrics}
-
-
-def combine(cell_verdicts: Mapping[str, Mapping[str, Any]], decision_cells: Sequence[str], *,
-            informational: bool, clock: Mapping[str, Any] | None = None) -> dict:
-    """The speed gate over the decision cells' win2-v1 results (see module docstring)."""
-    verdicts = {c: cell_verdicts[c]["verdict"] for c in cell_verdicts}
-    dec = [verdicts[c] for c in decision_cells]
-    if "LOSS" in dec:
-        verdict = "LOSS"
-    elif "INCONCLUSIVE" in dec or not dec:
-        verdict = "INCONCLUSIVE"
-    elif all(v == "WIN" for v in dec):
-        verdict = "WIN"
-    else:
-        verdict = "NO_WIN"
-    reasons = [f"{c} ({'decides' if c in decision_cells else 'reported only'}): {verdicts[c]}; "
-               + "; ".join(cell_verdicts[c]["reasons"][:2]) for c in cell_verdicts]
-    if informational:
-        reasons.append("speed is informational (config speed.informational): only a LOSS gates the decision")
-    first = cell_verdicts[decision_cells[0]] if decision_cells else {}
-    return {"rule": "win2-v1", "verdict": verdict, "reasons": reasons, "params": first.get("params", {}),
-            "deviations": first.get("deviations", {}), "informational": bool(informational),
-            "decision_cells": list(decision_cells), "cells": verdicts,
-            "clock_check": None if clock is None else clock.get("verdict")}
-
-
-def spread_stats(values: Sequence[float]) -> dict:
-    v = [float(x) for x in values if x is not None and math.isfinite(x)]
-    if len(v) < 2:
-        return {"n": len(v), "range_pct": None, "cv_pct": None, "mean": float(np.mean(v)) if v else None}
-    a = np.asarray(v)
-    return {"n": len(v), "mean": float(a.mean()), "range_pct": float(100.0 * (a.max() - a.min()) / abs(a.mean())),
-            "cv_pct": float(100.0 * a.std(ddof=1) / abs(a.mean()))}
-
-
-def _clean(obj: Any) -> Any:
-    """JSON without NaN/inf (a 0/0 ratio is 'no value', not a number)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return obj
-
-
-# ------------------------------------------------------------------ archive
-
-def config_hash(cell: Mapping[str, Any], cfg: Mapping[str, Any], control_spec: Mapping[str, Any]) -> str:
-    """Which archived control starts are comparable: same cell, request shape and control server."""
-    return artifacts.sha256_obj({"cell": dict(cell), "output_len": cfg["output_len"], "waves": cfg["waves"],
-                                 "sampling": {"temperature": 1.0, "top_p": 1.0, "ignore_eos": True},
-                                 "control": launch.identity_fields(dict(control_spec))})
-
-
-def read_archive(path: str | os.PathLike) -> list[dict]:
-    p = Path(path)
-    if not p.exists():
-        return []
-    out = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            log.warning("%s:%d: unreadable archive line skipped", p, n)
-            continue
-        if rec.get("schema") == ARCHIVE_SCHEMA:
-            out.append(rec)
-    return out
-
-
-def append_archive(path: str | os.PathLike, records: Iterable[Mapping[str, Any]]) -> int:
-    """Append-only: open in 'a' mode, one line per record, flushed and fsynced; never rewritten."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    n = 0
-    with open(p, "a") as f:
-        for rec in records:
-            f.write(json.dumps(_clean({"schema": ARCHIVE_SCHEMA, **rec}), ensure_ascii=False) + "\n")
-            n += 1
-        f.flush()
-        os.fsync(f.fileno())
-    return n
-
-
-def archive_spread(records: Sequence[Mapping[str, Any]], cell: str, chash: str, metric: str) -> dict:
-    vals = [r["metrics"].get(metric) for r in records if r.get("cell") == cell and r.get("config_hash") == chash]
-    return spread_stats(vals)
-
-
-# -------------------------------------------------------------------- stage
-
-def _host_facts() -> dict:
-    return {"host": socket.gethostname(), "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-            "slurmd_nodename": os.environ.get("SLURMD_NODENAME")}
-
-
-def _archive_line(*, audit: str, start: str, cell: Mapping[str, Any], chash: str, pooled: Sequence[Mapping],
-                  clock: Mapping, host: str) -> dict:
-    per_repeat = {m: [p[m] for p in pooled] for m in METRICS}
-    means = {m: (float(np.mean(v)) if all(x is not None for x in v) else None) for m, v in per_repeat.items()}
-    return {"audit": audit, "time": utc_now(), "start": start, "cell": cell["name"], "config_hash": chash,
-            "metrics": means, "per_repeat": per_repeat, "clock": dict(clock), "host": host}
-
-
-def _rule_deviations(rule: str, res: Mapping[str, Any]) -> list[dict]:
-    devs = [{"gate": "speed", "what": f"rule.{k}", "detail": f"{rule} {k}={v['used']!r} instead of the "
-             f"registered {v['registered']!r}"} for k, v in (res.get("deviations") or {}).items()]
-    if rule != RULES[0]:
-        devs.append({"gate": "speed", "what": "rule", "detail": f"speed.rule {rule} instead of the default "
-                     f"{RULES[0]} (win2-v1 does not bound its false WIN/LOSS under start-level noise)"})
-    return devs
-
-
-def _decide_v1(series: Mapping[str, Mapping], cfg: Mapping[str, Any], clock: Mapping[str, Any],
-               archive_pct: Mapping[str, float | None], incon: list[str]) -> tuple[dict, dict]:
-    metrics = [cfg["primary"], *cfg["guards"], *cfg["reported"]]
-    caps = [json.dumps(c, sort_keys=True) for c in clock["caps"]]
-    win2 = {}
-    for c in cfg["cells"]:
-        name, s = c["name"], series[c["name"]]
-        missing = sorted({m for m, reps in s.items() for tr in reps for x in tr if x is None})
-        if missing:
-            win2[name] = {"rule": "win2-v1", "verdict": "INCONCLUSIVE", "params": {}, "deviations": {},
-                          "reasons": [f"metric(s) {missing} have no value in some repeat (0 rounds or 0 "
-                                      "decode seconds): nothing to compare"]}
-            continue
-        res = rules.win2_v1(s, primary=cfg["primary"], guards=cfg["guards"], reported=cfg["reported"],
-                            win_pct=cfg["win_pct"], clock_caps=caps,
-                            lower_is_better=[m for m in metrics if m in LOWER_IS_BETTER],
-                            throttled=bool(clock["throttled"]), archive_spread_pct=archive_pct.get(name))
-        # win2-v1 itself sees cap mismatches and throttling; the rest is the stage's.
-        own = [r for r in incon if not r.startswith("throttling was flagged")]
-        if own:
-            res["verdict"] = "INCONCLUSIVE"
-            res["reasons"][:0] = own
-        if clock["mismatch"]:
-            res["reasons"].insert(0, f"starts differ in clock cap facts {clock['mismatch']}")
-        win2[name] = res
-    gate = combine(win2, [c["name"] for c in cfg["cells"] if c["decide"]],
-                   informational=cfg["informational"], clock=clock)
-    return win2, gate
-
-
-def _decide_v2(series: Mapping[str, Mapping], cfg: Mapping[str, Any], clock: Mapping[str, Any],
-               archive_pct: Mapping[str, float | None], incon: list[str]) -> tuple[dict, dict]:
-    metrics = [cfg["primary"], *cfg["guards"], *cfg["reported"]]
-    deciding = [c["name"] for c in cfg["cells"] if c["decide"]]
-    missing = {name: sorted({m for m, reps in series[name].items() for tr in reps for x in tr if x is None})
-               for name in series}
-    usable = [n for n in series if not missing[n]]
-    kw = dict(primary=cfg["primary"], guards=cfg["guards"], reported=cfg["reported"],
-              lower_is_better=[m for m in metrics if m in LOWER_IS_BETTER], win_pct=cfg["win_pct"],
-              start_noise_pct=cfg["start_noise_pct"])
-    blocked = [n for n in deciding if missing[n]]
-    if blocked or not usable:
-        res = {"rule": "win2-v2", "verdict": "INCONCLUSIVE", "params": {}, "deviations": {}, "cells": {},
-               "noise": None, "rates": None,
-               "reasons": [f"{n}: metric(s) {missing[n]} have no value in some repeat (0 rounds or 0 decode "
-                           "seconds): nothing to compare" for n in blocked]}
-    else:
-        res = rules.win2_v2({n: series[n] for n in usable}, decide=deciding, **kw)
-    if clock["mismatch"]:
-        incon = [f"starts differ in clock cap facts {clock['mismatch']}", *incon]
-    if incon:
-        res["verdict"] = "INCONCLUSIVE"
-        res["reasons"][:0] = incon
-    per_cell = dict(res.get("cells") or {})
-    for n in series:
-        if missing[n]:
-            per_cell[n] = {"decides": n in deciding, "verdict": "INCONCLUSIVE",
-                           "reasons": [f"metric(s) {missing[n]} have no value in some repeat"]}
-        per_cell[n]["archive_spread_pct"] = archive_pct.get(n)
-    win2 = {n: {"rule": "win2-v2", **per_cell[n]} for n in series}
-    reasons = list(res["reasons"])
-    if cfg["informational"]:
-        reasons.append("speed is informational (config speed.informational): only a LOSS gates the decision")
-    gate = {"rule": "win2-v2", "verdict": res["verdict"], "reasons": reasons, "params": res.get("params", {}),
-            "deviations": res.get("deviations", {}), "informational": bool(cfg["informational"]),
-            "decision_cells": deciding, "cells": {n: win2[n].get("verdict") for n in win2},
-            "clock_check": clock.get("verdict"),
-            **{k: res.get(k) for k in ("noise", "rates", "needed", "pooled_gain_pct", "half_width_pct",
-                                       "lower_bound_pct", "loss_tests", "repeats", "reported")}}
-    return win2, gate
-
-
-def decide(results: Mapping[str, Mapping[str, Any]], cfg: Mapping[str, Any], clock: Mapping[str, Any],
-           archive_pct: Mapping[str, float | None] | None = None) -> tuple[dict, dict, dict]:
-    """(win2 per cell, series per cell, gate) from ``results[start][cell]["pooled"]`` under ``cfg["rule"]``.
-
-    Clock findings (``clock_findings``) make the gate INCONCLUSIVE under either
-    rule; the gate carries ``stage_deviations`` (list of {gate, what,
-    detail}): an accepted unverifiable clock, a non-default rule, rule
-    parameters off their registered values.
-    """
-    metrics = [cfg["primary"], *cfg["guards"], *cfg["reported"]]
-    rule = cfg.get("rule", RULES[0])
-    series = {c["name"]: series_for({st: results[st][c["name"]] for st, _, _ in START_ROLES}, metrics)
-              for c in cfg["cells"]}
-    incon, devs = clock_findings(clock, cfg)
-    fn = _decide_v2 if rule == "win2-v2" else _decide_v1
-    win2, gate = fn(series, cfg, clock, archive_pct or {}, incon)
-    rule_res = gate if rule == "win2-v2" else next((w for w in win2.values() if w.get("deviations")), {})
-    gate["stage_deviations"] = devs + _rule_deviations(rule, rule_res)
-    for d in devs:
-        gate["reasons"].append(f"deviation: {d['detail']}")
-    return win2, series, gate
-
-
 def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str, str], arm_cfgs: Mapping[str, Any],
                 speed_cfg: Mapping[str, Any] | None, audit: str, out_path: str, streams_path: str,
                 archive_path: str, server_logs: Mapping[str, str], starts_log: str | None = None) -> dict:
@@ -1009,8 +402,8 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
     progress = Progress(n_waves, "speed waves")
     starts, results, records, prompts, appended = [], {}, [], None, 0
     for start, role, arm in START_ROLES:
-        rec = {"start": start, "role": role, "arm": arm, **_host_facts(), "clock": clock_facts(),
-               "started_at": utc_now(), "stopped_at": None}
+        rec = {"start": start, "role": role, "arm": arm, **host_facts(), "clock": clock_facts(),
+               "started_at": utc_now("milliseconds"), "stopped_at": None}
         log.info("speed %s: %s arm, fresh server", start, arm)
         try:
             facts, recs = _measure_start(start, arm, specs[arm], receipts[arm], rec, cfg=cfg, model=model,
@@ -1027,7 +420,7 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
         starts.append(rec)
         if arm == "control":
             appended += append_archive(archive_path, [
-                _archive_line(audit=audit, start=start, cell=c, chash=hashes[c["name"]],
+                archive_line(audit=audit, start=start, cell=c, chash=hashes[c["name"]],
                               pooled=results[start][c["name"]]["pooled"], clock=rec["clock"], host=rec["host"])
                 for c in cfg["cells"]])
     return _decided_bracket(cfg=cfg, audit=audit, starts=starts, results=results, records=records, prompts=prompts,
@@ -1056,7 +449,7 @@ def _measure_start(start: str, arm: str, spec: dict, receipt: dict, rec: dict, *
         rec["clock_after"] = clock_facts()
         srv.assert_alive()
         facts = dict(srv.facts())
-    rec["stopped_at"] = utc_now()
+    rec["stopped_at"] = utc_now("milliseconds")
     launch.log_start_event(starts_log, event="stopped", phase="speed", spec=spec, receipt=receipt,
                            facts={"stop": facts.get("stop"), "pid": facts.get("pid")})
     rec["server"] = {k: facts.get(k) for k in ("pid", "url", "ready_s", "identity_check", "stop")}
@@ -1070,17 +463,17 @@ def _start_failure(exc: BaseException, *, start: str, arm: str, server_log: str)
         return {"arm": arm, "stage": "speed", "what": exc.what, "kind": exc.kind, "status": exc.status,
                 "request": {"method": "POST", "path": "/v1/completions", "bodies": exc.requests},
                 "error": exc.error, "error_body": exc.error_body, "log_tail": tail_lines(server_log, 40),
-                "at": utc_now()}
+                "at": utc_now("milliseconds")}
     # The server did not come up, or died: its own log is the evidence.
     return {"arm": arm, "stage": "speed", "what": f"{start} server start", "kind": failures.DEAD, "status": None,
             "request": None, "error": str(exc).split("\n")[0], "error_body": None,
-            "log_tail": tail_lines(server_log, 40), "at": utc_now()}
+            "log_tail": tail_lines(server_log, 40), "at": utc_now("milliseconds")}
 
 
 def _confirm_failure(exc: BaseException, spec: dict, receipt: dict, *, cfg: Mapping[str, Any], server_log: str,
                      starts_log: str | None) -> dict:
     """The failed start's work once more on a fresh start of the same server (stored beside the first failure)."""
-    conf: dict = {"at": utc_now(), "kind": None, "status": None, "error": None, "error_body": None}
+    conf: dict = {"at": utc_now("milliseconds"), "kind": None, "status": None, "error": None, "error_body": None}
     try:
         with launch.Server(spec, log_path=server_log, receipt=receipt, timeout_s=cfg["request_timeout_s"]) as srv:
             launch.log_start_event(starts_log, event="ready", phase="speed-confirm", spec=spec, receipt=receipt,
@@ -1114,7 +507,7 @@ def _failed_bracket(exc: BaseException, *, start: str, arm: str, rec: dict, star
         failure["confirmation"] = _confirm_failure(exc, specs[arm], receipts[arm], cfg=cfg,
                                                    server_log=f"{server_logs[start]}.confirm",
                                                    starts_log=starts_log)
-    rec.update(stopped_at=utc_now(), failure=failure)
+    rec.update(stopped_at=utc_now("milliseconds"), failure=failure)
     why = f"the {arm} server failed at {failure['what']}: {failures.summary(failure)}"
     prov = artifacts.provenance(inputs, {"speed": cfg})
     artifacts.write_jsonl(streams_path, {"schema": STREAMS_SCHEMA, "audit": audit, "provenance": prov}, records)
@@ -1156,7 +549,7 @@ def _decided_bracket(*, cfg: Mapping[str, Any], audit: str, starts: list, result
     win2, series, gate = decide(results, cfg, clock, {n: s["archive_with_window_pct"] for n, s in spread.items()})
     prov = artifacts.provenance(inputs, {"speed": cfg})
     artifacts.write_jsonl(streams_path, {"schema": STREAMS_SCHEMA, "audit": audit, "provenance": prov}, records)
-    doc = _clean({
+    doc = finite_json({
         "schema": SCHEMA, "audit": audit, "gate": gate, "win2": win2,
         "bar": {"win_pct": cfg["win_pct"], "primary": cfg["primary"], "guards": cfg["guards"],
                 "reported": cfg["reported"], "lower_is_better": sorted(LOWER_IS_BETTER)},

@@ -26,8 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import artifacts, datasets, rules, scoring, stats
-
-ARMS = ("control", "candidate")
+from .contracts import ARMS, PAIRED_SCHEMA, SAMPLED_SCHEMA, SCORES_SCHEMA
 
 
 def dataset_stage(*, cfg: dict, where: str, out_path: str, cache_dir: str, base_dir: str) -> dict:
@@ -41,12 +40,12 @@ def score_stage(*, dataset_path: str, sampled_path: str, out_path: str, sandbox_
                 workers: int = 2) -> dict:
     dataset = artifacts.check_schema(artifacts.read_json(dataset_path), datasets.SCHEMA, dataset_path)
     header, records = artifacts.read_jsonl(sampled_path)
-    artifacts.check_schema(header, "pairaudit.sampled/v1", sampled_path)
+    artifacts.check_schema(header, SAMPLED_SCHEMA, sampled_path)
     artifacts.check_consumed(header, [dataset_path], where=sampled_path)
     scored = scoring.score_records(dataset, records, sandbox_limits=sandbox_limits, workers=workers,
                                    max_model_len=header.get("max_model_len"))
     out_header = {
-        "schema": "pairaudit.scores/v1",
+        "schema": SCORES_SCHEMA,
         "dataset": dataset["name"],
         "arm": header["arm"],
         "format": dataset["format"],
@@ -68,7 +67,7 @@ def paired_stage(*, dataset_path: str, sampled_paths: dict, score_paths: dict, o
         s_header, sampled[arm] = artifacts.read_jsonl(sampled_paths[arm])
         c_header, scores[arm] = artifacts.read_jsonl(score_paths[arm])
         headers[arm] = c_header
-        artifacts.check_schema(c_header, "pairaudit.scores/v1", score_paths[arm])
+        artifacts.check_schema(c_header, SCORES_SCHEMA, score_paths[arm])
         artifacts.check_consumed(c_header, [dataset_path, sampled_paths[arm]], where=score_paths[arm])
         artifacts.check_consumed(s_header, [dataset_path], where=sampled_paths[arm])
         if s_header.get("arm") != arm or c_header.get("arm") != arm:
@@ -89,7 +88,7 @@ def paired_stage(*, dataset_path: str, sampled_paths: dict, score_paths: dict, o
                    "reasons": [f"not comparable: the {arm} server failed ({why})" for arm, why in failed.items()]
                    + [f"only the {len(order)} items both arms answered are paired"]}
     doc = {
-        "schema": "pairaudit.paired/v1",
+        "schema": PAIRED_SCHEMA,
         "dataset": dataset["name"],
         "format": dataset["format"],
         "arm_failed": failed or None,

@@ -45,11 +45,10 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from .contracts import ARMS, NATURAL_FINISH
+
 # scipy.stats is imported where it is used: it takes seconds to import, and the
 # workflow imports this module (through the rules) every time it loads.
-
-NATURAL_FINISH = "stop"
-ARMS = ("control", "candidate")
 
 
 def mcnemar_exact_p(b: int, c: int) -> float:

@@ -160,8 +160,8 @@ def test_check_schema(tmp_path):
 def test_hash_helpers(tmp_path):
     assert artifacts.sha256_text("abc") == hashlib.sha256(b"abc").hexdigest()
     # key order does not change an object's hash; a value does
-    assert artifacts.sha256_obj({"a": 1, "b": 2}) == artifacts.sha256_obj({"b": 2, "a": 1})
-    assert artifacts.sha256_obj({"a": 1}) != artifacts.sha256_obj({"a": 2})
+    assert artifacts.sha256_json({"a": 1, "b": 2}) == artifacts.sha256_json({"b": 2, "a": 1})
+    assert artifacts.sha256_json({"a": 1}) != artifacts.sha256_json({"a": 2})
     big = tmp_path / "big.bin"
     big.write_bytes(os.urandom(3 * (1 << 20) + 17))  # more than one read block
     assert artifacts.sha256_file(big) == hashlib.sha256(big.read_bytes()).hexdigest()
@@ -210,7 +210,7 @@ def test_writers_record_a_self_hash_that_readers_verify(tmp_path):
     raw = json.loads(p.read_text())
     body = {k: v for k, v in raw.items() if k != artifacts.CONTENT_KEY}
     # the hash is over what a reader sees (int keys become strings, tuples lists), canonical form
-    assert raw[artifacts.CONTENT_KEY] == hashlib.sha256(artifacts.canonical(body).encode()).hexdigest()
+    assert raw[artifacts.CONTENT_KEY] == hashlib.sha256(artifacts.canonical_json(body).encode()).hexdigest()
     assert artifacts.read_json(p) == {"schema": "s", "by_index": {"3": "a", "10": "b"}, "pair": [1, 2],
                                       "x": 0.1 + 0.2}
     t = tmp_path / "t.jsonl"

@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from pairaudit import calibration, report
+from pairaudit import calibration, decision, report
 from pairaudit.artifacts import read_json, sha256_file
 from pairaudit.jsonlog import read_log
 from pairaudit.rules import win2_v1
@@ -79,7 +79,7 @@ def divergence_docs(pair, diverged=()):
 def a_a(pair, speed):
     later = passing_later(pair)
     later["speed"] = win2_v1({"output_tok_s": speed}, primary="output_tok_s")
-    return report.decide(pair, identical_launches(), preflights(), calibration=True, **later)
+    return decision.decide(pair, identical_launches(), preflights(), calibration=True, **later)
 
 
 def test_a_quiet_host_flags_nothing():
@@ -126,8 +126,8 @@ def test_an_invalid_table_on_identical_arms_says_why_not_that_the_arms_disagree(
 def test_a_summary_needs_a_calibration_decision_and_says_what_was_not_evaluated():
     pair = passing_pair()
     with pytest.raises(ValueError, match="calibration mode"):
-        calibration.summarize(report.decide(pair, identical_launches(), preflights()), audit="a", of_audit="b")
-    s = calibration.summarize(report.decide(pair, identical_launches(), preflights(), calibration=True),
+        calibration.summarize(decision.decide(pair, identical_launches(), preflights()), audit="a", of_audit="b")
+    s = calibration.summarize(decision.decide(pair, identical_launches(), preflights(), calibration=True),
                               audit="a", of_audit="b")
     assert s["flagged"] == [] and s["speed"] is None and s["boundary"] is None
     assert s["not_evaluated"] == ["grid_tie", "determinism", "boundary", "speed"]

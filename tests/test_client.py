@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from pairaudit.client import (Endpoint, ServerError, error_message, metrics, metrics_delta, sha256_json,
-                              tail_lines, wait_healthy)
+from pairaudit.artifacts import sha256_json
+from pairaudit.client import Endpoint, ServerError, error_message, metrics, metrics_delta, tail_lines, wait_healthy
 
 
 def closed_port() -> int:

@@ -10,7 +10,7 @@ from refserver_fixture import module_server
 
 from pairaudit import greedy as g
 from pairaudit import rules
-from pairaudit.client import sha256_json
+from pairaudit.artifacts import sha256_json
 
 MODEL = "SmolLM2-135M-Instruct"
 SAMPLING = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "seed": 0, "n": 1, "min_tokens": 0,

@@ -1,4 +1,4 @@
-"""Tests for pairaudit.report: the promotion decision, the report, the manifest.
+"""Tests for the promotion: the decision (decision.py), the report (render.py), the manifest.
 
 Paired docs are built through the real stats.paired_table and rules.quality_v1,
 later gates through the real rules, so the decision is exercised on the same
@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from pairaudit import report
+from pairaudit import decision, figures, render, report
 from pairaudit.artifacts import ArtifactError, read_json, sha256_file, write_json
 from pairaudit.rules import boundary_v1, determinism_v1, grid_tie_v1, quality_v1, win2_v1
 from pairaudit.stats import paired_bootstrap_ci, paired_table
@@ -101,7 +101,7 @@ def passing_later(datasets):
 # ------------------------------------------------------------------ gates
 
 def test_gates_from_lists_unbuilt_gates_as_none():
-    g = report.gates_from(passing_pair())
+    g = decision.gates_from(passing_pair())
     # grid-tie is one audit-wide gate: its cap counts every dataset's divergences together
     assert list(g) == ["quality:gsm8k", "quality:mbpp", "grid_tie", "determinism", "boundary", "speed"]
     assert g["quality:gsm8k"]["verdict"] == "PASS"
@@ -110,7 +110,7 @@ def test_gates_from_lists_unbuilt_gates_as_none():
 
 def test_gates_from_per_dataset_determinism_and_missing_divergence():
     later = passing_later(["gsm8k"])  # mbpp's divergence never ran
-    g = report.gates_from(passing_pair(), **later)
+    g = decision.gates_from(passing_pair(), **later)
     # one dataset's divergence missing: the audit's grid-tie names it and cannot pass
     assert g["grid_tie"]["verdict"] == "INCONCLUSIVE" and g["grid_tie"]["not_evaluated_datasets"] == ["mbpp"]
     assert g["grid_tie"]["datasets"]["gsm8k"]["recorded_verdict"] == "PASS"
@@ -121,9 +121,9 @@ def test_gates_from_per_dataset_determinism_and_missing_divergence():
 def test_gates_from_rejects_wrong_rule_and_unknown_dataset():
     later = passing_later(["gsm8k", "mbpp"])
     with pytest.raises(ValueError, match="boundary-v1"):
-        report.gates_from(passing_pair(), boundary=later["speed"])
+        decision.gates_from(passing_pair(), boundary=later["speed"])
     with pytest.raises(ValueError, match="without a paired result"):
-        report.gates_from(passing_pair(), divergence={"math": grid_tie_v1([])})
+        decision.gates_from(passing_pair(), divergence={"math": grid_tie_v1([])})
 
 
 def test_tampered_quality_verdict_is_an_error():
@@ -132,22 +132,22 @@ def test_tampered_quality_verdict_is_an_error():
     assert pair["mbpp"]["quality"]["verdict"] == "FAIL"
     pair["mbpp"]["quality"]["verdict"] = "PASS"
     with pytest.raises(ValueError, match="disagrees"):
-        report.gates_from(pair)
+        decision.gates_from(pair)
 
 
 def test_quality_with_registered_deviation_is_recomputed_with_its_params():
     doc = paired_doc("mbpp", both=range(10), control_only=(20,))
     doc["quality"] = quality_v1(doc["table"], max_net_loss=1)  # a declared, visible deviation
-    g = report.gates_from({"mbpp": doc})
+    g = decision.gates_from({"mbpp": doc})
     assert g["quality:mbpp"]["verdict"] == "PASS"
-    d = report.decide({"mbpp": doc}, launches(), preflights())
+    d = decision.decide({"mbpp": doc}, launches(), preflights())
     assert d["gates"]["quality:mbpp"]["deviations"] == {"max_net_loss": {"registered": 0, "used": 1}}
 
 
 # ------------------------------------------------------------------ decide
 
 def test_all_quality_pass_without_later_gates_is_inconclusive_never_promote():
-    d = report.decide(passing_pair(), launches(), preflights())
+    d = decision.decide(passing_pair(), launches(), preflights())
     assert d["schema"] == "pairaudit.decision/v1" and d["rule"] == "promotion-v1"
     assert d["decision"] == "INCONCLUSIVE"
     assert d["not_evaluated"] == ["grid_tie", "determinism", "boundary", "speed"]
@@ -158,7 +158,7 @@ def test_all_quality_pass_without_later_gates_is_inconclusive_never_promote():
 
 def test_every_gate_passing_promotes():
     pair = passing_pair()
-    d = report.decide(pair, launches(), preflights(), **passing_later(pair))
+    d = decision.decide(pair, launches(), preflights(), **passing_later(pair))
     assert d["decision"] == "PROMOTE", d["reasons"]
     assert d["not_evaluated"] == []
     assert d["gates"]["speed"]["verdict"] == "WIN" and d["gates"]["speed"]["point_gain_pct"] > 2
@@ -168,7 +168,7 @@ def test_every_gate_passing_promotes():
 def test_one_fail_rejects_even_with_a_failed_preflight():
     pair = passing_pair()
     pair["mbpp"] = paired_doc("mbpp", both=range(10), control_only=range(20, 28))  # p = 2/256
-    d = report.decide(pair, launches(), preflights(candidate="FAIL"), **passing_later(pair))
+    d = decision.decide(pair, launches(), preflights(candidate="FAIL"), **passing_later(pair))
     assert d["decision"] == "REJECT"
     assert d["deciding_gates"] == ["quality:mbpp"]
     assert d["datasets"]["mbpp"]["verdict"] == "FAIL"
@@ -179,7 +179,7 @@ def test_one_fail_rejects_even_with_a_failed_preflight():
 def test_hold_holds():
     pair = passing_pair()
     pair["mbpp"] = paired_doc("mbpp", both=range(10), control_only=(20, 21))  # p = 0.5
-    d = report.decide(pair, launches(), preflights(), **passing_later(pair))
+    d = decision.decide(pair, launches(), preflights(), **passing_later(pair))
     assert d["decision"] == "HOLD"
     assert d["deciding_gates"] == ["quality:mbpp"]
 
@@ -187,7 +187,7 @@ def test_hold_holds():
 def test_invalid_is_inconclusive_even_when_everything_else_passes():
     pair = passing_pair()
     pair["gsm8k"] = paired_doc("gsm8k", both=range(10), body_bad=(3,))
-    d = report.decide(pair, launches(), preflights(), **passing_later(pair))
+    d = decision.decide(pair, launches(), preflights(), **passing_later(pair))
     assert d["datasets"]["gsm8k"]["verdict"] == "INVALID"
     assert d["decision"] == "INCONCLUSIVE"
     assert d["deciding_gates"] == ["quality:gsm8k"]
@@ -195,7 +195,7 @@ def test_invalid_is_inconclusive_even_when_everything_else_passes():
 
 def test_failed_preflight_makes_otherwise_passing_evidence_inconclusive():
     pair = passing_pair()
-    d = report.decide(pair, launches(), preflights(control="FAIL"), **passing_later(pair))
+    d = decision.decide(pair, launches(), preflights(control="FAIL"), **passing_later(pair))
     assert d["decision"] == "INCONCLUSIVE"
     assert d["deciding_gates"] == ["preflight:control"]
     assert d["preflight"] == {"control": "FAIL", "candidate": "PASS"}
@@ -206,18 +206,18 @@ def test_failed_preflight_makes_otherwise_passing_evidence_inconclusive():
 
 def test_missing_preflight_is_not_evaluated():
     pair = passing_pair()
-    d = report.decide(pair, launches(), {"control": preflight_doc("control")}, **passing_later(pair))
+    d = decision.decide(pair, launches(), {"control": preflight_doc("control")}, **passing_later(pair))
     assert d["decision"] == "INCONCLUSIVE"
     assert d["not_evaluated"] == ["preflight:candidate"]
 
 
 def test_decide_needs_both_launch_receipts():
     with pytest.raises(ValueError, match="launch receipts"):
-        report.decide(passing_pair(), {"control": launches()["control"]}, preflights())
+        decision.decide(passing_pair(), {"control": launches()["control"]}, preflights())
 
 
 def test_arms_and_switch_diff():
-    d = report.decide(passing_pair(), launches(), preflights())
+    d = decision.decide(passing_pair(), launches(), preflights())
     assert d["switch_diff"] == [{"name": "PAIRAUDIT_REF_BF16_HEAD", "control": "0", "candidate": None},
                                 {"name": "PAIRAUDIT_REF_NGRAM", "control": "0", "candidate": None}]
     assert d["arms"]["control"]["spec_sha256"] == launches()["control"]["spec_sha256"]
@@ -228,7 +228,7 @@ def test_arms_and_switch_diff():
 def test_notes_flag_different_models_and_identical_specs():
     la = launches()
     la["candidate"] = launch_rec("candidate", {}, model="other-model", spec=la["control"]["spec_sha256"])
-    d = report.decide(passing_pair(), la, preflights())
+    d = decision.decide(passing_pair(), la, preflights())
     assert any("model differs" in n for n in d["notes"])
     assert any("same spec_sha256" in n for n in d["notes"])
 
@@ -239,8 +239,8 @@ def test_render_markdown_has_decision_reasons_indices_and_switches():
     pair = passing_pair()
     pair["mbpp"] = paired_doc("mbpp", fmt="mbpp", both=range(100, 120), control_only=(211, 244),
                               candidate_only=(273,), neither=(230,), unnatural_candidate=(230,))
-    d = report.decide(pair, launches(), preflights())
-    md = report.render_markdown(d, pair, launches(), preflights())
+    d = decision.decide(pair, launches(), preflights())
+    md = render.render_markdown(d, pair, launches(), preflights())
     assert md.startswith("# pairaudit decision: INCONCLUSIVE\n\n> **INCONCLUSIVE** — deciding gates: quality:mbpp")
     # Every reason of every gate is in the details; a gate's verdict is never relabelled as a decision.
     for g in d["gates"].values():
@@ -268,12 +268,12 @@ def test_render_markdown_has_decision_reasons_indices_and_switches():
 
 def test_front_page_shows_the_deviations_box_when_listed():
     pair = passing_pair()
-    d = report.decide(pair, launches(), preflights())
+    d = decision.decide(pair, launches(), preflights())
     d["deviations"] = [{"gate": "quality:gsm8k", "what": "max_tokens", "detail": "used 64, registered 512"}]
-    md = report.render_markdown(d, pair, launches(), preflights())
+    md = render.render_markdown(d, pair, launches(), preflights())
     front = md[:md.index("## Gates")]
     assert "> **Deviations**" in front and "> | quality:gsm8k | max_tokens | used 64, registered 512 |" in front
-    html = report.markdown_html(md, title="t", verdict=d["decision"])
+    html = render.markdown_html(md, title="t", verdict=d["decision"])
     notice = html[html.index('<div class="box notice">'):]
     assert notice.index("<td>max_tokens</td>") < notice.index("</div>")
     assert html.index('class="box banner"') < html.index('class="box notice"') < html.index('id="gates"')
@@ -282,8 +282,8 @@ def test_front_page_shows_the_deviations_box_when_listed():
 def test_html_front_page_links_land_on_their_gate():
     import re
     pair = passing_pair()
-    d = report.decide(pair, launches(), preflights(), **passing_later(pair))
-    html = report.markdown_html(report.render_markdown(d, pair, launches(), preflights()), title="t",
+    d = decision.decide(pair, launches(), preflights(), **passing_later(pair))
+    html = render.markdown_html(render.render_markdown(d, pair, launches(), preflights()), title="t",
                                 verdict=d["decision"])
     targets = re.findall(r'<a href="#([^"]+)">details</a>', html)
     assert len(targets) == len(d["gates"])
@@ -297,9 +297,9 @@ def test_summary_rst_is_a_banner_and_two_tables_that_docutils_renders():
     from docutils.core import publish_parts
     pair = passing_pair()
     pair["mbpp"] = paired_doc("mbpp", both=range(10), control_only=range(20, 28))
-    d = report.decide(pair, launches(), preflights(), **passing_later(pair))
+    d = decision.decide(pair, launches(), preflights(), **passing_later(pair))
     d["deviations"] = [{"gate": "speed", "what": "repeats", "detail": "2 instead of 3"}]
-    rst = report.summary_rst(d, [{"audit": "old", "decision": "HOLD"}])
+    rst = render.summary_rst(d, [{"audit": "old", "decision": "HOLD"}])
     assert "-> PROMOTE" not in rst
     # The category targets exist in report/workflow.rst; stand-ins here so docutils resolves them.
     targets = "".join(f"\n\n.. _{c}:\n\n{c}\n{'-' * len(c)}\n\ntext"
@@ -318,8 +318,8 @@ def test_render_markdown_keeps_outranked_gates_visible():
     pair = passing_pair()
     pair["mbpp"] = paired_doc("mbpp", both=range(10), control_only=range(20, 28))
     pre = preflights(candidate="FAIL")
-    d = report.decide(pair, launches(), pre, **passing_later(pair))
-    md = report.render_markdown(d, pair, launches(), pre)
+    d = decision.decide(pair, launches(), pre, **passing_later(pair))
+    md = render.render_markdown(d, pair, launches(), pre)
     assert md.startswith("# pairaudit decision: REJECT")
     assert "> **REJECT** — deciding gates: quality:mbpp." in md
     assert "> Also short of PROMOTE: preflight:candidate (INCONCLUSIVE)." in md
@@ -329,10 +329,10 @@ def test_render_markdown_keeps_outranked_gates_visible():
 
 def test_render_markdown_lists_provenance_when_present():
     pair = passing_pair()
-    d = report.decide(pair, launches(), preflights())
+    d = decision.decide(pair, launches(), preflights())
     d["provenance"] = {"consumed": {"results/a/paired/gsm8k.json": "f" * 64}, "code_version": "c" * 64,
                        "created_at": "2026-01-01T00:00:00+00:00"}
-    md = report.render_markdown(d, pair, launches(), preflights())
+    md = render.render_markdown(d, pair, launches(), preflights())
     assert "`results/a/paired/gsm8k.json` | `" + "f" * 64 + "`" in md
 
 
@@ -354,14 +354,14 @@ def test_manifest_hashes_sizes_and_order(tmp_path):
 
 def test_plot_is_a_png(tmp_path):
     out = tmp_path / "plots" / "paired.png"
-    report.plot_paired(passing_pair(), out)
+    figures.plot_paired(passing_pair(), out)
     data = out.read_bytes()
     assert data[:8] == PNG_MAGIC and len(data) > 1000
 
 
 def test_paired_counts_sum_to_n():
     t = passing_pair()["mbpp"]["table"]
-    c = report.paired_counts(t)
+    c = figures.paired_counts(t)
     assert c == {"both correct": 20, "control only": 1, "candidate only": 1, "neither": 1}
     assert sum(c.values()) == t["n"]
 
@@ -463,7 +463,7 @@ def test_three_datasets_with_three_passing_flips_each_hold():
     later["divergence"] = {ds: grid_tie_v1([one_step_flip(i) for i in (20, 21, 22)], selected=8, compared=8)
                            for ds in pair}
     assert all(r["verdict"] == "PASS" for r in later["divergence"].values())
-    d = report.decide(pair, launches(), preflights(), **later)
+    d = decision.decide(pair, launches(), preflights(), **later)
     assert d["decision"] == "HOLD" and d["deciding_gates"] == ["grid_tie"]
     g = d["gates"]["grid_tie"]
     assert g["verdict"] == "STOP" and g["failed_clauses"] == ["at_most_3_divergent"]
@@ -471,14 +471,14 @@ def test_three_datasets_with_three_passing_flips_each_hold():
     assert g["probe_verdicts"] == {f"{ds}:{i}": "PASS" for ds in pair for i in (20, 21, 22)}
     # one flip per dataset is three over the audit: PROMOTE
     later["divergence"] = {ds: grid_tie_v1([one_step_flip(20)], selected=8, compared=8) for ds in pair}
-    assert report.decide(pair, launches(), preflights(), **later)["decision"] == "PROMOTE"
+    assert decision.decide(pair, launches(), preflights(), **later)["decision"] == "PROMOTE"
 
 
 def test_an_empty_greedy_selection_cannot_pass_grid_tie():
     pair = passing_pair()
     later = passing_later(pair)
     later["divergence"] = {ds: grid_tie_v1([], selected=0, compared=0) for ds in pair}
-    d = report.decide(pair, launches(), preflights(), **later)
+    d = decision.decide(pair, launches(), preflights(), **later)
     assert d["decision"] == "INCONCLUSIVE" and d["deciding_gates"] == ["grid_tie"]
     g = d["gates"]["grid_tie"]
     assert g["verdict"] == "INCONCLUSIVE" and (g["selected"], g["compared"]) == (0, 0)
@@ -489,21 +489,21 @@ def test_identical_arms_are_no_change_under_audit_except_in_calibration():
     pair = passing_pair()
     la = launches()
     la["candidate"] = launch_rec("candidate", la["control"]["env"], spec=la["control"]["spec_sha256"])
-    d = report.decide(pair, la, preflights(), **passing_later(pair))
+    d = decision.decide(pair, la, preflights(), **passing_later(pair))
     assert d["identical_arms"] is True and d["calibration"] is False
     assert d["decision"] == "INCONCLUSIVE" and d["gate_verdict"] == "PROMOTE"
     assert d["reasons"][0].startswith("no change under audit")
     assert d["deciding_gates"] == ["arms"]
     assert {"gate": "promotion", "what": "no change under audit",
             "detail": "identical arms: the decision is INCONCLUSIVE whatever the gates say"} in d["deviations"]
-    cal = report.decide(pair, la, preflights(), calibration=True, **passing_later(pair))
+    cal = decision.decide(pair, la, preflights(), calibration=True, **passing_later(pair))
     assert cal["decision"] == "PROMOTE" and cal["calibration"] is True and cal["deciding_gates"] != ["arms"]
     assert [x["what"] for x in cal["deviations"]] == ["calibration"]
     # different arms: nothing changes
-    d = report.decide(pair, launches(), preflights(), **passing_later(pair))
+    d = decision.decide(pair, launches(), preflights(), **passing_later(pair))
     assert d["decision"] == "PROMOTE" and d["identical_arms"] is False and d["deviations"] == []
     with pytest.raises(TypeError):
-        report.decide(pair, la, preflights(), calibration="yes")
+        decision.decide(pair, la, preflights(), calibration="yes")
 
 
 def test_informational_speed_and_looser_parameters_are_listed_as_deviations():
@@ -515,7 +515,7 @@ def test_informational_speed_and_looser_parameters_are_listed_as_deviations():
     later["speed"] = {**flat, "informational": True}
     pair["mbpp"] = paired_doc("mbpp", both=range(10), control_only=(20,))
     pair["mbpp"]["quality"] = quality_v1(pair["mbpp"]["table"], max_net_loss=1)
-    d = report.decide(pair, launches(), preflights(), **later)
+    d = decision.decide(pair, launches(), preflights(), **later)
     assert d["decision"] == "PROMOTE"  # informational NO_WIN still does not block: but it is visible
     assert d["deviations"] == [
         {"gate": "quality:mbpp", "what": "parameter max_net_loss", "detail": "used 1, registered 0"},
@@ -531,7 +531,7 @@ def test_gates_not_evaluated_and_partial_gates_are_deviations():
     later = passing_later(pair)
     del later["speed"]
     later["divergence"] = {"gsm8k": later["divergence"]["gsm8k"]}
-    d = report.decide(pair, launches(), preflights(), **later)
+    d = decision.decide(pair, launches(), preflights(), **later)
     assert d["decision"] == "INCONCLUSIVE"
     whats = {(x["gate"], x["what"]) for x in d["deviations"]}
     assert whats == {("speed", "not evaluated"), ("grid_tie", "datasets not evaluated")}
@@ -544,7 +544,7 @@ def test_a_boundary_pass_without_the_capacity_tail_is_not_the_gate():
         {"arm": arm, "case": case, "correct": True, "finish_reason": "stop", "expected": "173", "text": "173"}
         for arm in ("control", "candidate") for case in ("retrieval-0.5", "tail-32")])
     assert later["boundary"]["verdict"] == "PASS"
-    d = report.decide(pair, launches(), preflights(), **later)
+    d = decision.decide(pair, launches(), preflights(), **later)
     assert d["decision"] == "INCONCLUSIVE" and d["deciding_gates"] == ["boundary"]
     g = d["gates"]["boundary"]
     assert g["verdict"] == "INCONCLUSIVE" and g["stage_verdict"] == "PASS" and g["missing_cases"] == ["tail-16"]
@@ -553,12 +553,12 @@ def test_a_boundary_pass_without_the_capacity_tail_is_not_the_gate():
     # a FAIL without the tail stays a FAIL
     later["boundary"] = boundary_v1([{"arm": "candidate", "case": "tail-32", "correct": False,
                                       "finish_reason": "stop", "expected": "1", "text": "2"}])
-    assert report.decide(pair, launches(), preflights(), **later)["decision"] == "REJECT"
+    assert decision.decide(pair, launches(), preflights(), **later)["decision"] == "REJECT"
 
 
 def test_every_paired_table_states_its_minimum_detectable_loss():
     pair = passing_pair()
-    d = report.decide(pair, launches(), preflights(), **passing_later(pair))
+    d = decision.decide(pair, launches(), preflights(), **passing_later(pair))
     for ds, doc in pair.items():
         m = d["datasets"][ds]["mde"]
         assert m == doc["quality"]["mde"] and m["n"] == doc["table"]["n"]
@@ -569,7 +569,7 @@ def test_every_paired_table_states_its_minimum_detectable_loss():
     for doc in old.values():
         del doc["quality"]["mde"]
         doc["quality"]["reasons"] = doc["quality"]["reasons"][:-1]
-    d2 = report.decide(old, launches(), preflights(), **passing_later(old))
+    d2 = decision.decide(old, launches(), preflights(), **passing_later(old))
     assert d2["datasets"]["mbpp"]["mde"] == d["datasets"]["mbpp"]["mde"]
 
 

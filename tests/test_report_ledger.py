@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pairaudit import report
+from pairaudit import artifacts, decision, figures, jsonlog, ledger, render, report
 from pairaudit.artifacts import ArtifactError, read_json, write_json, write_jsonl
 from test_report import PNG_MAGIC, _write_inputs, launch_rec, launches, passing_pair, preflights
 
@@ -47,12 +47,12 @@ def test_item_outcomes_known_answer_and_disagreement():
     both = sorted(set(t["indices"]) - {211, 273, 230})
     correct = {"control": {i: i in both or i == 211 for i in t["indices"]},
                "candidate": {i: i in both or i == 273 for i in t["indices"]}}
-    out = report.item_outcomes(t, correct)
+    out = figures.item_outcomes(t, correct)
     assert out[211] == "control only" and out[273] == "candidate only" and out[230] == "neither"
     assert all(out[i] == "both correct" for i in both)
     correct["candidate"][211] = True  # now 211 is both correct: the table says control only
     with pytest.raises(ArtifactError, match="disagree with the paired table"):
-        report.item_outcomes(t, correct)
+        figures.item_outcomes(t, correct)
 
 
 def test_stage_writes_every_output_says_not_run_and_appends_the_ledger(tmp_path):
@@ -86,7 +86,7 @@ def test_stage_writes_every_output_says_not_run_and_appends_the_ledger(tmp_path)
     assert e["decision"] == "INCONCLUSIVE" and e["audit"] == "a1"
     assert e["candidate"]["spec_sha256"] == launches()["candidate"]["spec_sha256"]
     assert e["inputs"] == d["provenance"]["consumed"]
-    assert e["decision_sha256"] == report.sha256_file(outs["out_decision"])
+    assert e["decision_sha256"] == artifacts.sha256_file(outs["out_decision"])
 
     # The same candidate decided again (another audit name, another config): listed as earlier, appended.
     report.promotion_stage(ins["paired"], ins["launch"], ins["preflight"], **outputs(tmp_path / "b"),
@@ -112,7 +112,7 @@ def test_stale_score_file_is_refused(tmp_path):
     # the paired doc records the hash of the score file it consumed
     scores = score_files(tmp_path / "in", pair)
     for ds, doc in pair.items():
-        doc["provenance"] = {"consumed": {p: report.sha256_file(p) for p in scores if f"/{ds}/" in p}}
+        doc["provenance"] = {"consumed": {p: artifacts.sha256_file(p) for p in scores if f"/{ds}/" in p}}
     ins = _write_inputs(tmp_path / "in", pair, launches(), preflights())
     score_files(tmp_path / "in", pair, flip=("mbpp", "candidate", 211))
     with pytest.raises(ArtifactError, match="changed since it was consumed"):
@@ -124,11 +124,11 @@ def test_stale_score_file_is_refused(tmp_path):
 def test_ledger_append_survives_a_cut_last_line(tmp_path):
     p = tmp_path / "ledger.jsonl"
     p.write_text('{"schema": "pairaudit.ledger/v1", "audit": "x", "candidate": {"spec_sha256": "s"}}\n{"cut')
-    report.append_ledger(p, {"schema": "pairaudit.ledger/v1", "audit": "y", "candidate": {"spec_sha256": "s"}})
-    rows = report.read_jsonl_lines(p)
+    ledger.append_ledger(p, {"schema": "pairaudit.ledger/v1", "audit": "y", "candidate": {"spec_sha256": "s"}})
+    rows = jsonlog.read_log(p)
     assert [r["audit"] for r in rows] == ["x", "y"]
-    assert [r["audit"] for r in report.earlier_decisions(rows, "s")] == ["x", "y"]
-    assert report.earlier_decisions(rows, "t") == []
+    assert [r["audit"] for r in ledger.earlier_decisions(rows, "s")] == ["x", "y"]
+    assert ledger.earlier_decisions(rows, "t") == []
 
 
 def divergence_doc(ds, *, step=0.125, control_gap=0.05):
@@ -144,16 +144,16 @@ def divergence_doc(ds, *, step=0.125, control_gap=0.05):
 
 
 def test_divergence_points_margins_in_steps(tmp_path):
-    rows = report.divergence_points({"arith": divergence_doc("arith")})
+    rows = figures.divergence_points({"arith": divergence_doc("arith")})
     assert len(rows) == 1  # the concordant greedy item is not a divergence
     r = rows[0]
     assert (r["position"], r["index"], r["verdict"]) == (12, 5, "PASS")
     assert r["control_margin"] == pytest.approx(0.05) and r["candidate_margin"] == 0.0 and r["step"] == 0.125
-    report.plot_divergence({"arith": divergence_doc("arith")}, tmp_path / "d.png")
+    figures.plot_divergence({"arith": divergence_doc("arith")}, tmp_path / "d.png")
     assert (tmp_path / "d.png").read_bytes()[:8] == PNG_MAGIC
     none = divergence_doc("x")
     none["divergences"] = [{"index": 9, "diverged": False}]
-    assert report.plot_divergence({"x": none}, tmp_path / "n.png") == []
+    assert figures.plot_divergence({"x": none}, tmp_path / "n.png") == []
     assert (tmp_path / "n.png").read_bytes()[:8] == PNG_MAGIC
 
 
@@ -175,24 +175,24 @@ def speed_doc():
 
 def test_speed_plot_section_and_archive(tmp_path):
     doc = speed_doc()
-    report.plot_speed(doc, tmp_path / "s.png")
+    figures.plot_speed(doc, tmp_path / "s.png")
     assert (tmp_path / "s.png").read_bytes()[:8] == PNG_MAGIC
-    md = "\n".join(report.speed_markdown(doc))
+    md = "\n".join(render.speed_markdown(doc))
     assert "Verdict: **NO_WIN**" in md and "| c1 | 1.0 | 3.1 | 3 | 2.0 |" in md
     # repeat 2: control mean (10.2 + 10.1) / 2 = 10.15, candidate 10.3 -> ratio 1.015, spread 0.1 / 10.15
     assert "| c1 | 2 | 10.200 | 10.300 | 10.100 | 10.150 | 1.015 | 1.0 % |" in md
     assert "| c1 | s2 | 3 | 0 | 27.25 | 120.0 | 36.7 | 36.50 | 80.0 | 2431 |" in md
     archive = [{"audit": a, "cell": "c1", "config_hash": h, "metrics": {"pooled_rate_tps": v}} for a, v, h in
                (("old", 9.8, "h1"), ("old", None, "h1"), ("other", 50.0, "h2"), ("a1", 10.0, "h1"))]
-    assert [a["audit"] for a in report.archive_rows(doc, archive)["c1"]] == ["old", "a1"]
-    report.plot_control_archive(doc, archive, tmp_path / "a.png")
+    assert [a["audit"] for a in figures.archive_rows(doc, archive)["c1"]] == ["old", "a1"]
+    figures.plot_control_archive(doc, archive, tmp_path / "a.png")
     assert (tmp_path / "a.png").read_bytes()[:8] == PNG_MAGIC
-    report.plot_control_archive(doc, archive[1:3], tmp_path / "none.png")  # nothing comparable: "not run"
+    figures.plot_control_archive(doc, archive[1:3], tmp_path / "none.png")  # nothing comparable: "not run"
     assert (tmp_path / "none.png").read_bytes()[:8] == PNG_MAGIC
 
 
 def test_markdown_html_escapes_and_keeps_code():
-    html = report.markdown_html("# T <x>\n\n| a | `b\\|c` |\n| --- | --- |\n| **1** | <script> |\n\n- item `<y>`\n",
+    html = render.markdown_html("# T <x>\n\n| a | `b\\|c` |\n| --- | --- |\n| **1** | <script> |\n\n- item `<y>`\n",
                                 title="t", verdict="REJECT")
     assert "<h1 id=\"t-x\">T &lt;x&gt;</h1>" in html and "<th>a</th>" in html and "<code>b|c</code>" in html
     assert "<strong>1</strong>" in html and "&lt;script&gt;" in html and "<script>" not in html
@@ -214,13 +214,13 @@ def test_boundary_section_sets_the_arms_side_by_side(tmp_path):
            "first_long": {"control": {"case": "tail-16", "prompt_tokens": 1008, "ttft_s": 2.5,
                                       "input_tokens_per_s": 403.2}, "candidate": None}}
     write_json(tmp_path / "g.json", doc)
-    md = "\n".join(report.boundary_markdown(read_json(tmp_path / "g.json")))
+    md = "\n".join(render.boundary_markdown(read_json(tmp_path / "g.json")))
     assert "Verdict: **FAIL**" in md and "candidate tail-16 wrong" in md
     assert ("| tail-16 | `173 9` | `173 9` | True | stop | 1008 + 16 | 2.500 | `17 \\| 9` | False | length | "
             "1008 + 16 | n/a | False |") in md
     assert "| tail-32 | `5` | `5` | True | stop | 1008 + 16 | 2.500 | not run |  |  |  |  | None |" in md
     assert "control: first long request (tail-16, 1008 tokens) TTFT 2.500 s, 403.2 input tokens/s" in md
-    html = report.markdown_html(md, title="b")
+    html = render.markdown_html(md, title="b")
     assert "<td><code>17 | 9</code></td>" in html
 
 
@@ -229,12 +229,12 @@ def test_decision_json_carries_every_boundary_case_and_the_speed_table(tmp_path)
                     "control": {"text": "173, 9.", "correct": True, "finish_reason": "stop", "ttft_s": 2.5,
                                 "prompt_tokens": 1008, "max_tokens": 16, "error_body": "x"},
                     "candidate": None}]}
-    ev = report.boundary_evidence(b)
+    ev = decision.boundary_evidence(b)
     assert ev[0]["case"] == "tail-16" and ev[0]["planted"] == [173, 9] and ev[0]["candidate"] is None
     assert ev[0]["control"]["ttft_s"] == 2.5 and ev[0]["control"]["finish_reason"] == "stop"
     assert "error_body" not in ev[0]["control"]  # the full record stays in boundary/gate.json
-    assert report.boundary_evidence(None) is None and report.speed_evidence(None) is None
-    sp = report.speed_evidence(speed_doc())
+    assert decision.boundary_evidence(None) is None and decision.speed_evidence(None) is None
+    sp = decision.speed_evidence(speed_doc())
     assert sp["primary"] == "pooled_rate_tps" and sp["win_pct"] == 2.0
     assert sp["cells"]["c1"]["verdict"] == "NO_WIN" and sp["cells"]["c1"]["point_gain_pct"] == 1.0
     assert sp["cells"]["c1"]["repeats_s1_s2_s3"][1] == [10.2, 10.3, 10.1]

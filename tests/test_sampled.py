@@ -83,7 +83,7 @@ def test_body_sha256_ignores_model_only():
     a = request_body(item(1), SAMPLING, model="x", audit="a1", dataset="ds")
     b = request_body(item(1), SAMPLING, model="y", audit="a1", dataset="ds")
     assert body_sha256(a) == body_sha256(b)
-    assert body_sha256(a) == artifacts.sha256_obj({k: v for k, v in a.items() if k != "model"})
+    assert body_sha256(a) == artifacts.sha256_json({k: v for k, v in a.items() if k != "model"})
     hotter = request_body(item(1), {**SAMPLING, "temperature": 0.8}, model="x", audit="a1", dataset="ds")
     assert body_sha256(hotter) != body_sha256(a)
     other_q = request_body(item(1, "What is 2 + 4?"), SAMPLING, model="x", audit="a1", dataset="ds")

@@ -12,7 +12,7 @@ import stat
 import numpy as np
 import pytest
 
-from pairaudit import artifacts, launch, rules, speed
+from pairaudit import artifacts, contracts, launch, rules, speed, speedarchive, speedclock, speeddecision, speedmetrics
 
 CELLS = [{"name": "short-c1", "prompt": "short", "decide": True},
          {"name": "rnd-c4", "prompt": "random", "concurrency": 4, "decide": False}]
@@ -47,14 +47,14 @@ def bracket(control, candidate, *, after=None, other=None, **kw):
 
 def quiet_clock(n=3, **override):
     facts = [{**QUIET, **override} if i == 1 else dict(QUIET) for i in range(n)]
-    return speed.clock_check(facts, after=facts)
+    return speedclock.clock_check(facts, after=facts)
 
 
 # ------------------------------------------------------- win2-v1 known answers
 
 def test_clear_win():
     res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
-    win2, series, gate = speed.decide(res, CFG, quiet_clock())
+    win2, series, gate = speeddecision.decide(res, CFG, quiet_clock())
     assert gate["rule"] == "win2-v1" and gate["verdict"] == "WIN", gate["reasons"]
     assert series["short-c1"]["pooled_rate_tps"][0] == [100.0, 110.0, 100.0]
     p = win2["short-c1"]["primary"]
@@ -66,7 +66,7 @@ def test_clear_win():
 
 def test_one_percent_gain_does_not_win_even_when_certain():
     res = bracket([100.0, 100.0, 100.0], [101.0, 101.02, 100.98])
-    win2, _, gate = speed.decide(res, CFG, quiet_clock())
+    win2, _, gate = speeddecision.decide(res, CFG, quiet_clock())
     p = win2["short-c1"]["primary"]
     assert p["t_interval"]["lo"] > 0  # the gain is real...
     assert p["point_gain_pct"] == pytest.approx(1.0, abs=0.01)  # ...but below the 2 % bar
@@ -78,7 +78,7 @@ def test_guard_loss_blocks_a_primary_win():
     res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0],
                   c={"apr": 1.50}, k={"apr": 1.40})
     res["s2"]["short-c1"]["pooled"][2]["accepted_per_round"] = 1.55
-    win2, _, gate = speed.decide(res, CFG, quiet_clock())
+    win2, _, gate = speeddecision.decide(res, CFG, quiet_clock())
     assert win2["short-c1"]["primary"]["verdict"] == "WIN"
     assert win2["short-c1"]["guards"]["accepted_per_round"]["repeats_worse_than_spread"] == 2
     assert gate["verdict"] == "LOSS"
@@ -88,7 +88,7 @@ def test_guard_loss_blocks_a_primary_win():
 def test_guard_loss_in_a_reported_only_cell_does_not_decide():
     bad = [pooled(100.0, dtps=80.0)] * 3
     res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0], other=bad)
-    _, _, gate = speed.decide(res, CFG, quiet_clock())
+    _, _, gate = speeddecision.decide(res, CFG, quiet_clock())
     assert gate["cells"]["rnd-c4"] == "LOSS" and gate["verdict"] == "WIN"
 
 
@@ -96,54 +96,54 @@ def test_clock_mismatch_is_inconclusive():
     res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
     clock = quiet_clock(governor="powersave")
     assert clock["verdict"] == "DIFFERENT" and clock["mismatch"] == ["governor"]
-    win2, _, gate = speed.decide(res, CFG, clock)
+    win2, _, gate = speeddecision.decide(res, CFG, clock)
     assert gate["verdict"] == "INCONCLUSIVE"
     assert any("governor" in r for r in win2["short-c1"]["reasons"])
     # load and current MHz differ all the time: recorded, never decisive
     clock = quiet_clock(loadavg=[3.0, 2.0, 1.0], cpu_mhz=1800.0)
     assert clock["verdict"] == "OK"
-    assert speed.decide(res, CFG, clock)[2]["verdict"] == "WIN"
+    assert speeddecision.decide(res, CFG, clock)[2]["verdict"] == "WIN"
 
 
 def test_clock_off_expected_cap_or_gpu_throttle_is_inconclusive():
     res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
-    clock = speed.clock_check([QUIET] * 3, {"governor": "schedutil"})
+    clock = speedclock.clock_check([QUIET] * 3, {"governor": "schedutil"})
     assert clock["off_expected"] == ["governor"]
-    assert speed.decide(res, CFG, clock)[2]["verdict"] == "INCONCLUSIVE"
+    assert speeddecision.decide(res, CFG, clock)[2]["verdict"] == "INCONCLUSIVE"
     gpu = {"clocks.sm": "1980", "clocks.max.sm": "2300", "clocks.applications.graphics": "2300",
            "power.limit": "300", "clocks_throttle_reasons.active": "0x0000000000000000"}
     hot = {**gpu, "clocks_throttle_reasons.active": "0x0000000000000020"}  # SW thermal slowdown
-    ok = speed.clock_check([{**QUIET, "gpus": [gpu]}] * 3)
+    ok = speedclock.clock_check([{**QUIET, "gpus": [gpu]}] * 3)
     assert ok["verdict"] == "OK"
-    assert speed.decide(res, CFG, ok)[2]["verdict"] == "WIN"
-    clock = speed.clock_check([{**QUIET, "gpus": [gpu]}, {**QUIET, "gpus": [hot]}, {**QUIET, "gpus": [gpu]}])
+    assert speeddecision.decide(res, CFG, ok)[2]["verdict"] == "WIN"
+    clock = speedclock.clock_check([{**QUIET, "gpus": [gpu]}, {**QUIET, "gpus": [hot]}, {**QUIET, "gpus": [gpu]}])
     assert "gpu0.throttled" in clock["throttled"]
-    assert speed.decide(res, CFG, clock)[2]["verdict"] == "INCONCLUSIVE"
+    assert speeddecision.decide(res, CFG, clock)[2]["verdict"] == "INCONCLUSIVE"
     capped = {**gpu, "clocks.applications.graphics": "2150"}
-    clock = speed.clock_check([{**QUIET, "gpus": [gpu]}, {**QUIET, "gpus": [capped]}, {**QUIET, "gpus": [gpu]}])
+    clock = speedclock.clock_check([{**QUIET, "gpus": [gpu]}, {**QUIET, "gpus": [capped]}, {**QUIET, "gpus": [gpu]}])
     assert clock["mismatch"] == ["gpu0.clocks.applications.graphics"]
 
 
 def test_primary_loss_rejects_and_missing_values_are_inconclusive():
     res = bracket([100.0, 101.0, 99.0], [90.0, 91.0, 89.5])
-    assert speed.decide(res, CFG, quiet_clock())[2]["verdict"] == "LOSS"
+    assert speeddecision.decide(res, CFG, quiet_clock())[2]["verdict"] == "LOSS"
     res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
     res["s2"]["short-c1"]["pooled"][1]["pooled_rate_tps"] = None  # 0 decode seconds
-    win2, _, gate = speed.decide(res, CFG, quiet_clock())
+    win2, _, gate = speeddecision.decide(res, CFG, quiet_clock())
     assert gate["verdict"] == "INCONCLUSIVE" and win2["short-c1"]["verdict"] == "INCONCLUSIVE"
 
 
 def test_informational_gate_only_rejects_on_loss():
     cfg = {**CFG, "informational": True}
     res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
-    _, _, gate = speed.decide(res, cfg, quiet_clock(governor="powersave"))
+    _, _, gate = speeddecision.decide(res, cfg, quiet_clock(governor="powersave"))
     assert gate["verdict"] == "INCONCLUSIVE" and gate["informational"] is True
     prom = rules.promotion_v1({"quality": {"rule": "quality-v1", "verdict": "PASS"}, "speed": gate})
     assert prom["verdict"] == "PROMOTE" and prom["informational"] == ["speed"]
     not_info = {**gate, "informational": False}
     assert rules.promotion_v1({"quality": {"rule": "quality-v1", "verdict": "PASS"},
                                "speed": not_info})["verdict"] == "INCONCLUSIVE"
-    loss = speed.decide(bracket([100.0, 101.0, 99.0], [90.0, 91.0, 89.5]), cfg, quiet_clock())[2]
+    loss = speeddecision.decide(bracket([100.0, 101.0, 99.0], [90.0, 91.0, 89.5]), cfg, quiet_clock())[2]
     assert rules.promotion_v1({"quality": {"rule": "quality-v1", "verdict": "PASS"},
                                "speed": loss})["verdict"] == "REJECT"
 
@@ -157,7 +157,7 @@ GPU = {"clocks.sm": "1980", "clocks.max.sm": "2300", "clocks.applications.graphi
 
 def test_default_rule_is_win2_v2_and_decides_over_the_deciding_cells():
     res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
-    win2, _, gate = speed.decide(res, CFG_V2, quiet_clock())
+    win2, _, gate = speeddecision.decide(res, CFG_V2, quiet_clock())
     assert CFG_V2["rule"] == "win2-v2"
     assert gate["rule"] == "win2-v2" and gate["verdict"] == "WIN", gate["reasons"]
     assert gate["decision_cells"] == ["short-c1"] and win2["rnd-c4"]["decides"] is False
@@ -165,13 +165,13 @@ def test_default_rule_is_win2_v2_and_decides_over_the_deciding_cells():
     assert gate["stage_deviations"] == [] and gate["clock_check"] == "OK"
     # win2-v2 judges the same numbers by its own rule: a +3 % bracket is too noisy to decide here
     small = bracket([100.0, 101.0, 99.0], [103.0, 104.03, 101.97])
-    assert speed.decide(small, CFG_V2, quiet_clock())[2]["verdict"] == "INCONCLUSIVE"
-    assert speed.decide(small, CFG, quiet_clock())[2]["verdict"] == "WIN"  # win2-v1 calls it a WIN
+    assert speeddecision.decide(small, CFG_V2, quiet_clock())[2]["verdict"] == "INCONCLUSIVE"
+    assert speeddecision.decide(small, CFG, quiet_clock())[2]["verdict"] == "WIN"  # win2-v1 calls it a WIN
 
 
 def test_win2_v1_selected_is_a_deviation():
     res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
-    _, _, gate = speed.decide(res, CFG, quiet_clock())
+    _, _, gate = speeddecision.decide(res, CFG, quiet_clock())
     assert gate["rule"] == "win2-v1"
     assert [d["what"] for d in gate["stage_deviations"]] == ["rule"]
     assert gate["stage_deviations"][0]["gate"] == "speed"
@@ -180,27 +180,27 @@ def test_win2_v1_selected_is_a_deviation():
 @pytest.mark.parametrize("cfg", [CFG, CFG_V2], ids=["win2-v1", "win2-v2"])
 def test_no_clock_facts_is_inconclusive_unless_accepted_as_a_deviation(cfg):
     res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
-    clock = speed.clock_check([NO_CLOCK] * 3, after=[NO_CLOCK] * 3)
+    clock = speedclock.clock_check([NO_CLOCK] * 3, after=[NO_CLOCK] * 3)
     assert clock["verdict"] == "UNVERIFIABLE" and [u["start"] for u in clock["unverifiable"]] == ["s1", "s2", "s3"]
-    _, _, gate = speed.decide(res, cfg, clock)
+    _, _, gate = speeddecision.decide(res, cfg, clock)
     assert gate["verdict"] == "INCONCLUSIVE"
     assert any(r.startswith("clock unverifiable") for r in gate["reasons"] + sum(
-        (w.get("reasons", []) for w in speed.decide(res, cfg, clock)[0].values()), []))
+        (w.get("reasons", []) for w in speeddecision.decide(res, cfg, clock)[0].values()), []))
     ok = {**cfg, "accept_unverifiable_clock": True}
-    _, _, gate = speed.decide(res, ok, clock)
+    _, _, gate = speeddecision.decide(res, ok, clock)
     assert gate["verdict"] == "WIN"
     dev = [d for d in gate["stage_deviations"] if d["what"] == "accept_unverifiable_clock"]
     assert len(dev) == 1 and dev[0]["gate"] == "speed" and "clock unverifiable" in dev[0]["detail"]
     # one start without facts is enough
-    some = speed.clock_check([QUIET, NO_CLOCK, QUIET], after=[QUIET] * 3)
+    some = speedclock.clock_check([QUIET, NO_CLOCK, QUIET], after=[QUIET] * 3)
     assert [u["start"] for u in some["unverifiable"]] == ["s2"]
-    assert speed.decide(res, cfg, some)[2]["verdict"] == "INCONCLUSIVE"
+    assert speeddecision.decide(res, cfg, some)[2]["verdict"] == "INCONCLUSIVE"
 
 
 def test_a_failing_nvidia_smi_is_unverifiable_and_gpu_facts_alone_verify():
-    assert speed.clock_gaps({**NO_CLOCK, "gpus": [GPU]}) == []
-    assert speed.clock_gaps({**QUIET, "gpus": [{"error": "nvidia-smi exit 9: boom"}]}) == ["gpu0: nvidia-smi exit 9: boom"]
-    assert speed.clock_gaps(NO_CLOCK) and speed.clock_gaps(QUIET) == []
+    assert speedclock.clock_gaps({**NO_CLOCK, "gpus": [GPU]}) == []
+    assert speedclock.clock_gaps({**QUIET, "gpus": [{"error": "nvidia-smi exit 9: boom"}]}) == ["gpu0: nvidia-smi exit 9: boom"]
+    assert speedclock.clock_gaps(NO_CLOCK) and speedclock.clock_gaps(QUIET) == []
 
 
 @pytest.mark.parametrize("cfg", [CFG, CFG_V2], ids=["win2-v1", "win2-v2"])
@@ -210,44 +210,44 @@ def test_clocks_that_change_inside_a_start_are_inconclusive(cfg):
     # the candidate's start ends on another governor / max frequency
     for change in ({"governor": "powersave"}, {"scaling_max_freq_khz": 2000000}):
         after = [QUIET, {**QUIET, **change}, QUIET]
-        clock = speed.clock_check(before, after=after)
+        clock = speedclock.clock_check(before, after=after)
         assert clock["verdict"] == "DIFFERENT" and clock["mismatch"] == []
         assert clock["within_start"][0]["start"] == "s2"
-        _, _, gate = speed.decide(res, cfg, clock)
+        _, _, gate = speeddecision.decide(res, cfg, clock)
         assert gate["verdict"] == "INCONCLUSIVE"
     # a GPU throttle reason that appears only after the work (SW thermal slowdown)
     hot = {**GPU, "clocks_throttle_reasons.active": "0x0000000000000020"}
     g = [{**QUIET, "gpus": [GPU]}] * 3
-    clock = speed.clock_check(g, after=[g[0], g[1], {**QUIET, "gpus": [hot]}])
+    clock = speedclock.clock_check(g, after=[g[0], g[1], {**QUIET, "gpus": [hot]}])
     assert clock["within_start"] == [{"start": "s3", "changed": ["gpu0.throttled"], "before": {"gpu0.throttled": False},
                                       "after": {"gpu0.throttled": True}}]
     assert "gpu0.throttled" in clock["throttled"]
-    assert speed.decide(res, cfg, clock)[2]["verdict"] == "INCONCLUSIVE"
+    assert speeddecision.decide(res, cfg, clock)[2]["verdict"] == "INCONCLUSIVE"
     # the GPU's application clock moved during s1
     capped = {**GPU, "clocks.applications.graphics": "2100"}
-    clock = speed.clock_check(g, after=[{**QUIET, "gpus": [capped]}, g[1], g[2]])
+    clock = speedclock.clock_check(g, after=[{**QUIET, "gpus": [capped]}, g[1], g[2]])
     assert clock["within_start"][0]["changed"] == ["gpu0.clocks.applications.graphics"]
-    assert speed.decide(res, cfg, clock)[2]["verdict"] == "INCONCLUSIVE"
+    assert speeddecision.decide(res, cfg, clock)[2]["verdict"] == "INCONCLUSIVE"
     # current MHz and load move all the time: not a change of the clock caps
-    clock = speed.clock_check(g, after=[{**QUIET, "gpus": [{**GPU, "clocks.sm": "2250"}], "cpu_mhz": 1700.0,
+    clock = speedclock.clock_check(g, after=[{**QUIET, "gpus": [{**GPU, "clocks.sm": "2250"}], "cpu_mhz": 1700.0,
                                          "loadavg": [4.0, 3.0, 2.0]}] * 3)
-    assert clock["verdict"] == "OK" and speed.decide(res, cfg, clock)[2]["verdict"] == "WIN"
+    assert clock["verdict"] == "OK" and speeddecision.decide(res, cfg, clock)[2]["verdict"] == "WIN"
 
 
 def test_win2_v2_missing_values_in_a_deciding_cell_are_inconclusive_not_in_a_reported_one():
     res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
     res["s2"]["rnd-c4"]["pooled"] = [dict(p) for p in res["s2"]["rnd-c4"]["pooled"]]
     res["s2"]["rnd-c4"]["pooled"][0]["pooled_rate_tps"] = None
-    win2, _, gate = speed.decide(res, CFG_V2, quiet_clock())
+    win2, _, gate = speeddecision.decide(res, CFG_V2, quiet_clock())
     assert gate["verdict"] == "WIN" and win2["rnd-c4"]["verdict"] == "INCONCLUSIVE"
     res["s2"]["short-c1"]["pooled"][1]["pooled_rate_tps"] = None
-    _, _, gate = speed.decide(res, CFG_V2, quiet_clock())
+    _, _, gate = speeddecision.decide(res, CFG_V2, quiet_clock())
     assert gate["verdict"] == "INCONCLUSIVE" and any("short-c1" in r for r in gate["reasons"])
 
 
 def test_win2_v2_informational_gate_only_rejects_on_loss():
     cfg = {**CFG_V2, "informational": True}
-    loss = speed.decide(bracket([100.0, 101.0, 99.0], [80.0, 81.0, 79.5]), cfg, quiet_clock())[2]
+    loss = speeddecision.decide(bracket([100.0, 101.0, 99.0], [80.0, 81.0, 79.5]), cfg, quiet_clock())[2]
     assert loss["verdict"] == "LOSS" and loss["informational"] is True
     assert rules.promotion_v1({"quality": {"rule": "quality-v1", "verdict": "PASS"},
                                "speed": loss})["verdict"] == "REJECT"
@@ -322,7 +322,7 @@ def test_pool_repeat_sums_counters_before_ratios():
                    "vllm:spec_decode_num_draft_tokens_total": 0, "vllm:request_decode_time_seconds_sum": 6.0},
          "streams": [_stream(1.0, 5.0, 65), _stream(1.0, 3.0, 65)]},
     ]
-    p = speed.pool_repeat(waves)
+    p = speedmetrics.pool_repeat(waves)
     # rounds = 195 generated - 24 accepted - 3 first tokens (one per request, from prefill)
     assert p["rounds"] == 168
     assert p["pooled_rate_tps"] == pytest.approx((168 + 24) / 8.0)
@@ -333,19 +333,19 @@ def test_pool_repeat_sums_counters_before_ratios():
     # pooled, not averaged per wave: the per-wave rates are 32 and 21.33 (mean 26.67)
     assert p["pooled_rate_tps"] == pytest.approx(24.0) != pytest.approx(np.mean([32.0, 128 / 6.0]))
     # a non-speculative repeat: rounds = decode steps, nothing accepted
-    q = speed.pool_repeat(waves[1:])
+    q = speedmetrics.pool_repeat(waves[1:])
     assert q["rounds"] == 128 and q["accepted_per_round"] == 0.0
 
 
 def test_pool_repeat_zero_decode_time_gives_no_rate():
-    p = speed.pool_repeat([{"delta": {}, "streams": []}])
+    p = speedmetrics.pool_repeat([{"delta": {}, "streams": []}])
     assert p["pooled_rate_tps"] is None and p["ms_per_round"] is None and p["decode_tps"] is None
 
 
 def test_bench_serve_table_matches_vllm_definitions():
     streams = [_stream(0.1, 1.1, 11, itl=[0.1] * 10), _stream(0.3, 2.3, 11, itl=[0.2] * 10),
                _stream(0.2, 0.2, 0, error="http 500: boom")]
-    t = speed.bench_serve_table(streams, duration_s=4.0)
+    t = speedmetrics.bench_serve_table(streams, duration_s=4.0)
     assert t["completed"] == 2 and t["failed"] == 1
     assert t["total_output_tokens"] == 22 and t["output_throughput"] == pytest.approx(5.5)
     assert t["request_throughput"] == pytest.approx(0.5)
@@ -361,51 +361,51 @@ def test_archive_appends_never_rewrites_and_spread_filters(tmp_path):
     path = tmp_path / "results" / "control-archive.jsonl"
     line = {"audit": "a", "start": "s1", "cell": "short-c1", "config_hash": "h1",
             "metrics": {"pooled_rate_tps": 100.0}, "clock": {}, "host": "x"}
-    assert speed.append_archive(path, [line]) == 1
+    assert speedarchive.append_archive(path, [line]) == 1
     first = path.read_bytes()
-    speed.append_archive(path, [{**line, "start": "s3", "metrics": {"pooled_rate_tps": 104.0}},
+    speedarchive.append_archive(path, [{**line, "start": "s3", "metrics": {"pooled_rate_tps": 104.0}},
                                 {**line, "config_hash": "h2", "metrics": {"pooled_rate_tps": 50.0}},
                                 {**line, "cell": "long-c1", "metrics": {"pooled_rate_tps": 10.0}}])
     assert path.read_bytes().startswith(first)  # earlier lines untouched
     with open(path, "a") as f:
         f.write("not json\n")
-    recs = speed.read_archive(path)
-    assert len(recs) == 4 and all(r["schema"] == speed.ARCHIVE_SCHEMA for r in recs)
-    sp = speed.archive_spread(recs, "short-c1", "h1", "pooled_rate_tps")
+    recs = speedarchive.read_archive(path)
+    assert len(recs) == 4 and all(r["schema"] == contracts.CONTROL_ARCHIVE_SCHEMA for r in recs)
+    sp = speedarchive.archive_spread(recs, "short-c1", "h1", "pooled_rate_tps")
     assert sp["n"] == 2 and sp["range_pct"] == pytest.approx(100 * 4 / 102)
-    assert speed.archive_spread(recs, "short-c1", "h2", "pooled_rate_tps")["range_pct"] is None
-    assert speed.archive_spread([], "short-c1", "h1", "pooled_rate_tps")["n"] == 0
+    assert speedarchive.archive_spread(recs, "short-c1", "h2", "pooled_rate_tps")["range_pct"] is None
+    assert speedarchive.archive_spread([], "short-c1", "h1", "pooled_rate_tps")["n"] == 0
 
 
 def test_config_hash_follows_cell_and_control_not_candidate():
     spec = launch.resolve_spec("control", {"mode": "attach", "url": "http://127.0.0.1:1", "model": "m"})
     other = launch.resolve_spec("control", {"mode": "attach", "url": "http://127.0.0.1:1", "model": "m2"})
     cell = CFG["cells"][0]
-    h = speed.config_hash(cell, CFG, spec)
-    assert h == speed.config_hash(dict(cell), dict(CFG), spec)
-    assert h != speed.config_hash({**cell, "input_len": 33}, CFG, spec)
-    assert h != speed.config_hash(cell, {**CFG, "output_len": 64}, spec)
-    assert h != speed.config_hash(cell, CFG, other)
+    h = speedarchive.config_hash(cell, CFG, spec)
+    assert h == speedarchive.config_hash(dict(cell), dict(CFG), spec)
+    assert h != speedarchive.config_hash({**cell, "input_len": 33}, CFG, spec)
+    assert h != speedarchive.config_hash(cell, {**CFG, "output_len": 64}, spec)
+    assert h != speedarchive.config_hash(cell, CFG, other)
 
 
 # ------------------------------------------------------- clock facts, config
 
 def test_clock_facts_here_and_nvidia_smi_parsing(tmp_path):
-    f = speed.clock_facts()
+    f = speedclock.clock_facts()
     assert f["cpu_count"] == os.cpu_count() and len(f["loadavg"]) == 3
-    assert set(speed.cap_facts(f)) >= {"governor", "scaling_max_freq_khz"}
+    assert set(speedclock.cap_facts(f)) >= {"governor", "scaling_max_freq_khz"}
     fake = tmp_path / "nvidia-smi"
     fake.write_text("#!/bin/sh\necho '1980, 2300, 2300, 0x0000000000000000, 300.00'\n"
                     "echo '1410, 2300, 2300, 0x0000000000000004, 300.00'\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    gpus = speed.gpu_facts(str(fake))
+    gpus = speedclock.gpu_facts(str(fake))
     assert gpus[0]["clocks.sm"] == "1980" and gpus[1]["clocks_throttle_reasons.active"] == "0x0000000000000004"
-    cap = speed.cap_facts({**QUIET, "gpus": gpus})
+    cap = speedclock.cap_facts({**QUIET, "gpus": gpus})
     assert cap["gpu0.throttled"] is False and cap["gpu1.throttled"] is True  # 0x4 = SW power cap
     broken = tmp_path / "broken-smi"
     broken.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
     broken.chmod(broken.stat().st_mode | stat.S_IEXEC)
-    assert "exit 9" in speed.gpu_facts(str(broken))[0]["error"]
+    assert "exit 9" in speedclock.gpu_facts(str(broken))[0]["error"]
 
 
 @pytest.mark.parametrize("bad, where", [
@@ -514,7 +514,7 @@ def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
     seeds = {st: [r["seed"] for r in recs if r["start"] == st] for st in STARTS}
     assert seeds["s1"] == seeds["s2"] == seeds["s3"]  # matched across starts
     # both control starts reached the archive, once per cell
-    lines = speed.read_archive(archive)
+    lines = speedarchive.read_archive(archive)
     assert sorted((r["start"], r["cell"]) for r in lines) == [("s1", "rep-c1"), ("s1", "rnd-c2"),
                                                               ("s3", "rep-c1"), ("s3", "rnd-c2")]
     assert saved["spread"]["rep-c1"]["archive_n"] == 0 and saved["spread"]["rep-c1"]["archive_with_window_n"] == 2
@@ -522,15 +522,15 @@ def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
 
 
 def test_the_report_accepts_either_registered_speed_rule():
-    from pairaudit import report
+    from pairaudit import decision, render
     res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
     for cfg in (CFG, CFG_V2):
-        gate = speed.decide(res, cfg, quiet_clock())[2]
-        report._check_rule("speed", "speed", gate)
-    assert report._key_numbers(gate)["point_gain_pct"] > 2 and report._key_numbers(gate)["rates"]
+        gate = speeddecision.decide(res, cfg, quiet_clock())[2]
+        decision._check_rule("speed", "speed", gate)
+    assert decision._key_numbers(gate)["point_gain_pct"] > 2 and decision._key_numbers(gate)["rates"]
     with pytest.raises(ValueError, match="win2-v2 or win2-v1"):
-        report._check_rule("speed", "speed", {**gate, "rule": "win2-v0"})
-    md = "\n".join(report.speed_markdown({"gate": gate}))
+        decision._check_rule("speed", "speed", {**gate, "rule": "win2-v0"})
+    md = "\n".join(render.speed_markdown({"gate": gate}))
     assert md.startswith("## Speed (win2-v2)")
 
 
@@ -548,10 +548,10 @@ def test_a_win2_v2_speed_decision_reaches_the_promotion(tmp_path):
         div.append(str(p))
     bp, sp = tmp_path / "in" / "boundary_gate.json", tmp_path / "in" / "speed_decision.json"
     artifacts.write_json(bp, {"schema": "pairaudit.boundary_gate/v1", "gate": lg["boundary"]})
-    win2, series, gate = speed.decide(bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0]), CFG_V2, quiet_clock())
+    win2, series, gate = speeddecision.decide(bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0]), CFG_V2, quiet_clock())
     artifacts.write_json(sp, {"schema": speed.SCHEMA, "gate": gate, "win2": win2, "series": series,
                               "bar": {"win_pct": 2.0, "primary": "pooled_rate_tps",
-                                      "lower_is_better": sorted(speed.LOWER_IS_BETTER)},
+                                      "lower_is_better": sorted(speedmetrics.LOWER_IS_BETTER)},
                               "deviations": gate["stage_deviations"]})
     out = tmp_path / "out"
     report.promotion_stage(ins["paired"], ins["launch"], ins["preflight"], out / "d.json", out / "r.md",
