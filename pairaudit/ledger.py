@@ -14,11 +14,11 @@ receipt's identity hash: command, env switches, model), not on the audit name.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .artifacts import sha256_file, sha256_json
 from .contracts import LEDGER_SCHEMA
+from .jsonlog import append_record
 
 
 def ledger_entry(decision: Mapping[str, Any], launch: Mapping[str, Mapping[str, Any]], *, audit: str | None,
@@ -55,17 +55,5 @@ def earlier_decisions(ledger: Sequence[Mapping[str, Any]], candidate_spec_sha256
 
 
 def append_ledger(path: str | os.PathLike, entry: Mapping[str, Any]) -> None:
-    """Append one line and fsync; never rewrites what is there (a sweep stays visible)."""
-    import json
-
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with open(p, "ab") as f:
-        if f.tell() > 0:
-            with open(p, "rb") as r:
-                r.seek(-1, os.SEEK_END)
-                if r.read(1) != b"\n":  # a crash cut the last line: start a fresh one
-                    f.write(b"\n")
-        f.write((json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8"))
-        f.flush()
-        os.fsync(f.fileno())
+    """Append one line, fsynced; never rewrites what is there (a sweep stays visible)."""
+    append_record(path, dict(entry))

@@ -21,6 +21,7 @@ import numpy as np
 from . import artifacts, launch
 from .artifacts import utc_now
 from .contracts import CONTROL_ARCHIVE_SCHEMA
+from .jsonlog import append_record
 from .speedmetrics import METRICS, finite_json, spread_stats
 
 # ------------------------------------------------------------------ archive
@@ -53,16 +54,11 @@ def read_archive(path: str | os.PathLike) -> list[dict]:
 
 
 def append_archive(path: str | os.PathLike, records: Iterable[Mapping[str, Any]]) -> int:
-    """Append-only: open in 'a' mode, one line per record, flushed and fsynced; never rewritten."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
+    """Append one line per record, fsynced; never rewritten."""
     n = 0
-    with open(p, "a") as f:
-        for rec in records:
-            f.write(json.dumps(finite_json({"schema": CONTROL_ARCHIVE_SCHEMA, **rec}), ensure_ascii=False) + "\n")
-            n += 1
-        f.flush()
-        os.fsync(f.fileno())
+    for rec in records:
+        append_record(path, finite_json({"schema": CONTROL_ARCHIVE_SCHEMA, **rec}))
+        n += 1
     return n
 
 
