@@ -538,3 +538,17 @@ def test_check_yaml_files_names_the_line_for_the_workflow_config(tmp_path):
     assert f"{p}:4:1: YAML syntax error: expected ',' or '}}'" in msg and "flow mapping that starts at line 3" in msg
     assert str(DEFAULT) not in msg
     configcheck.check_yaml_files([DEFAULT, tmp_path / "absent.yaml"])  # absent files are Snakemake's to report
+
+
+def test_a_bfloat16_vllm_cpu_arm_on_a_cpu_without_bf16_instructions_is_noted_not_refused():
+    from pairaudit import configcheck, launch
+
+    cfg = yaml.safe_load((CONFIG_DIR / "examples" / "vllm-cpu.yaml").read_text())
+    spec = {a: launch.resolve_spec(a, cfg["arms"][a]) for a in ("control", "candidate")}
+    avx2 = {"avx2", "fma", "f16c"}
+    note = configcheck.bf16_emulation_note(spec["candidate"], flags=avx2)
+    assert note.startswith("--dtype bfloat16 on a CPU without AVX512-BF16") and "emulation" in note
+    assert configcheck.bf16_emulation_note(spec["candidate"], flags=avx2 | {"avx512_bf16"}) is None
+    assert configcheck.bf16_emulation_note(spec["control"], flags=avx2) is None  # float32
+    ref = launch.resolve_spec("control", yaml.safe_load(DEFAULT.read_text())["arms"]["control"])
+    assert configcheck.bf16_emulation_note(ref, flags=avx2) is None  # not vLLM
