@@ -25,15 +25,7 @@ Artifacts
                                       # the first request of the process with >= max_model_len/2 prompt tokens
      "server": Server.facts(), "provenance"}
 
-    case record: {"case": "retrieval-0.125" | "tail-16" | "tail-32" ..., "kind": "retrieval" | "tail",
-      "prompt_tokens": int (built and sent), "max_tokens": int, "planted": [int], "expected": "343 706 657",
-      "positions": [token index of each planted sentence], "prompt_sha256", "request": body without the ids,
-      "status": HTTP status | None, "text", "finish_reason", "usage", "usage_prompt_tokens",
-      "extracted": [int] (numbers in the answer), "correct": bool,
-      "ttft_s", "e2el_s", "input_tokens_per_s" (prompt tokens / TTFT), "error", "error_body",
-      "clamped": bool, "clamp": client.clamping record | None,   # max_tokens silently lowered
-      "config_error": str | None}     # the server refused the request (4xx), or clamped a case that
-                                      # did not fit (vLLM >= 0.32): a configuration error
+    case record: contracts.BoundaryCase
 
 ``results/<audit>/boundary/gate.json``::
 

@@ -37,43 +37,7 @@ since none of these outcomes ships the change). Otherwise the decision is
 INCONCLUSIVE. A missing preflight document is a None gate, like any other.
 
 
-    {"schema": "pairaudit.decision/v1", "rule": "promotion-v1",
-     "decision": "PROMOTE" | "HOLD" | "REJECT" | "INCONCLUSIVE",
-     "reasons": [str, ...],          # promotion-v1: one line per gate, in gate order
-                                     # (identical arms: "no change under audit: ..." first)
-     "deciding_gates": [str, ...],   # the gates whose outcome is the decision; ["arms"] for identical arms
-     "gate_verdict": str,            # what the gates alone give (differs only for identical arms)
-     "identical_arms": bool,         # control and candidate have the same spec_sha256
-     "calibration": bool,            # decided in A/A calibration mode
-     "deviations": [{"gate", "what", "detail"}],   # every loosening (decision_deviations): gates not
-                                     # evaluated, non-registered parameters, informational gates,
-                                     # gates applied to part of their evidence, calibration
-     "gates": {name: None | {"rule", "verdict", "outcome", "reasons": [every reason],
-                             "deviations": {...}, ...key numbers of that rule}},
-     "not_evaluated": [str, ...],
-     "datasets": {name: {"format", "n", "indices", "control_correct", "candidate_correct",
-                         "control_only": [int], "candidate_only": [int], "net", "mcnemar_p",
-                         "exact_text_matches", "natural_finish": {arm: int},
-                         "bodies_identical", "verdict",
-                         "mde": stats.minimum_detectable_loss | None,   # smallest detectable net loss
-                         "bootstrap": {...} | None}},
-     "arms": {arm: {"mode", "spec_sha256", "env", "command", "model", "served_model_name",
-                    "model_sha256", "max_model_len", "url", "packages", "machine",
-                    "preflight": "PASS" | "FAIL" | None}},
-     "switch_diff": [{"name", "control", "candidate"}],   # None = not set by that arm
-     "notes": [str, ...],            # comparability facts that do not decide (e.g. model differs)
-     "preflight": {arm: "PASS" | "FAIL" | None},
-     "calibration_ref": None | {"path", "sha256", "time", "audit", "headline", "flagged"},
-                                     # added by promotion_stage: the latest A/A calibration of the same
-                                     # control spec on the same host (pairaudit/calibration.py); it never
-                                     # changes the decision, and None is stated in the report
-     "evidence": {                   # added by promotion_stage from the later stages' artifacts
-       "boundary_cases": None | [{"case", "planted", "expected", "identical_text",
-                                  arm: None | {"text", "extracted", "correct", "finish_reason", "prompt_tokens",
-                                               "max_tokens", "ttft_s", "input_tokens_per_s", "config_error"}}],
-       "speed": None | {"primary", "win_pct", "hosts", "cells": {cell: {"verdict", "repeats_s1_s2_s3",
-                                                                        "point_gain_pct", "t_interval",
-                                                                        "max_control_spread_pct"}}}}}
+decision.json: ``contracts.Decision``.
 """
 
 from __future__ import annotations

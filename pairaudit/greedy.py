@@ -18,37 +18,9 @@ Nothing here raises on an HTTP failure except ``prompt_ids`` (no prompt, no
 run): errors are recorded next to the server's body and the rules STOP on
 the missing evidence.
 
-Records (plain JSON dicts)
---------------------------
-GreedyRecord (``run_greedy``; ``determinism_run`` records too)::
-
-    {"index", "body", "body_sha256",        # sha256 of the canonical full body
-     "request_sha256",                      # ... without model and cache_salt: equal across arms
-     "status", "error",                     # HttpResult status / error (or a parse error)
-     "token_ids": [int],                    # generated ids incl. a final EOS, from logprobs
-     "text", "finish_reason", "usage",
-     "top20": [[[id, logprob], ...] per generated position],   # as served, unrounded
-     "salt", "output_sha256",               # sha256 of canonical JSON of token_ids (None on error)
-     "clamped": bool, "clamp": client.clamping record | None,   # the server lowered max_tokens
-     "timings": {"started_at", "elapsed_s"}}
-
-ProbeResult (``run_probe``; ``probes_for_arm`` adds "index")::
-
-    {"top20": [[id, logprob], ...] | None, "token_id": int | None,
-     "salt", "body", "body_sha256", "status", "error",
-     "prompt_tokens": int | None,           # usage.prompt_tokens as the server counted it
-     "sent_prompt_len": int}                # len(prompt_ids) + len(prefix) as we sent it
-
-DivergenceRecord (``divergence_records``)::
-
-    {"index", "diverged": bool | None, "first_divergence": k | None,
-     "control_token_id", "candidate_token_id",   # ids at k (None past an output's end)
-     "shared_prefix": ids[:k], "prefix_equal": bool,
-     "control_len", "candidate_len",
-     "control_greedy_top", "candidate_greedy_top",  # each arm's own greedy top-20 at k
-     "clamped": [arm, ...],                        # arms whose server lowered max_tokens
-     "error": None | str}                          # a greedy record failed, or the arms are equal up to
-                                                   # where the server cut one short: diverged is None
+Records (plain JSON dicts): ``greedy_one`` and ``determinism_run`` write
+``contracts.GreedyRecord``, ``run_probe`` ``contracts.ProbeResult`` and
+``divergence_records`` ``contracts.DivergenceRecord``.
 """
 
 from __future__ import annotations

@@ -10,11 +10,7 @@ different model ids; the pairing is about what was asked.
 Journal (``results/<audit>/journal/sampled/<dataset>/<arm>.jsonl``, outside the
 job's declared outputs so a failed job does not delete it) — an
 :class:`~pairaudit.jsonlog.AppendLog`: append-only, one writer at a time, one
-line per attempt, fsynced::
-
-    {"index", "attempt", "body_sha256", "body", "status": int | None,
-     "response": dict | None, "error": str | None, "finish_reason": str | None,
-     "usage": dict | None, "timings": {"started_at", "elapsed_s"}, "server": {"url", "pid"}}
+line per attempt, fsynced (fields: ``contracts.JournalAttempt``).
 
 An attempt with an HTTP status is *final*: the server answered (a 400 is an
 answer too). Only a transport error (no status), a 429 or a 5xx leaves the item open;
@@ -26,7 +22,7 @@ Output (``results/<audit>/sampled/<dataset>/<arm>.jsonl``): an
 :mod:`~pairaudit.artifacts` JSONL with header ``{"schema": "pairaudit.sampled/v1",
 "dataset", "arm", "n", "servers": [{"url", "pid"} of every server that answered], "provenance"}``
 and one record per selected item, in index order: the first final attempt
-plus ``"prior_attempts": [...]``.  It is assembled from the journal alone, so
+plus ``"prior_attempts": [...]`` (``contracts.SampledRecord``).  It is assembled from the journal alone, so
 the same journal always gives the same records.
 """
 

@@ -31,15 +31,7 @@ Format extras:
   code answer is correct only when the harness's nonce-tagged report says
   every test ran and passed -- never on exit code 0 alone.
 
-Score record of ``score_records`` (one per sampled record, same order)::
-
-    {"index": int, "id": str, "correct": bool, "extracted": str | None, "reason": str,
-     "finish_reason": str | None, "answered": bool,
-     "text": str | None,           # the scored text: chat message.content (null content = no answer)
-     "reasoning": str | None,      # message.reasoning / reasoning_content, kept, never scored
-     "clamped": bool,              # the server lowered max_tokens (client.clamping); never natural
-     "clamp": client.clamping record | None,
-     ...extras of score_item}
+Score record of ``score_records`` (one per sampled record, same order): ``contracts.ScoreRecord``.
 """
 
 from __future__ import annotations

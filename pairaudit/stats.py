@@ -20,22 +20,7 @@ sampled record (from the sampled stage)::
      "response": object|None,   # full server response
      "error": object|None}      # transport/HTTP error, None on success
 
-Output of :func:`paired_table` (the quality table)::
-
-    {"n": int,                          # number of paired items
-     "indices": [int, ...],             # sorted item indices
-     "control_correct": int, "candidate_correct": int,
-     "both_correct": int, "neither_correct": int,
-     "control_only": [int, ...],        # items only the control got right (b)
-     "candidate_only": [int, ...],      # items only the candidate got right (c)
-     "net": int,                        # len(candidate_only) - len(control_only)
-     "mcnemar_p": float,                # exact two-sided on (b, c)
-     "exact_text_matches": int, "exact_text_match_indices": [int, ...],
-     "bodies_identical": bool, "body_mismatch_indices": [int, ...],
-     "natural_finish": {"control": int, "candidate": int},
-     "unnatural_finish_indices": {"control": [int, ...], "candidate": [int, ...]},
-     "unanswered_indices": {"control": [int, ...], "candidate": [int, ...]},
-     "error_indices": {"control": [int, ...], "candidate": [int, ...]}}
+Output of :func:`paired_table` (the quality table): ``contracts.PairedTable``.
 """
 
 from __future__ import annotations
