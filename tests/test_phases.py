@@ -102,14 +102,10 @@ def test_server_failure_rule_known_answers(control, candidate, verdict):
 
 
 def _speed_bracket(tmp_path: Path, candidate_cfg: dict) -> tuple[dict, Path]:
-    from pairaudit import launch, speed
+    from pairaudit import speed
+    from test_speed import bracket_inputs
     arms = {"control": fake_cfg(), "candidate": candidate_cfg}
-    lp, pp = {}, {}
-    for arm, cfg in arms.items():
-        lp[arm] = str(tmp_path / f"launch-{arm}.json")
-        artifacts.write_json(lp[arm], launch.receipt(launch.resolve_spec(arm, cfg)))
-        pp[arm] = str(tmp_path / f"preflight-{arm}.json")
-        artifacts.write_json(pp[arm], {"schema": "pairaudit.preflight/v1", "verdict": "PASS"})
+    lp, pp = bracket_inputs(tmp_path, arms)
     cfg = {"cells": [{"name": "pair-c2", "prompt": "random", "input_len": 16, "concurrency": 2}],
            "repeats": 2, "waves": 1, "output_len": 8, "accept_unverifiable_clock": True}
     logs = {s: str(tmp_path / f"logs/speed-{s}.log") for s in ("s1", "s2", "s3")}

@@ -446,15 +446,21 @@ def _arm(ngram):
             "speculative": bool(ngram), "health_timeout_s": 300}
 
 
-@pytest.mark.server
-def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
-    arms = {"control": _arm(0), "candidate": _arm(4)}
+def bracket_inputs(tmp_path, arms: dict) -> tuple[dict, dict]:
+    """Launch receipts and passed preflights of both arms: what the bracket reads before it starts a server."""
     lp, pp = {}, {}
     for arm, cfg in arms.items():
         lp[arm] = str(tmp_path / f"launch-{arm}.json")
         artifacts.write_json(lp[arm], launch.receipt(launch.resolve_spec(arm, cfg)))
         pp[arm] = str(tmp_path / f"preflight-{arm}.json")
         artifacts.write_json(pp[arm], {"schema": "pairaudit.preflight/v1", "verdict": "PASS"})
+    return lp, pp
+
+
+@pytest.mark.server
+def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
+    arms = {"control": _arm(0), "candidate": _arm(4)}
+    lp, pp = bracket_inputs(tmp_path, arms)
     archive = tmp_path / "results" / "control-archive.jsonl"
     n = 16
     cfg = {"cells": [{"name": "rep-c1", "prompt": "repetitive", "input_len": 40, "concurrency": 1},
