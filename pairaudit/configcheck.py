@@ -396,6 +396,9 @@ def server_slots(workflow) -> int | None:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+_LOADED: dict[int, bool] = {}
+
+
 def check_at_load(config: dict, workflow) -> CheckResult:
     """The Snakefile's one call: check the config and the audit's artifacts, fail naming every problem.
 
@@ -404,7 +407,12 @@ def check_at_load(config: dict, workflow) -> CheckResult:
     server slots, :mod:`pairaudit.slots`).
     """
     base = Path(workflow.basedir)
-    module = getattr(getattr(workflow, "modifier", None), "is_module", False) is True
+    # The main Snakefile checks first; a later call in the same process is the
+    # Snakefile loaded again as its calibration module. (Snakemake's own
+    # ``workflow.modifier.is_module`` is True in the main Snakefile too once it
+    # declares a module, so it cannot tell them apart.)
+    module = _LOADED.get(id(workflow), False)
+    _LOADED[id(workflow)] = True
     if module and calibration.is_calibration(config):
         # The Snakefile's calibration module: its config is the audit's, checked a moment ago
         # by the main Snakefile, with the candidate a copy of the control; checking it again

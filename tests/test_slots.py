@@ -255,11 +255,12 @@ def test_a_workflow_job_waits_for_a_slot_another_audit_holds(tmp_path, monkeypat
         assert f"held by pid {os.getpid()} (audit another-audit, arm candidate" in text
         assert not (project / target).exists()
         held.release()
-        out, _ = proc.communicate(timeout=900)
-        assert proc.returncode == 0, out[-3000:]
-        assert (project / target).exists()
-        assert "got server slot 0" in log.read_text()
-        assert slots.holder(slot_dir / "slot-0.lock")["audit"] == cfg["audit"]  # the job held it, then gave it back
+        # the waiting job takes the freed slot, labelled with its own audit ...
+        wait_for(lambda: "got server slot 0" in log.read_text(), "the job to take the slot")
+        assert slots.holder(slot_dir / "slot-0.lock")["audit"] == cfg["audit"]
+        # ... and gives it back when it stops (interrupted here: the rest of the phase is not this test's)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=300)
         assert slots.try_acquire(1, slot_dir, {}) is not None
     finally:
         held.release()

@@ -47,6 +47,12 @@ def vllm_launch_arm(dtype: str) -> dict:
 def attach_audit(vllm_pair, tmp_path_factory):
     config = yaml.safe_load(TINY.read_text())
     config["audit"] = "tiny-vllm"
+    # Both formats (chat answers scored as GSM8K and as MATH), fewer and shorter answers: the
+    # bf16 arm is emulated on a CPU without bf16 instructions, a few tokens per second.
+    config["datasets"][0]["select"]["count"] = 2
+    config["datasets"][1]["select"]["count"] = 1
+    config["sampling"]["max_tokens"] = 32
+    config["greedy"].update(max_tokens=12, concordant=1, determinism_repeats=2)
     config["arms"] = {"control": attach_arm(vllm_pair["fp32"].url), "candidate": attach_arm(vllm_pair["bf16"].url)}
     project = make_project(tmp_path_factory.mktemp("wf-vllm") / "project", config)
     snake(project, "promotion", timeout=3000)
