@@ -48,7 +48,7 @@ if BOUNDARY_ON:
         conda:
             "../envs/analysis.yaml"
         params:
-            boundary=config.get("boundary", {}),
+            boundary=config["boundary"],
             code=code("boundary_plan"),
         script:
             "../scripts/boundary_plan.py"

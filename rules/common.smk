@@ -17,8 +17,8 @@ BASE = Path(workflow.basedir)
 CACHE = str(Path(workflow.basedir) / ".cache")
 JOURNAL = f"{R}/journal"
 STARTS_LOG = f"{R}/servers/starts.jsonl"
-BOUNDARY_ON = config.get("boundary", {}).get("enabled", True)
-SPEED_ON = config.get("speed", {}).get("enabled", True)
+BOUNDARY_ON = config["boundary"]["enabled"]
+SPEED_ON = config["speed"]["enabled"]
 # An A/A calibration (the Snakefile's calibration module): decided by its gates, summarized, logged.
 CALIBRATION = calibration.is_calibration(config)
 CALIBRATIONS = calibration.log_path(config)

@@ -34,15 +34,13 @@ rule diagnostics:
     params:
         datasets=list(DATASETS),
         arms=config["arms"],
-        greedy=config.get("greedy", {}),
+        greedy=config["greedy"],
         chat_template_kwargs=config["sampling"].get("chat_template_kwargs", {}),
         journal_dir=JOURNAL,
         starts_log=STARTS_LOG,
         greedy_paths=greedy_paths(),
         divergence_paths=divergence_paths(),
-        max_divergent=config.get("rules", {})
-        .get("grid_tie", {})
-        .get("max_divergent", 3),
+        max_divergent=config["rules"]["grid_tie"]["max_divergent"],
         code=code("diagnostics"),
     script:
         "../scripts/diagnostics.py"

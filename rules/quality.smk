@@ -31,7 +31,7 @@ rule score:
         "../envs/scoring.yaml"
     threads: 2
     params:
-        sandbox=config.get("scoring", {}).get("sandbox", {}),
+        sandbox=config["scoring"]["sandbox"],
         code=code("score"),
     script:
         "../scripts/score.py"
@@ -47,7 +47,7 @@ rule paired:
     conda:
         "../envs/analysis.yaml"
     params:
-        quality=config.get("rules", {}).get("quality", {}),
+        quality=config["rules"]["quality"],
         code=code("paired"),
     script:
         "../scripts/paired.py"

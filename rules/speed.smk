@@ -5,7 +5,7 @@
 # `ancient`: the answers phase rewrites them when it reruns for a dataset, and
 # the bracket depends only on the arms (a parameter) and its own settings.
 
-SPEED_CFG = config.get("speed", {})
+SPEED_CFG = config["speed"]
 
 
 # `speed: {enabled: false}` leaves the rule out: the decision then lists the
@@ -39,7 +39,7 @@ if SPEED_ON:
             speed=SPEED_CFG,
             audit=config["audit"],
             starts_log=STARTS_LOG,
-            archive=SPEED_CFG.get("archive", "results/control-archive.jsonl"),
+            archive=SPEED_CFG["archive"],
             code=code("speed"),
         script:
             "../scripts/speed.py"
