@@ -20,7 +20,8 @@ PATH = Path(__file__).resolve().parents[1] / "config" / "schema.yaml"
 @lru_cache(maxsize=1)
 def _schema() -> dict:
     try:
-        return yaml.safe_load(PATH.read_text())
+        # read by every process that imports a stage module: the C loader where PyYAML has it
+        return yaml.load(PATH.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except OSError as exc:
         raise RuntimeError(f"the config schema {PATH} cannot be read ({exc}): pairaudit runs from its checkout") from exc
 

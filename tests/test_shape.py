@@ -43,15 +43,15 @@ def test_ruff_is_clean():
 
 # Planning notes and issue numbers live outside the project; a reader of the
 # project has neither, so the project says what it means in its own words.
-CITATION = re.compile(r"seed 00[0-9]|seeds?/|FIELD-NOTES|DESIGN\.md|DESIGN stage|\bissue [0-9]+\b", re.IGNORECASE)
+# (Written with character classes so that this file does not itself match.)
+CITATION = re.compile(r"seed[ ]00[0-9]|seeds?[/]|FIELD[-]NOTES|DESIGN[.]md|DESIGN[ ]stage|\bissue[ ][0-9]+\b",
+                      re.IGNORECASE)
 
 
 def test_nothing_cites_documents_the_reader_lacks():
     files = _run("git", "ls-files").stdout.split()
     hits = []
     for name in files:
-        if name == "tests/test_shape.py":
-            continue
         path = ROOT / name
         try:
             text = path.read_text(encoding="utf-8")

@@ -275,15 +275,20 @@ def _wait_gone(project: Path, timeout_s: float = 30) -> None:
     assert _job_pids(project) == [], "a job outlived its snakemake"
 
 
-@pytest.fixture
-def resume_project(tmp_path):
+def answers_only_config(audit: str, count: int) -> dict:
+    """The tiny audit cut to ``count`` items of its first dataset, without the boundary and speed stages."""
     config = yaml.safe_load(TINY.read_text())
-    config["audit"] = "resume"
+    config["audit"] = audit
     config["datasets"] = [config["datasets"][0]]
-    config["datasets"][0]["select"] = {"count": 4, "seed": 5}
+    config["datasets"][0]["select"] = {"count": count, "seed": 5}
     config["boundary"]["enabled"] = False
     config["speed"]["enabled"] = False
-    return make_project(tmp_path / "p", config)
+    return config
+
+
+@pytest.fixture
+def resume_project(tmp_path):
+    return make_project(tmp_path / "p", answers_only_config("resume", 4))
 
 
 def test_resume_after_server_dies_and_after_the_job_is_killed(resume_project):
@@ -367,12 +372,7 @@ def _cwd(pid: int) -> str:
 
 def test_a_candidate_whose_engine_dies_is_rejected_with_the_evidence_not_a_traceback(tmp_path):
     """The candidate's server dies on a seeded sampled request the control answers: REJECT, snakemake exits 0."""
-    config = yaml.safe_load(TINY.read_text())
-    config["audit"] = "dies"
-    config["datasets"] = [config["datasets"][0]]
-    config["datasets"][0]["select"] = {"count": 1, "seed": 5}
-    config["boundary"]["enabled"] = False
-    config["speed"]["enabled"] = False
+    config = answers_only_config("dies", 1)
     fake = str(REPO / "tests" / "fake_server.py")
     config["arms"]["candidate"] = {
         "mode": "launch", "model": "fake-model", "max_model_len": 256, "health_timeout_s": 60,
