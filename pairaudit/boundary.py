@@ -205,11 +205,18 @@ def extract_numbers(text: str | None) -> list[int]:
 
 
 def endpoint_tokenizer(ep: Endpoint, model: str) -> Callable[[str], list[int]]:
+    # The filler draws from 1,000 possible sentences, so the cases of one arm
+    # repeat many: each distinct text is asked of the server once.
+    known: dict[str, list[int]] = {}
+
     def tokenize(text: str) -> list[int]:
+        if text in known:
+            return list(known[text])
         res = ep.post_json("/tokenize", {"model": model, "prompt": text, "add_special_tokens": False})
         ids = res["body"].get("tokens") if isinstance(res["body"], dict) else None
         if res["error"] is not None or not isinstance(ids, list):
             raise BoundaryError(f"/tokenize at {ep.base_url} failed: {res['error']}; body: {res['body']!r}")
+        known[text] = list(ids)
         return ids
     return tokenize
 

@@ -130,7 +130,8 @@ def bf16_emulation_note(spec: Mapping[str, Any], flags: set[str] | None = None) 
         return None
     return ("--dtype bfloat16 on a CPU without AVX512-BF16 or AMX-BF16 (/proc/cpuinfo): vLLM's CPU build "
             "computes bfloat16 in emulation here, measured at 0.3-2.4 generated tokens/s on a 2-core AVX2 host "
-            "against tens for float32, so this arm's phases take hours; the audit is still valid, only slow")
+            "against tens for float32, so this arm's phases take hours; the audit is still valid, only slow "
+            "(config/examples/vllm-cpu-kv-fp8.yaml audits a real vLLM change this CPU runs at float32 speed)")
 
 
 def check_arms(config: Mapping[str, Any], result: CheckResult) -> dict[str, dict]:

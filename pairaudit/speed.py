@@ -112,8 +112,9 @@ that failure into the servers gate; streams.jsonl keeps what was measured.
 ``results/<audit>/speed/streams.jsonl``: header ``{schema:
 pairaudit.speed_streams/v1, provenance}`` then one line per request: start,
 arm, cell, repeat, wave, stream, seed, cache_salt, prompt_tokens, status,
-error, finish_reason, output_tokens, ttft_s, tpot_s, e2el_s, itl_s (list),
-chunks, wave_started_at; warm-up requests have ``cell: "warmup"``.
+started_at (when this request was sent), error, finish_reason, output_tokens,
+ttft_s, tpot_s, e2el_s, itl_s (list), chunks, wave_started_at; warm-up requests
+have ``cell: "warmup"``.
 """
 
 from __future__ import annotations
@@ -300,7 +301,8 @@ def run_wave(ep: Endpoint, bodies: Sequence[dict], *, timeout_s: float) -> dict:
 
 
 def _stream_record(s: Mapping[str, Any], **where) -> dict:
-    keep = ("status", "error", "finish_reason", "output_tokens", "ttft_s", "tpot_s", "e2el_s", "itl_s", "chunks")
+    keep = ("started_at", "status", "error", "finish_reason", "output_tokens", "ttft_s", "tpot_s", "e2el_s", "itl_s",
+            "chunks")
     return {**where, **{k: s.get(k) for k in keep}}
 
 

@@ -113,7 +113,7 @@ def test_overlay_replaces_only_datasets(overlay):
 
 
 # Examples that run offline on this machine keep the embedded default's datasets.
-OFFLINE_EXAMPLES = ("vllm-cpu.yaml",)
+OFFLINE_EXAMPLES = ("vllm-cpu.yaml", "vllm-cpu-kv-fp8.yaml")
 
 
 # The planted-defect examples (fault-*.yaml) run the embedded default's own suites instead.

@@ -306,6 +306,10 @@ def make_handler(api: Api, metrics, started: dict):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "pairaudit-refserver"
+        # TCP_NODELAY, as uvicorn sets for vLLM: headers and body go out in two
+        # writes, and with Nagle on the body waits for the client's delayed ACK
+        # (measured: 44 ms per keep-alive POST, against 3 ms with it off).
+        disable_nagle_algorithm = True
 
         def log_message(self, fmt, *args):  # one line per request on stderr, like uvicorn's access log
             import sys
