@@ -50,6 +50,9 @@ if not is_calibration(config):
             "Snakefile"
         config:
             calibration_config(config)
+        # its config is this one's, validated above, with the candidate replaced
+        skip_validation:
+            True
 
     use rule * from calibration exclude all as calibration_*
 

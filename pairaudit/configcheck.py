@@ -117,10 +117,28 @@ def cpu_flags(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> set[str] | None:
     return None
 
 
-def bf16_emulation_note(spec: Mapping[str, Any], flags: set[str] | None = None) -> str | None:
-    """A launched CPU vLLM in bfloat16 on a CPU without bf16 instructions: it runs, emulated, very slowly."""
+def _launched_cpu_vllm(spec: Mapping[str, Any]) -> list[str] | None:
+    """The command of a vLLM server the audit launches without a GPU (``spec["gpus"]``), else None."""
     cmd = [str(a) for a in spec.get("command") or []]
     if spec.get("mode") != "launch" or not any("vllm" in a for a in cmd) or int(spec.get("gpus") or 0) > 0:
+        return None
+    return cmd
+
+
+def cpu_threads_note(spec: Mapping[str, Any]) -> str | None:
+    """A launched CPU vLLM that would inherit the job's OMP_NUM_THREADS from Snakemake."""
+    if _launched_cpu_vllm(spec) is None or "OMP_NUM_THREADS" in (spec.get("env") or {}):
+        return None
+    return ("a CPU vLLM server inherits OMP_NUM_THREADS from its Snakemake job (the rule's threads), and "
+            "vLLM then keeps that many torch threads beside its own API process; on a small host that "
+            "oversubscribes the cores and stalls every OpenMP barrier. Set env.OMP_NUM_THREADS (vLLM picks 1 "
+            "on a 2-core host by itself)")
+
+
+def bf16_emulation_note(spec: Mapping[str, Any], flags: set[str] | None = None) -> str | None:
+    """A launched CPU vLLM in bfloat16 on a CPU without bf16 instructions: it runs, emulated, very slowly."""
+    cmd = _launched_cpu_vllm(spec)
+    if cmd is None:
         return None
     dtype = next((cmd[i + 1] for i, a in enumerate(cmd[:-1]) if a == "--dtype"), None)
     if dtype not in ("bfloat16", "bf16"):
@@ -131,7 +149,7 @@ def bf16_emulation_note(spec: Mapping[str, Any], flags: set[str] | None = None) 
     return ("--dtype bfloat16 on a CPU without AVX512-BF16 or AMX-BF16 (/proc/cpuinfo): vLLM's CPU build "
             "computes bfloat16 in emulation here, measured at 0.3-2.4 generated tokens/s on a 2-core AVX2 host "
             "against tens for float32, so this arm's phases take hours; the audit is still valid, only slow "
-            "(config/examples/vllm-cpu-kv-fp8.yaml audits a real vLLM change this CPU runs at float32 speed)")
+            "(config/examples/vllm-cpu-fp16.yaml audits a real vLLM change this CPU runs at float32 speed)")
 
 
 def check_arms(config: Mapping[str, Any], result: CheckResult) -> dict[str, dict]:
@@ -147,9 +165,13 @@ def check_arms(config: Mapping[str, Any], result: CheckResult) -> dict[str, dict
             result.problems.append(str(exc))
             continue
         specs[arm] = spec
-        note = bf16_emulation_note(spec)
+        scheduled = {**spec, "gpus": cfg.get("gpus") or 0}  # the spec leaves scheduling out
+        note = bf16_emulation_note(scheduled)
         if note:
             result.notes.append(f"arms.{arm}.command: {note}")
+        note = cpu_threads_note(scheduled)
+        if note:
+            result.notes.append(f"arms.{arm}.env: {note}")
         if is_refserver(spec):
             for p in ref_switches.check_env(spec["env"]):
                 result.problems.append(f"arms.{arm}.env.{p}")

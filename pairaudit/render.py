@@ -92,8 +92,9 @@ def gate_rows(decision: Mapping[str, Any]) -> list[dict]:
     rows = []
     for name, g in decision["gates"].items():
         kind, _, ds = name.partition(":")
-        evidence = {"quality": f"paired/{ds}.json", "grid_tie": f"divergence/{ds}.json",
-                    "determinism": f"divergence/{ds}.json" if ds else "divergence/",
+        # grid-tie judges the whole audit: its evidence is every dataset's divergence file
+        divergence = f"divergence/{ds}.json" if ds else "divergence/"
+        evidence = {"quality": f"paired/{ds}.json", "grid_tie": divergence, "determinism": divergence,
                     "boundary": "boundary/gate.json", "speed": "speed/decision.json",
                     "preflight": f"preflight/{ds}.json"}.get(kind)
         if g is None:

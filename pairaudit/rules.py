@@ -1278,10 +1278,11 @@ def win2_v2(
     elif verdict == "NO_WIN":
         reasons.append("speed gain not shown, and the window resolves the bar (half-width <= bar)")
     else:
-        how = (f"{need['repeats_needed']} repeats per start" if need["repeats_needed"] is not None
-               else "more repeats cannot help (the start-to-start part alone exceeds the bar)")
-        reasons.append(f"too noisy to decide at the {win_pct} % bar: half-width {half:.2f} % > {win_pct} %; "
-                       f"would need {how}, or {need['brackets_needed']} brackets pooled")
+        how = (f"would need {need['repeats_needed']} repeats per start, or {need['brackets_needed']} brackets "
+               "pooled" if need["repeats_needed"] is not None
+               else "more repeats cannot help (the start-to-start part alone exceeds the bar); would need "
+               f"{need['brackets_needed']} brackets pooled")
+        reasons.append(f"too noisy to decide at the {win_pct} % bar: half-width {half:.2f} % > {win_pct} %; {how}")
     reasons.append(summary)
     if not core["consistent"][0] and verdict != "LOSS":
         low = [c for c in decide if per_cell[c]["primary"]["point_gain_pct"] <= win_pct]

@@ -6,6 +6,8 @@ to end on real reference servers (n-gram speculation ON vs OFF)."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 import os
 import stat
 
@@ -515,6 +517,13 @@ def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
     header, recs = artifacts.read_jsonl(streams)
     assert header["schema"] == speed.STREAMS_SCHEMA
     assert len(recs) == 3 * (1 + 2 * 1 + 2 * 2)  # warm-up + repeats x (c1 + c2 streams) per start
+    # every request, warm-ups too, says when it was sent: the busy time of the server is read from them
+    for st in STARTS:
+        mine = [r for r in recs if r["start"] == st]
+        warm = dt.datetime.fromisoformat(mine[0]["started_at"])
+        assert mine[0]["cell"] == "warmup"
+        assert all(dt.datetime.fromisoformat(r["started_at"]) >= max(warm, dt.datetime.fromisoformat(
+            r["wave_started_at"])) for r in mine[1:])
     salts = [r["cache_salt"] for r in recs]
     assert len(set(salts)) == len(salts)  # a fresh salt per stream
     seeds = {st: [r["seed"] for r in recs if r["start"] == st] for st in STARTS}
