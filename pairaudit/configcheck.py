@@ -125,16 +125,6 @@ def _launched_cpu_vllm(spec: Mapping[str, Any]) -> list[str] | None:
     return cmd
 
 
-def cpu_threads_note(spec: Mapping[str, Any]) -> str | None:
-    """A launched CPU vLLM that would inherit the job's OMP_NUM_THREADS from Snakemake."""
-    if _launched_cpu_vllm(spec) is None or "OMP_NUM_THREADS" in (spec.get("env") or {}):
-        return None
-    return ("a CPU vLLM server inherits OMP_NUM_THREADS from its Snakemake job (the rule's threads), and "
-            "vLLM then keeps that many torch threads beside its own API process; on a small host that "
-            "oversubscribes the cores and stalls every OpenMP barrier. Set env.OMP_NUM_THREADS (vLLM picks 1 "
-            "on a 2-core host by itself)")
-
-
 def bf16_emulation_note(spec: Mapping[str, Any], flags: set[str] | None = None) -> str | None:
     """A launched CPU vLLM in bfloat16 on a CPU without bf16 instructions: it runs, emulated, very slowly."""
     cmd = _launched_cpu_vllm(spec)
@@ -169,9 +159,6 @@ def check_arms(config: Mapping[str, Any], result: CheckResult) -> dict[str, dict
         note = bf16_emulation_note(scheduled)
         if note:
             result.notes.append(f"arms.{arm}.command: {note}")
-        note = cpu_threads_note(scheduled)
-        if note:
-            result.notes.append(f"arms.{arm}.env: {note}")
         if is_refserver(spec):
             for p in ref_switches.check_env(spec["env"]):
                 result.problems.append(f"arms.{arm}.env.{p}")

@@ -89,7 +89,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from . import lifecycle, slots
 from .artifacts import sha256_json, utc_now
@@ -101,6 +101,20 @@ from .jsonlog import append_record
 # audit's log of what it cost to bring its servers up.
 STARTS_SCHEMA = SERVER_START_SCHEMA
 _START_FACTS = ("url", "pid", "started_at", "ready_at", "ready_s", "stop")
+
+
+# Snakemake sets these to the job's threads in every job.  A launched server
+# is its own program with its own thread policy: inheriting them, vLLM's CPU
+# build ran its matmuls with 2 MKL threads on the one core it binds its
+# compute to (32 tokens in 45 s against 3.3 s without them).  An arm sets
+# any of them in its own env.
+JOB_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+                   "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def server_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment a launched server inherits: the job's, without the job's thread counts."""
+    return {k: v for k, v in environ.items() if k not in JOB_THREAD_VARS}
 
 
 def log_start_event(path: str | Path | None, *, event: str, phase: str, spec: dict, receipt: dict | None,
@@ -642,7 +656,7 @@ class Server:
         self._log_offset = self._log_file.tell()
         self._log_file.write(f"=== pairaudit launch arm={spec['arm']} at {utc_now('milliseconds')}: {cmd}\n".encode())
         self._log_file.flush()
-        env = {**os.environ, **spec["env"]}
+        env = {**server_environ(os.environ), **spec["env"]}
         main_thread = threading.current_thread() is threading.main_thread()
         _install_handlers()
         self._facts["started_at"] = utc_now("milliseconds")

@@ -553,16 +553,3 @@ def test_a_bfloat16_vllm_cpu_arm_on_a_cpu_without_bf16_instructions_is_noted_not
     ref = launch.resolve_spec("control", yaml.safe_load(DEFAULT.read_text())["arms"]["control"])
     assert configcheck.bf16_emulation_note(ref, flags=avx2) is None  # not vLLM
 
-
-def test_a_cpu_vllm_arm_without_its_own_omp_num_threads_is_noted():
-    from pairaudit import configcheck, launch
-
-    cfg = yaml.safe_load((CONFIG_DIR / "examples" / "vllm-cpu-fp16.yaml").read_text())
-    arm = cfg["arms"]["control"]
-    assert configcheck.cpu_threads_note(launch.resolve_spec("control", arm)) is None  # the example sets it
-    bare = {**arm, "env": {k: v for k, v in arm["env"].items() if k != "OMP_NUM_THREADS"}}
-    note = configcheck.cpu_threads_note(launch.resolve_spec("control", bare))
-    assert note.startswith("a CPU vLLM server inherits OMP_NUM_THREADS") and "env.OMP_NUM_THREADS" in note
-    assert configcheck.cpu_threads_note({**launch.resolve_spec("control", bare), "gpus": 1}) is None  # a GPU server
-    ref = launch.resolve_spec("control", yaml.safe_load(DEFAULT.read_text())["arms"]["control"])
-    assert configcheck.cpu_threads_note(ref) is None  # the reference server computes with the job's threads

@@ -399,3 +399,18 @@ def test_check_identity_rechecks_version_and_root_against_the_receipt():
     assert not other["ok"] and other["problems"] == ["server version is '0.31.1', the launch receipt recorded '0.32.0'"]
     moved = {**models, "body": {"data": [{"id": "m", "max_model_len": 64, "root": "/models/other/"}]}}
     assert "model card root is '/models/other/'" in check_identity(spec, moved, version, rec)["problems"][0]
+
+
+
+def test_a_launched_server_does_not_inherit_the_jobs_thread_counts(monkeypatch, tmp_path):
+    # Snakemake sets these to the rule's threads in every job; a server keeps its own thread policy,
+    # and an arm that wants one sets it in its env
+    for var in launch.JOB_THREAD_VARS:
+        monkeypatch.setenv(var, "2")
+    monkeypatch.setenv("PAIRAUDIT_TEST_MARK", "kept")
+    spec = resolve_spec("control", fake_cfg(env={"PAIRAUDIT_REF_LM_HEAD_BF16": "0", "MKL_NUM_THREADS": "1"}))
+    with Server(spec, log_path=tmp_path / "s.log", receipt=receipt(spec)) as srv:
+        raw = Path(f"/proc/{srv.pid}/environ").read_bytes().split(b"\0")
+        env = dict(kv.decode().split("=", 1) for kv in raw if b"=" in kv)
+    assert env["PAIRAUDIT_TEST_MARK"] == "kept" and env["MKL_NUM_THREADS"] == "1"
+    assert not {v for v in launch.JOB_THREAD_VARS if v != "MKL_NUM_THREADS"} & set(env)

@@ -63,7 +63,7 @@ def vllm_args(*, dtype: str = "float32", max_model_len: int = MML, extra=()) -> 
             "--dtype", dtype, "--enforce-eager", "--max-num-seqs", "4", "--seed", "0", *extra]
 
 
-# OMP_NUM_THREADS as the example configs set it (a job inherits Snakemake's; see docs/vllm.md)
+# OMP_NUM_THREADS as the example configs state it (see docs/vllm.md, Threads)
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "auto", "OMP_NUM_THREADS": "1"}
 
 
