@@ -117,18 +117,10 @@ def cpu_flags(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> set[str] | None:
     return None
 
 
-def _launched_cpu_vllm(spec: Mapping[str, Any]) -> list[str] | None:
-    """The command of a vLLM server the audit launches without a GPU (``spec["gpus"]``), else None."""
+def bf16_emulation_note(spec: Mapping[str, Any], flags: set[str] | None = None) -> str | None:
+    """A launched CPU vLLM (no ``spec["gpus"]``) in bfloat16 on a CPU without bf16 instructions: slow, emulated."""
     cmd = [str(a) for a in spec.get("command") or []]
     if spec.get("mode") != "launch" or not any("vllm" in a for a in cmd) or int(spec.get("gpus") or 0) > 0:
-        return None
-    return cmd
-
-
-def bf16_emulation_note(spec: Mapping[str, Any], flags: set[str] | None = None) -> str | None:
-    """A launched CPU vLLM in bfloat16 on a CPU without bf16 instructions: it runs, emulated, very slowly."""
-    cmd = _launched_cpu_vllm(spec)
-    if cmd is None:
         return None
     dtype = next((cmd[i + 1] for i, a in enumerate(cmd[:-1]) if a == "--dtype"), None)
     if dtype not in ("bfloat16", "bf16"):
