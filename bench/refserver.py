@@ -11,11 +11,15 @@ computes on the rest.
 vLLM's interpreter is ``$PAIRAUDIT_VLLM_PYTHON`` or ``<repo>/.venv-vllm/bin/python``;
 without either the vLLM columns say so and only the reference server is measured.
 
+Start-up is timed too: spawn to the first healthy ``/health``, polled every
+50 ms; ``--start-trials`` more starts of the default reference server give its
+median and worst (goal <= 3 s), timed before anything else starts.
+
 ``--extra`` adds the older rows: transformers ``generate`` at batch 1 and 4, the
 bandwidth floor, and n-gram speculation on vs off.
 
 Usage: .venv/bin/python bench/refserver.py [--tokens 128] [--rounds 2]
-           [--vllm-mode compile|eager|both] [--ref-threads 0,1] [--extra]
+           [--vllm-mode compile|eager|both] [--ref-threads 0,1] [--start-trials 5] [--extra]
 """
 
 from __future__ import annotations
@@ -83,7 +87,7 @@ class Server:
                     return
             except requests.RequestException:
                 pass
-            time.sleep(0.5)
+            time.sleep(0.05)
         self.stop(keep_log=True)
         raise RuntimeError(f"{name} not healthy after {timeout:.0f} s; log {self.log.name}")
 
@@ -106,6 +110,16 @@ def start_ref(threads: int, env: dict | None = None) -> Server:
     argv = [sys.executable, "-m", "pairaudit.refserver", "--max-model-len", str(MAX_MODEL_LEN),
             "--threads", str(threads)]
     return Server(f"ref-t{threads}", argv, {"PYTHONPATH": str(REPO), **(env or {})}, timeout=300)
+
+
+def start_times(trials: int) -> list[float]:
+    """Seconds from spawn to healthy for ``trials`` starts of the default reference server, one at a time."""
+    times = []
+    for _ in range(trials):
+        s = start_ref(0)
+        times.append(s.start_seconds)
+        s.stop()
+    return times
 
 
 def start_vllm(python: Path, mode: str, model_dir: Path, timeout: float) -> Server:
@@ -271,11 +285,15 @@ def main() -> None:
                     help="seconds to wait for vLLM to become healthy (its compile mode is slow on a busy machine)")
     ap.add_argument("--ref-threads", default="0",
                     help="comma-separated torch thread counts for the reference server (0: its default)")
+    ap.add_argument("--start-trials", type=int, default=5,
+                    help="starts of the default reference server timed on their own, before the rates (0: none)")
     ap.add_argument("--extra", action="store_true", help="also the transformers, bandwidth and n-gram rows")
     args = ap.parse_args()
     n = args.tokens
     path, _ = resolve_model(EMBEDDED_NAME)
     print(f"load average before: {load_average()}  (cores {os.cpu_count()}, torch {torch.__version__})")
+    # timed first, while nothing else runs: a vLLM engine still exiting would be timed too
+    ref_starts = start_times(args.start_trials)
     servers: list[Server] = []
     threads: dict[str, str] = {}
     starts: dict[str, float] = {}
@@ -316,6 +334,10 @@ def main() -> None:
         for r in refs:
             for v in vllms:
                 print(f"| {r} / {v} | {med[(r, 1)] / med[(v, 1)]:.2f}x | {med[(r, 4)] / med[(v, 4)]:.2f}x |")
+    if ref_starts:
+        print(f"\nreference server start-up, {len(ref_starts)} starts (goal <= 3 s): median "
+              f"{statistics.median(ref_starts):.2f} s, worst {max(ref_starts):.2f} s "
+              f"({', '.join(f'{x:.2f}' for x in ref_starts)})")
     if args.extra:
         rows = extra_rows(path, n, med[(refs[0], 1)], med[(refs[0], 4)])
         print("\n| measure | server | reference | ratio |")

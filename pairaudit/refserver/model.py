@@ -32,13 +32,20 @@ dispatch-bound; see docs/reference-server-performance.md):
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
+
+from ..modelstore import cache_root
+
+log = logging.getLogger("refserver")
 
 
 @dataclass(frozen=True)
@@ -116,10 +123,13 @@ class Linear:
     path (measured on the 49152 x 576 head, AVX2: 423 ms per row against 6 ms).
     """
 
-    def __init__(self, weight: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, transposed: torch.Tensor | None = None):
         self.w = weight.contiguous()  # [out, in]: W @ x.T for several rows
         self.bf16 = weight.dtype == torch.bfloat16
-        self.wt = None if self.bf16 else weight.t().contiguous()  # [in, out]: x @ W.T for one row
+        if self.bf16:
+            self.wt = None
+        else:  # [in, out]: x @ W.T for one row
+            self.wt = weight.t().contiguous() if transposed is None else transposed
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.bf16:
@@ -139,33 +149,91 @@ class _Layer:
     down: Linear
 
 
+LAYOUT_VERSION = 1
+_LINEARS = ("qkv", "o", "gate_up", "down")
+
+
+def layout_cache_path(weights_sha256: str) -> Path:
+    """Where the served layout of the checkpoint with these weights is kept between starts."""
+    return cache_root() / "layouts" / f"{weights_sha256}.v{LAYOUT_VERSION}.pt"
+
+
+def build_layout(path: Path, cfg: LlamaConfig) -> dict[str, torch.Tensor]:
+    """Every tensor the model serves with, fp32, fused and in both product layouts (``<name>.t``: ``[in, out]``)."""
+    weights = {}
+    for f in sorted(path.glob("*.safetensors")):
+        weights.update(load_file(f))
+    # copied out of the mapped checkpoint, whose 16-byte offsets would change MKL's kernels (and bits)
+    w = {k.removeprefix("model."): v.float().clone() for k, v in weights.items()}
+    out = {"embed": w["embed_tokens.weight"], "norm": w["norm.weight"]}
+    for i in range(cfg.layers):
+        p = f"layers.{i}."
+        out[p + "in_norm"] = w[p + "input_layernorm.weight"]
+        out[p + "post_norm"] = w[p + "post_attention_layernorm.weight"]
+        # q/k/v and gate/up fused: one weight stream per step instead of three/two
+        out[p + "qkv"] = torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in ("q", "k", "v")], dim=0)
+        out[p + "o"] = w[p + "self_attn.o_proj.weight"]
+        out[p + "gate_up"] = torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]], dim=0)
+        out[p + "down"] = w[p + "mlp.down_proj.weight"]
+        for name in _LINEARS:
+            out[p + name + ".t"] = out[p + name].t().contiguous()
+    if "lm_head.weight" in w:  # untied; a tied head is the embedding itself
+        out["head"] = w["lm_head.weight"]
+    out["head.t"] = out.get("head", out["embed"]).t().contiguous()
+    return out
+
+
+def load_layout(path: Path, cfg: LlamaConfig, cache: Path | None = None) -> dict[str, torch.Tensor]:
+    """The served layout, memory-mapped from ``cache`` when a complete one is there, else built (and kept there).
+
+    Building it copies and transposes every weight (0.6 s of a 3 s start for the
+    embedded model); mapping the kept file takes milliseconds, and servers of
+    both arms share its pages.  torch's own format is used because it aligns
+    every tensor to 64 bytes, so a mapped weight multiplies bit for bit as a
+    freshly built one (safetensors' 16-byte offsets send MKL down another
+    path).  A cache that cannot be written costs only speed.
+    """
+    if cache is not None and cache.is_file():
+        try:
+            kept = torch.load(cache, mmap=True, weights_only=True)
+            if kept.get("layout") == LAYOUT_VERSION:
+                return kept["tensors"]
+            log.warning("rebuilding the served layout: %s has layout %r", cache, kept.get("layout"))
+        except Exception as exc:  # any unreadable file is rebuilt: it is a cache, never the weights
+            log.warning("rebuilding the served layout: %s unreadable (%s: %s)", cache, type(exc).__name__, exc)
+    layout = build_layout(path, cfg)
+    if cache is None:
+        return layout
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=cache.name, suffix=".part")
+        os.close(fd)
+        try:
+            torch.save({"layout": LAYOUT_VERSION, "tensors": layout}, tmp)
+            os.replace(tmp, cache)  # a concurrent start renames a complete file too; either one wins
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except (OSError, RuntimeError) as exc:  # torch's writer reports a full disk as a RuntimeError
+        log.warning("serving without a kept layout: cannot write %s (%s)", cache, exc)
+        return layout
+    return torch.load(cache, mmap=True, weights_only=True)["tensors"]
+
+
 class LlamaModel:
-    def __init__(self, path: Path, *, lm_head_bf16: bool = False):
+    def __init__(self, path: Path, *, lm_head_bf16: bool = False, layout_cache: Path | None = None):
         self.cfg = cfg = LlamaConfig.from_dir(path)
-        weights = {}
-        for f in sorted(path.glob("*.safetensors")):
-            weights.update(load_file(f))
-        w = {k.removeprefix("model."): v.float() for k, v in weights.items()}
-        self.embed = w["embed_tokens.weight"]
+        t = load_layout(path, cfg, layout_cache)
+        self.embed = t["embed"]
         self.layers: list[_Layer] = []
         for i in range(cfg.layers):
             p = f"layers.{i}."
-            self.layers.append(
-                _Layer(
-                    in_norm=w[p + "input_layernorm.weight"],
-                    # q/k/v and gate/up fused: one weight stream per step instead of three/two
-                    qkv=Linear(torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in ("q", "k", "v")], dim=0)),
-                    o=Linear(w[p + "self_attn.o_proj.weight"]),
-                    post_norm=w[p + "post_attention_layernorm.weight"],
-                    gate_up=Linear(torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]], dim=0)),
-                    down=Linear(w[p + "mlp.down_proj.weight"]),
-                )
-            )
-        self.norm = w["norm.weight"]
-        head = weights.get("lm_head.weight")
-        head = self.embed if head is None else head.float()
+            lin = {name: Linear(t[p + name], t[p + name + ".t"]) for name in _LINEARS}
+            self.layers.append(_Layer(in_norm=t[p + "in_norm"], post_norm=t[p + "post_norm"], **lin))
+        self.norm = t["norm"]
+        head = t.get("head", self.embed)
         self.lm_head_bf16 = lm_head_bf16
-        self.head = Linear(head.to(torch.bfloat16) if lm_head_bf16 else head)
+        self.head = Linear(head.to(torch.bfloat16)) if lm_head_bf16 else Linear(head, t["head.t"])
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         # rotary tables for every position, computed as transformers does (positions * inv_freq, then cos/sin)
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim))
