@@ -4,7 +4,8 @@ A schema id is written into each artifact's ``"schema"`` field by its stage and
 checked by every reader (``artifacts.check_schema``); the constants below are
 the only spelling of those ids. ``PATHS`` gives where each artifact lands,
 relative to ``results/<audit>/`` unless it starts with ``results/`` (logs shared
-by every audit); the rules (``rules/*.smk``) spell the same paths for Snakemake.
+by every audit); the rules take their input and output patterns from it
+(``artifact`` in ``rules/common.smk``).
 
 The TypedDicts at the end document the fields of the main records once; the
 modules that write them point here.

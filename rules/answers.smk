@@ -6,7 +6,7 @@
 
 rule arm_spec:
     output:
-        f"{R}/specs/{{arm}}.json",
+        SPEC,
     log:
         f"{R}/logs/specs/{{arm}}.log",
     conda:
@@ -20,10 +20,10 @@ rule arm_spec:
 
 rule requests:
     input:
-        dataset=f"{R}/datasets/{{dataset}}.json",
-        spec=f"{R}/specs/{{arm}}.json",
+        dataset=DATASET,
+        spec=SPEC,
     output:
-        f"{R}/requests/{{dataset}}/{{arm}}.json",
+        REQUESTS,
     log:
         f"{R}/logs/requests/{{dataset}}-{{arm}}.log",
     conda:
@@ -42,7 +42,7 @@ if BOUNDARY_ON:
 
     rule boundary_plan:
         output:
-            f"{R}/boundary/plan.json",
+            BOUNDARY_PLAN,
         log:
             f"{R}/logs/boundary/plan.log",
         conda:
@@ -64,10 +64,10 @@ rule answers:
     input:
         unpack(answers_inputs),
     output:
-        **({"boundary": f"{R}/boundary/{{arm}}.json"} if BOUNDARY_ON else {}),
-        receipt=f"{R}/launch/{{arm}}.json",
-        preflight=f"{R}/preflight/{{arm}}.json",
-        phase=f"{R}/answers/{{arm}}.json",
+        **({"boundary": BOUNDARY} if BOUNDARY_ON else {}),
+        receipt=LAUNCH,
+        preflight=PREFLIGHT,
+        phase=PHASE,
     log:
         f"{R}/logs/answers/{{arm}}.log",
         server=f"{R}/logs/servers/answers-{{arm}}.log",
@@ -96,13 +96,13 @@ rule answers:
 # own answers could have changed.
 rule sampled:
     input:
-        dataset=f"{R}/datasets/{{dataset}}.json",
-        requests=f"{R}/requests/{{dataset}}/{{arm}}.json",
-        receipt=answered_by_arm("launch"),
-        preflight=answered_by_arm("preflight"),
-        phase=answered_by_arm("answers"),
+        dataset=DATASET,
+        requests=REQUESTS,
+        receipt=answered_by_arm(LAUNCH),
+        preflight=answered_by_arm(PREFLIGHT),
+        phase=answered_by_arm(PHASE),
     output:
-        f"{R}/sampled/{{dataset}}/{{arm}}.jsonl",
+        SAMPLED,
     log:
         f"{R}/logs/sampled/{{dataset}}-{{arm}}.log",
     conda:

@@ -9,14 +9,14 @@ if BOUNDARY_ON:
         input:
             # the cases are `ancient`: the answers phase rewrites them when it
             # reruns for a dataset; the plan and the specs rerun the gate
-            plan=f"{R}/boundary/plan.json",
-            specs=expand(f"{R}/specs/{{arm}}.json", arm=ARMS),
-            control=answered("boundary", "control"),
-            candidate=answered("boundary", "candidate"),
-            launch_control=answered("launch", "control"),
-            launch_candidate=answered("launch", "candidate"),
+            plan=BOUNDARY_PLAN,
+            specs=expand(SPEC, arm=ARMS),
+            control=answered(BOUNDARY, "control"),
+            candidate=answered(BOUNDARY, "candidate"),
+            launch_control=answered(LAUNCH, "control"),
+            launch_candidate=answered(LAUNCH, "candidate"),
         output:
-            f"{R}/boundary/gate.json",
+            BOUNDARY_GATE,
         log:
             f"{R}/logs/boundary/gate.log",
         conda:

@@ -2,7 +2,7 @@ import json
 import os
 from pathlib import Path
 
-from pairaudit import calibration
+from pairaudit import calibration, contracts
 from pairaudit.codehash import code_hash
 from pairaudit.datasets import source_fingerprint
 from pairaudit.lifecycle import relay_interrupts
@@ -16,7 +16,36 @@ DATASETS = {d["name"]: d for d in config["datasets"]}
 BASE = Path(workflow.basedir)
 CACHE = str(Path(workflow.basedir) / ".cache")
 JOURNAL = f"{R}/journal"
-STARTS_LOG = f"{R}/servers/starts.jsonl"
+
+
+# Where each artifact lands is its contract's (pairaudit.contracts.PATHS): under
+# results/<audit>/ unless shared by every audit, a pattern in {arm} and {dataset}.
+def artifact(schema):
+    path = contracts.PATHS[schema]
+    return path if path.startswith("results/") else f"{R}/{path}"
+
+
+SPEC = artifact(contracts.ARM_SPEC_SCHEMA)
+DATASET = artifact(contracts.DATASET_SCHEMA)
+REQUESTS = artifact(contracts.REQUESTS_SCHEMA)
+BOUNDARY_PLAN = artifact(contracts.BOUNDARY_PLAN_SCHEMA)
+LAUNCH = artifact(contracts.LAUNCH_SCHEMA)
+PREFLIGHT = artifact(contracts.PREFLIGHT_SCHEMA)
+PHASE = artifact(contracts.PHASE_SCHEMA)
+BOUNDARY = artifact(contracts.BOUNDARY_SCHEMA)
+BOUNDARY_GATE = artifact(contracts.BOUNDARY_GATE_SCHEMA)
+SAMPLED = artifact(contracts.SAMPLED_SCHEMA)
+SCORES = artifact(contracts.SCORES_SCHEMA)
+PAIRED = artifact(contracts.PAIRED_SCHEMA)
+GREEDY = artifact(contracts.GREEDY_SCHEMA)
+DIVERGENCE = artifact(contracts.DIVERGENCE_SCHEMA)
+SPEED_DECISION = artifact(contracts.SPEED_DECISION_SCHEMA)
+SPEED_STREAMS = artifact(contracts.SPEED_STREAMS_SCHEMA)
+STARTS_LOG = artifact(contracts.SERVER_START_SCHEMA)
+DECISION = artifact(contracts.DECISION_SCHEMA)
+MANIFEST = artifact(contracts.MANIFEST_SCHEMA)
+CALIBRATION_SUMMARY = artifact(contracts.CALIBRATION_SCHEMA)
+LEDGER = artifact(contracts.LEDGER_SCHEMA)
 BOUNDARY_ON = config["boundary"]["enabled"]
 SPEED_ON = config["speed"]["enabled"]
 # An A/A calibration (the Snakefile's calibration module): decided by its gates, summarized, logged.
@@ -93,11 +122,11 @@ def dataset_source_sha256(wildcards):
 
 def answers_inputs(wildcards):
     inputs = {
-        "spec": f"{R}/specs/{wildcards.arm}.json",
-        "requests": [f"{R}/requests/{d}/{wildcards.arm}.json" for d in DATASETS],
+        "spec": SPEC.format(arm=wildcards.arm),
+        "requests": expand(REQUESTS, dataset=DATASETS, arm=wildcards.arm),
     }
     if BOUNDARY_ON:
-        inputs["boundary_plan"] = f"{R}/boundary/plan.json"
+        inputs["boundary_plan"] = BOUNDARY_PLAN
     return inputs
 
 
@@ -105,50 +134,48 @@ def phase_failed(arm):
     """Did the arm's last answers phase end with a server failure (its record says so)?"""
     try:
         return (
-            json.loads(Path(f"{R}/answers/{arm}.json").read_text()).get("failure")
+            json.loads(Path(PHASE.format(arm=arm)).read_text()).get("failure")
             is not None
         )
     except (OSError, ValueError):
         return False
 
 
-def answered(kind, arm):
+def answered(pattern, arm):
     """An output of the arm's answers phase, read as `ancient` so that the phase
     answering one dataset does not rerun another's chain -- unless the phase last
     ended with a server failure: then everything made from it is partial, and a
     rerun of the phase must rebuild all of it."""
-    path = f"{R}/{kind}/{arm}.json"
+    path = pattern.format(arm=arm)
     return path if phase_failed(arm) else ancient(path)
 
 
-def answered_by_arm(kind):
-    return lambda wildcards: answered(kind, wildcards.arm)
+def answered_by_arm(pattern):
+    return lambda wildcards: answered(pattern, wildcards.arm)
 
 
 def greedy_paths():
-    return {d: {a: f"{R}/greedy/{d}/{a}.jsonl" for a in ARMS} for d in DATASETS}
+    return {d: {a: GREEDY.format(dataset=d, arm=a) for a in ARMS} for d in DATASETS}
 
 
 def divergence_paths():
-    return {d: f"{R}/divergence/{d}.json" for d in DATASETS}
+    return {d: DIVERGENCE.format(dataset=d) for d in DATASETS}
 
 
 def promotion_later_inputs(wildcards):
     """The optional gates' artifacts: an audit without the stage still decides (INCONCLUSIVE)."""
     later = {}
     if BOUNDARY_ON:
-        later["boundary"] = f"{R}/boundary/gate.json"
+        later["boundary"] = BOUNDARY_GATE
     if SPEED_ON:
-        later["speed"] = f"{R}/speed/decision.json"
+        later["speed"] = SPEED_DECISION
     return later
 
 
 def paired_inputs(wildcards):
     d = wildcards.dataset
     return {
-        "dataset": f"{R}/datasets/{d}.json",
-        "sampled_control": f"{R}/sampled/{d}/control.jsonl",
-        "sampled_candidate": f"{R}/sampled/{d}/candidate.jsonl",
-        "scores_control": f"{R}/scores/{d}/control.jsonl",
-        "scores_candidate": f"{R}/scores/{d}/candidate.jsonl",
+        "dataset": DATASET.format(dataset=d),
+        **{f"sampled_{a}": SAMPLED.format(dataset=d, arm=a) for a in ARMS},
+        **{f"scores_{a}": SCORES.format(dataset=d, arm=a) for a in ARMS},
     }

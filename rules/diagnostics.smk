@@ -7,15 +7,15 @@
 
 rule diagnostics:
     input:
-        datasets=expand(f"{R}/datasets/{{dataset}}.json", dataset=DATASETS),
-        paired=expand(f"{R}/paired/{{dataset}}.json", dataset=DATASETS),
-        specs=expand(f"{R}/specs/{{arm}}.json", arm=ARMS),
-        receipt_control=answered("launch", "control"),
-        receipt_candidate=answered("launch", "candidate"),
-        preflight_control=answered("preflight", "control"),
-        preflight_candidate=answered("preflight", "candidate"),
-        answers_control=answered("answers", "control"),
-        answers_candidate=answered("answers", "candidate"),
+        datasets=expand(DATASET, dataset=DATASETS),
+        paired=expand(PAIRED, dataset=DATASETS),
+        specs=expand(SPEC, arm=ARMS),
+        receipt_control=answered(LAUNCH, "control"),
+        receipt_candidate=answered(LAUNCH, "candidate"),
+        preflight_control=answered(PREFLIGHT, "control"),
+        preflight_candidate=answered(PREFLIGHT, "candidate"),
+        answers_control=answered(PHASE, "control"),
+        answers_candidate=answered(PHASE, "candidate"),
     output:
         phase=f"{R}/diagnostics/phase.json",
         greedy=[p for arms in greedy_paths().values() for p in arms.values()],

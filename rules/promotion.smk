@@ -7,25 +7,21 @@
 # A/A calibration of its control on this host from results/calibrations.jsonl,
 # which a calibration's decision appends its summary to.
 
-LEDGER = "results/ledger.jsonl"
-
 
 rule promotion:
     input:
         unpack(promotion_later_inputs),
-        paired=expand(f"{R}/paired/{{dataset}}.json", dataset=DATASETS),
-        scores=expand(
-            f"{R}/scores/{{dataset}}/{{arm}}.jsonl", dataset=DATASETS, arm=ARMS
-        ),
-        launch=expand(f"{R}/launch/{{arm}}.json", arm=ARMS),
-        preflight=expand(f"{R}/preflight/{{arm}}.json", arm=ARMS),
-        answers=expand(f"{R}/answers/{{arm}}.json", arm=ARMS),
+        paired=expand(PAIRED, dataset=DATASETS),
+        scores=expand(SCORES, dataset=DATASETS, arm=ARMS),
+        launch=expand(LAUNCH, arm=ARMS),
+        preflight=expand(PREFLIGHT, arm=ARMS),
+        answers=expand(PHASE, arm=ARMS),
         divergence=list(divergence_paths().values()),
     output:
-        **({"calibration": f"{R}/promotion/calibration.json"} if CALIBRATION else {}),
-        decision=f"{R}/promotion/decision.json",
+        **({"calibration": CALIBRATION_SUMMARY} if CALIBRATION else {}),
+        decision=DECISION,
         report=f"{R}/promotion/report.md",
-        manifest=f"{R}/promotion/manifest.json",
+        manifest=MANIFEST,
         summary=f"{R}/promotion/summary.rst",
         html=report(
             f"{R}/promotion/decision.html",

@@ -3,7 +3,7 @@
 
 rule dataset:
     output:
-        f"{R}/datasets/{{dataset}}.json",
+        DATASET,
     log:
         f"{R}/logs/dataset/{{dataset}}.log",
     conda:
@@ -21,10 +21,10 @@ rule dataset:
 
 rule score:
     input:
-        dataset=f"{R}/datasets/{{dataset}}.json",
-        sampled=f"{R}/sampled/{{dataset}}/{{arm}}.jsonl",
+        dataset=DATASET,
+        sampled=SAMPLED,
     output:
-        f"{R}/scores/{{dataset}}/{{arm}}.jsonl",
+        SCORES,
     log:
         f"{R}/logs/score/{{dataset}}-{{arm}}.log",
     conda:
@@ -41,7 +41,7 @@ rule paired:
     input:
         unpack(paired_inputs),
     output:
-        f"{R}/paired/{{dataset}}.json",
+        PAIRED,
     log:
         f"{R}/logs/paired/{{dataset}}.log",
     conda:

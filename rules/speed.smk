@@ -14,14 +14,14 @@ if SPEED_ON:
 
     rule speed:
         input:
-            specs=expand(f"{R}/specs/{{arm}}.json", arm=ARMS),
-            launch_control=answered("launch", "control"),
-            launch_candidate=answered("launch", "candidate"),
-            preflight_control=answered("preflight", "control"),
-            preflight_candidate=answered("preflight", "candidate"),
+            specs=expand(SPEC, arm=ARMS),
+            launch_control=answered(LAUNCH, "control"),
+            launch_candidate=answered(LAUNCH, "candidate"),
+            preflight_control=answered(PREFLIGHT, "control"),
+            preflight_candidate=answered(PREFLIGHT, "candidate"),
         output:
-            decision=f"{R}/speed/decision.json",
-            streams=f"{R}/speed/streams.jsonl",
+            decision=SPEED_DECISION,
+            streams=SPEED_STREAMS,
         log:
             f"{R}/logs/speed.log",
             server_s1=f"{R}/logs/servers/speed-s1-control.log",

@@ -19,6 +19,7 @@ pre-seeded cache and ``requests.get`` is made to fail.
 import copy
 import hashlib
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -552,4 +553,20 @@ def test_a_bfloat16_vllm_cpu_arm_on_a_cpu_without_bf16_instructions_is_noted_not
     assert configcheck.bf16_emulation_note(spec["control"], flags=avx2) is None  # float32
     ref = launch.resolve_spec("control", yaml.safe_load(DEFAULT.read_text())["arms"]["control"])
     assert configcheck.bf16_emulation_note(ref, flags=avx2) is None  # not vLLM
+
+
+def test_the_load_check_notes_a_bfloat16_cpu_arm_but_not_one_scheduled_on_gpus(monkeypatch):
+    from pairaudit import configcheck
+
+    monkeypatch.setattr(configcheck, "cpu_flags", lambda: {"avx2", "fma", "f16c"})
+    monkeypatch.setenv("PAIRAUDIT_VLLM_PYTHON", sys.executable)  # any interpreter: nothing is started
+    cfg = yaml.safe_load((CONFIG_DIR / "examples" / "vllm-cpu.yaml").read_text())
+    result = configcheck.CheckResult()
+    configcheck.check_arms(cfg, result)
+    assert [n for n in result.notes if "emulation" in n and n.startswith("arms.candidate.command: ")], result.notes
+    # the same arm on a GPU node computes bfloat16 on the GPU: nothing to note
+    cfg["arms"]["candidate"]["gpus"] = 1
+    result = configcheck.CheckResult()
+    configcheck.check_arms(cfg, result)
+    assert not [n for n in result.notes if "emulation" in n], result.notes
 

@@ -1,7 +1,7 @@
 """A tiny audit against real vLLM through every stage, and the speed bracket launching real vLLM.
 
 The workflow test attaches to the session's two vLLM servers (float32
-control, bfloat16 candidate: a real precision change), started once by
+control, bfloat16 or float16 candidate: a real precision change), started once by
 ``vllm_fixture``; the speed test launches vLLM itself, three fresh starts
 (control, candidate, control), from arm specs written the way
 ``config/examples/vllm-cpu.yaml`` writes them. Sizes are the tiny config's:
@@ -20,7 +20,7 @@ from pairaudit import artifacts, launch, speed
 from pairaudit.client import Endpoint
 from pairaudit.preflight import run_preflight
 from test_workflow import TINY, make_project, read_jsonl, snake
-from vllm_fixture import MML, MODEL, VLLM_ENV, vllm_python_or_skip
+from vllm_fixture import HALF, MML, MODEL, VLLM_ENV, vllm_python_or_skip
 
 pytestmark = [pytest.mark.vllm, pytest.mark.workflow]
 
@@ -48,12 +48,12 @@ def attach_audit(vllm_pair, tmp_path_factory):
     config = yaml.safe_load(TINY.read_text())
     config["audit"] = "tiny-vllm"
     # Both formats (chat answers scored as GSM8K and as MATH), fewer and shorter answers: the
-    # bf16 arm is emulated on a CPU without bf16 instructions, a few tokens per second.
+    # plumbing against the real server, not a measurement.
     config["datasets"][0]["select"]["count"] = 2
     config["datasets"][1]["select"]["count"] = 1
     config["sampling"]["max_tokens"] = 32
     config["greedy"].update(max_tokens=12, concordant=1, determinism_repeats=2)
-    config["arms"] = {"control": attach_arm(vllm_pair["fp32"].url), "candidate": attach_arm(vllm_pair["bf16"].url)}
+    config["arms"] = {"control": attach_arm(vllm_pair["fp32"].url), "candidate": attach_arm(vllm_pair["half"].url)}
     project = make_project(tmp_path_factory.mktemp("wf-vllm") / "project", config)
     snake(project, "promotion", timeout=3000)
     return project, config
@@ -67,7 +67,7 @@ def test_tiny_audit_against_real_vllm_evaluates_every_gate(attach_audit, vllm_pa
     assert decision["decision"] in ("PROMOTE", "HOLD", "REJECT", "INCONCLUSIVE")
     for prefix in GATES:
         assert any(name.startswith(prefix) for name in decision["gates"]), (prefix, sorted(decision["gates"]))
-    for arm, server in (("control", "fp32"), ("candidate", "bf16")):
+    for arm, server in (("control", "fp32"), ("candidate", "half")):
         rec = json.loads((res / "launch" / f"{arm}.json").read_text())
         # what the server itself reported, kept in the receipt
         assert rec["server"]["version"] == "0.32.0"
@@ -95,9 +95,9 @@ def test_tiny_audit_against_real_vllm_evaluates_every_gate(attach_audit, vllm_pa
 
 def test_speed_bracket_launches_real_vllm_three_times(vllm_pair, tmp_path):
     vllm_python_or_skip()
-    arm_cfgs = {"control": vllm_launch_arm("float32"), "candidate": vllm_launch_arm("bfloat16")}
+    arm_cfgs = {"control": vllm_launch_arm("float32"), "candidate": vllm_launch_arm(HALF)}
     launch_paths, preflight_paths = {}, {}
-    for arm, server in (("control", "fp32"), ("candidate", "bf16")):
+    for arm, server in (("control", "fp32"), ("candidate", "half")):
         spec = launch.resolve_spec(arm, arm_cfgs[arm])
         rec = launch.receipt(spec)
         assert rec["server_packages"]["vllm-cpu"] == "0.32.0" and rec["server_packages"]["vllm"] is None

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from pairaudit import launch, modelstore
+from pairaudit import configcheck, launch, modelstore
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = modelstore.EMBEDDED_NAME
@@ -31,6 +31,10 @@ MML = 1024
 HEALTH_TIMEOUT_S = 900  # vLLM's start on 2 shared cores under load: 30 s to several minutes
 NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
                     "prompt_lookup_min": 2})
+
+# The candidate's reduced precision: bfloat16 where the CPU computes it natively, float16
+# elsewhere (vLLM's CPU build emulates bfloat16 without AVX512-BF16/AMX, a few tokens/s).
+HALF = "bfloat16" if (configcheck.cpu_flags() or set()) & set(configcheck.BF16_FLAGS) else "float16"
 
 pytestmark = pytest.mark.vllm
 
@@ -141,10 +145,10 @@ def start_all(log_dir: Path, specs: dict) -> dict:
 
 @pytest.fixture(scope="session")
 def vllm_pair(tmp_path_factory):
-    """A float32 control and a bfloat16 candidate, started once for the whole session."""
+    """A float32 control and a reduced-precision candidate (``HALF``), started once for the whole session."""
     vllm_python_or_skip()
     servers = start_all(tmp_path_factory.mktemp("vllm-logs"), {"fp32": {"dtype": "float32"},
-                                                               "bf16": {"dtype": "bfloat16"}})
+                                                               "half": {"dtype": HALF}})
     yield servers
     for s in servers.values():
         s.stop()
