@@ -10,7 +10,7 @@ Cache layout (``PAIRAUDIT_CACHE`` or ``~/.cache/pairaudit``)::
 
     models/<gguf sha256>/            converted model (config, safetensors, tokenizer)
     models/<gguf sha256>/SOURCE.json provenance: package, version, gguf path, sha256
-    layouts/<weights sha256>.v<N>.pt the reference server's served layout (pairaudit.refserver.model)
+    layouts/<weights sha256>.<layout>.pt the reference server's served layout (pairaudit.refserver.model)
 
 The directory is keyed by the GGUF's sha256, so a changed file is a new key and
 is converted afresh; a half-written conversion is never used (written to a temp

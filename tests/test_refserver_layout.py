@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import json
 import logging
 from pathlib import Path
@@ -83,13 +85,13 @@ def test_a_damaged_or_foreign_kept_layout_is_rebuilt(ckpt, tmp_path, damage, cap
     elif damage == "garbage":
         cache.write_bytes(b"not a layout")
     else:
-        torch.save({"layout": refmodel.LAYOUT_VERSION + 1, "tensors": {}}, cache)
+        torch.save({"layout": "another-build", "tensors": {}}, cache)
     with caplog.at_level(logging.WARNING, logger="refserver"):
         m = LlamaModel(ckpt, layout_cache=cache)
     assert "rebuilding the served layout" in caplog.text
     for a, b in zip(_outputs(m), built):
         assert torch.equal(a, b)
-    assert torch.load(cache, mmap=True, weights_only=True)["layout"] == refmodel.LAYOUT_VERSION  # kept anew
+    assert torch.load(cache, mmap=True, weights_only=True)["layout"] == refmodel.LAYOUT_ID  # kept anew
 
 
 def test_an_unwritable_cache_costs_only_speed(ckpt, tmp_path, caplog):
@@ -108,7 +110,15 @@ def test_the_bf16_head_is_built_from_the_kept_layout_on_the_bf16_grid(ckpt, tmp_
         assert torch.equal(logits, logits.to(torch.bfloat16).float())
 
 
-def test_the_kept_layout_is_keyed_by_weights_and_layout_version(monkeypatch, tmp_path):
-    monkeypatch.setenv("PAIRAUDIT_CACHE", str(tmp_path))
+def test_the_kept_layout_is_keyed_by_weights_and_build_code_and_replaces_older_builds(ckpt, tmp_path, monkeypatch):
+    monkeypatch.setenv("PAIRAUDIT_CACHE", str(tmp_path / "cache"))
     p = refmodel.layout_cache_path("ab12")
-    assert p == tmp_path / "layouts" / f"ab12.v{refmodel.LAYOUT_VERSION}.pt"
+    assert p == tmp_path / "cache" / "layouts" / f"ab12.{refmodel.LAYOUT_ID}.pt"
+    older, other = p.with_name("ab12.0123456789abcdef.pt"), p.with_name("cd34.0123456789abcdef.pt")
+    for f in (older, other):
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"an earlier build")
+    LlamaModel(ckpt, layout_cache=p)
+    assert p.is_file() and not older.exists() and other.exists()  # another checkpoint's layout is kept
+    # named by the build's own code, so editing it can never map a stale layout
+    assert refmodel.LAYOUT_ID == hashlib.sha256(inspect.getsource(refmodel.build_layout).encode()).hexdigest()[:16]

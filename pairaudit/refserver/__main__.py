@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     log = logging.getLogger("refserver")
     t0 = time.monotonic()
     try:
-        import torch  # 2.1 of the 2.6 s a start takes, on this 2-core host
+        import torch
 
         from ..modelstore import resolve_model
         from .api import Api, serve
@@ -54,8 +54,8 @@ def main(argv=None) -> int:
         limit = model.cfg.max_positions
         if args.max_model_len > limit:
             raise ValueError(f"--max-model-len {args.max_model_len} exceeds the model's context of {limit} tokens")
-        log.info("model %s ready in %.1fs (torch, tokenizer, weights) from %s (switches %s)", args.model, time.monotonic() - t0, path,
-                 switches.as_env())
+        log.info("model %s ready in %.1fs (torch, tokenizer, weights) from %s (switches %s)", args.model,
+                 time.monotonic() - t0, path, switches.as_env())
     except Exception as exc:
         print(f"ERROR: refserver cannot start: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -31,6 +31,8 @@ dispatch-bound; see docs/reference-server-performance.md):
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import json
 import logging
 import math
@@ -149,13 +151,12 @@ class _Layer:
     down: Linear
 
 
-LAYOUT_VERSION = 1
 _LINEARS = ("qkv", "o", "gate_up", "down")
 
 
 def layout_cache_path(weights_sha256: str) -> Path:
     """Where the served layout of the checkpoint with these weights is kept between starts."""
-    return cache_root() / "layouts" / f"{weights_sha256}.v{LAYOUT_VERSION}.pt"
+    return cache_root() / "layouts" / f"{weights_sha256}.{LAYOUT_ID}.pt"
 
 
 def build_layout(path: Path, cfg: LlamaConfig) -> dict[str, torch.Tensor]:
@@ -183,22 +184,27 @@ def build_layout(path: Path, cfg: LlamaConfig) -> dict[str, torch.Tensor]:
     return out
 
 
+# Names the layout build_layout makes: a change to its code is a new kept file, never a stale one.
+LAYOUT_ID = hashlib.sha256(inspect.getsource(build_layout).encode()).hexdigest()[:16]
+
+
 def load_layout(path: Path, cfg: LlamaConfig, cache: Path | None = None) -> dict[str, torch.Tensor]:
     """The served layout, memory-mapped from ``cache`` when a complete one is there, else built (and kept there).
 
-    Building it copies and transposes every weight (0.6 s of a 3 s start for the
+    Building it copies and transposes every weight (0.7 s of CPU time for the
     embedded model); mapping the kept file takes milliseconds, and servers of
     both arms share its pages.  torch's own format is used because it aligns
     every tensor to 64 bytes, so a mapped weight multiplies bit for bit as a
     freshly built one (safetensors' 16-byte offsets send MKL down another
     path).  A cache that cannot be written costs only speed.
     """
+    ident = LAYOUT_ID
     if cache is not None and cache.is_file():
         try:
             kept = torch.load(cache, mmap=True, weights_only=True)
-            if kept.get("layout") == LAYOUT_VERSION:
+            if kept.get("layout") == ident:
                 return kept["tensors"]
-            log.warning("rebuilding the served layout: %s has layout %r", cache, kept.get("layout"))
+            log.warning("rebuilding the served layout: %s holds layout %r, not %r", cache, kept.get("layout"), ident)
         except Exception as exc:  # any unreadable file is rebuilt: it is a cache, never the weights
             log.warning("rebuilding the served layout: %s unreadable (%s: %s)", cache, type(exc).__name__, exc)
     layout = build_layout(path, cfg)
@@ -209,7 +215,7 @@ def load_layout(path: Path, cfg: LlamaConfig, cache: Path | None = None) -> dict
         fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=cache.name, suffix=".part")
         os.close(fd)
         try:
-            torch.save({"layout": LAYOUT_VERSION, "tensors": layout}, tmp)
+            torch.save({"layout": ident, "tensors": layout}, tmp)
             os.replace(tmp, cache)  # a concurrent start renames a complete file too; either one wins
         finally:
             if os.path.exists(tmp):
@@ -217,6 +223,11 @@ def load_layout(path: Path, cfg: LlamaConfig, cache: Path | None = None) -> dict
     except (OSError, RuntimeError) as exc:  # torch's writer reports a full disk as a RuntimeError
         log.warning("serving without a kept layout: cannot write %s (%s)", cache, exc)
         return layout
+    # the same weights' layouts from earlier code, a gigabyte each (a server still mapping one keeps its pages)
+    weights = cache.name.split(".", 1)[0]
+    for old in cache.parent.glob(f"{weights}.*.pt"):
+        if old != cache:
+            old.unlink(missing_ok=True)
     return torch.load(cache, mmap=True, weights_only=True)["tensors"]
 
 
