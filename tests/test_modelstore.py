@@ -46,6 +46,26 @@ def test_swapped_gguf_is_refused(tmp_path, monkeypatch):
         modelstore.resolve_model(modelstore.EMBEDDED_NAME)
 
 
+def test_an_unchanged_file_is_not_hashed_again_and_a_rewritten_one_is(tmp_path, monkeypatch):
+    monkeypatch.setenv("PAIRAUDIT_CACHE", str(tmp_path / "cache"))
+    f = tmp_path / "weights.gguf"
+    f.write_bytes(b"the pinned weights")
+    first = modelstore.verified_sha256(f)
+    assert first == modelstore.file_sha256(f)
+    hashed = []
+    real = modelstore.file_sha256
+    monkeypatch.setattr(modelstore, "file_sha256", lambda p: hashed.append(p) or real(p))
+    assert modelstore.verified_sha256(f) == first and hashed == []  # a stat, no hash
+    # rewritten in place at the same size: its mtime and ctime moved, so it is hashed again
+    f.write_bytes(b"the swapped weight")
+    assert modelstore.verified_sha256(f) == real(f) != first and len(hashed) == 1
+    # and resolving it as the embedded model is refused
+    monkeypatch.setattr(modelstore, "embedded_gguf", lambda: f)
+    monkeypatch.setattr(modelstore, "EMBEDDED_GGUF_SHA256", first)
+    with pytest.raises(modelstore.ModelError, match="sha256"):
+        modelstore.resolve_model(modelstore.EMBEDDED_NAME)
+
+
 def test_unknown_model_names_the_argument(tmp_path):
     with pytest.raises(modelstore.ModelError, match="nope"):
         modelstore.resolve_model(str(tmp_path / "nope"))

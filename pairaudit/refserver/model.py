@@ -160,26 +160,32 @@ def layout_cache_path(weights_sha256: str) -> Path:
 
 
 def build_layout(path: Path, cfg: LlamaConfig) -> dict[str, torch.Tensor]:
-    """Every tensor the model serves with, fp32, fused and in both product layouts (``<name>.t``: ``[in, out]``)."""
+    """Every tensor the model serves with, fp32, fused and in both product layouts (``<name>.t``: ``[in, out]``).
+
+    Each per-layer kind is one tensor with the layers stacked first, so a kept
+    file unpickles 15 tensors rather than 300 (0.1 s of a start).
+    """
     weights = {}
     for f in sorted(path.glob("*.safetensors")):
         weights.update(load_file(f))
-    # copied out of the mapped checkpoint, whose 16-byte offsets would change MKL's kernels (and bits)
-    w = {k.removeprefix("model."): v.float().clone() for k, v in weights.items()}
-    out = {"embed": w["embed_tokens.weight"], "norm": w["norm.weight"]}
+    w = {k.removeprefix("model."): v.float() for k, v in weights.items()}
+    kinds = {name: [] for name in ("in_norm", "post_norm", *_LINEARS)}
     for i in range(cfg.layers):
         p = f"layers.{i}."
-        out[p + "in_norm"] = w[p + "input_layernorm.weight"]
-        out[p + "post_norm"] = w[p + "post_attention_layernorm.weight"]
+        kinds["in_norm"].append(w[p + "input_layernorm.weight"])
+        kinds["post_norm"].append(w[p + "post_attention_layernorm.weight"])
         # q/k/v and gate/up fused: one weight stream per step instead of three/two
-        out[p + "qkv"] = torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in ("q", "k", "v")], dim=0)
-        out[p + "o"] = w[p + "self_attn.o_proj.weight"]
-        out[p + "gate_up"] = torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]], dim=0)
-        out[p + "down"] = w[p + "mlp.down_proj.weight"]
-        for name in _LINEARS:
-            out[p + name + ".t"] = out[p + name].t().contiguous()
+        kinds["qkv"].append(torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in ("q", "k", "v")], dim=0))
+        kinds["o"].append(w[p + "self_attn.o_proj.weight"])
+        kinds["gate_up"].append(torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]], dim=0))
+        kinds["down"].append(w[p + "mlp.down_proj.weight"])
+    out = {name: torch.stack(parts) for name, parts in kinds.items()}
+    for name in _LINEARS:
+        out[name + ".t"] = out[name].transpose(1, 2).contiguous()
+    # copied out of the mapped checkpoint, whose 16-byte offsets would change MKL's kernels (and bits)
+    out["embed"], out["norm"] = w["embed_tokens.weight"].clone(), w["norm.weight"].clone()
     if "lm_head.weight" in w:  # untied; a tied head is the embedding itself
-        out["head"] = w["lm_head.weight"]
+        out["head"] = w["lm_head.weight"].clone()
     out["head.t"] = out.get("head", out["embed"]).t().contiguous()
     return out
 
@@ -238,9 +244,8 @@ class LlamaModel:
         self.embed = t["embed"]
         self.layers: list[_Layer] = []
         for i in range(cfg.layers):
-            p = f"layers.{i}."
-            lin = {name: Linear(t[p + name], t[p + name + ".t"]) for name in _LINEARS}
-            self.layers.append(_Layer(in_norm=t[p + "in_norm"], post_norm=t[p + "post_norm"], **lin))
+            lin = {name: Linear(t[name][i], t[name + ".t"][i]) for name in _LINEARS}
+            self.layers.append(_Layer(in_norm=t["in_norm"][i], post_norm=t["post_norm"][i], **lin))
         self.norm = t["norm"]
         head = t.get("head", self.embed)
         self.lm_head_bf16 = lm_head_bf16
