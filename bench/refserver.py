@@ -12,7 +12,7 @@ vLLM's interpreter is ``$PAIRAUDIT_VLLM_PYTHON`` or ``<repo>/.venv-vllm/bin/pyth
 without either the vLLM columns say so and only the reference server is measured.
 
 Start-up is timed too: spawn to the first healthy ``/health``, polled every
-50 ms; ``--start-trials`` more starts of the default reference server give its
+50 ms; ``--start-trials`` starts of the default reference server alone give its
 median and worst (goal <= 3 s), timed before anything else starts.
 
 ``--extra`` adds the older rows: transformers ``generate`` at batch 1 and 4, the

@@ -8,10 +8,10 @@ directory converted once loads in ~1 s with bitwise-identical logits.
 
 Cache layout (``PAIRAUDIT_CACHE`` or ``~/.cache/pairaudit``)::
 
-    models/<gguf sha256>/            converted model (config, safetensors, tokenizer)
-    models/<gguf sha256>/SOURCE.json provenance: package, version, gguf path, sha256
-    layouts/<weights sha256>.<layout>.pt the reference server's served layout (pairaudit.refserver.model)
-    verified/<path hash>.json        a file's sha256 with the stat it had when hashed
+    models/<gguf sha256>/                converted model (config, safetensors, tokenizer)
+    models/<gguf sha256>/SOURCE.json     provenance: package, version, gguf path, sha256
+    layouts/<weights sha256>.<build>.pt  the reference server's served layout (pairaudit.refserver.model)
+    verified/<path hash>.json            a file's sha256 with the stat it had when hashed
 
 The directory is keyed by the GGUF's sha256, so a changed file is a new key and
 is converted afresh; a half-written conversion is never used (written to a temp
