@@ -124,22 +124,28 @@ def _process_umask() -> int:
 _UMASK = _process_umask()
 
 
+@contextlib.contextmanager
+def atomic_file(path: Path, mode: str = "w"):
+    """A new file that replaces ``path`` only once it is written completely."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        # mkstemp makes the file 0600; an artifact gets the mode any other file
+        # would, so the people reviewing a promotion on a shared host can read it.
+        os.fchmod(fd, 0o666 & ~_UMASK)
+        with os.fdopen(fd, mode) as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        # a full disk must not leave a half-written temp file beside the artifact
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def _atomic_write(path: Path, text: str) -> None:
-    with named_io(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            # mkstemp makes the file 0600; an artifact gets the mode any other file
-            # would, so the people reviewing a promotion on a shared host can read it.
-            os.fchmod(fd, 0o666 & ~_UMASK)
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            # a full disk must not leave a half-written temp file beside the artifact
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+    with named_io(path), atomic_file(path) as f:
+        f.write(text)
 
 
 def _round_trip(obj: Any) -> Any:

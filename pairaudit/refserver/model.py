@@ -36,8 +36,6 @@ import inspect
 import json
 import logging
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from ..artifacts import atomic_file
 from ..modelstore import cache_root
 
 log = logging.getLogger("refserver")
@@ -204,28 +203,22 @@ def load_layout(path: Path, cfg: LlamaConfig, cache: Path | None = None) -> dict
     freshly built one (safetensors' 16-byte offsets send MKL down another
     path).  A cache that cannot be written costs only speed.
     """
-    ident = LAYOUT_ID
     if cache is not None and cache.is_file():
         try:
             kept = torch.load(cache, mmap=True, weights_only=True)
-            if kept.get("layout") == ident:
+            if kept.get("layout") == LAYOUT_ID:
                 return kept["tensors"]
-            log.warning("rebuilding the served layout: %s holds layout %r, not %r", cache, kept.get("layout"), ident)
+            log.warning("rebuilding the served layout: %s holds layout %r, not %r", cache, kept.get("layout"),
+                        LAYOUT_ID)
         except Exception as exc:  # any unreadable file is rebuilt: it is a cache, never the weights
             log.warning("rebuilding the served layout: %s unreadable (%s: %s)", cache, type(exc).__name__, exc)
     layout = build_layout(path, cfg)
     if cache is None:
         return layout
     try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=cache.name, suffix=".part")
-        os.close(fd)
-        try:
-            torch.save({"layout": ident, "tensors": layout}, tmp)
-            os.replace(tmp, cache)  # a concurrent start renames a complete file too; either one wins
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        # a concurrent start renames a complete file too; either one wins
+        with atomic_file(cache, "wb") as f:
+            torch.save({"layout": LAYOUT_ID, "tensors": layout}, f)
     except (OSError, RuntimeError) as exc:  # torch's writer reports a full disk as a RuntimeError
         log.warning("serving without a kept layout: cannot write %s (%s)", cache, exc)
         return layout
