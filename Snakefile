@@ -4,7 +4,7 @@
 #   snakemake --cores 4 calibrate          the control against itself (results/<audit>-calibration/)
 from snakemake.utils import min_version, validate
 
-from pairaudit.calibration import calibration_config, is_calibration
+from pairaudit.promotion.calibration import calibration_config, is_calibration
 from pairaudit.configcheck import check_at_load, check_yaml_files
 
 min_version("9.0")

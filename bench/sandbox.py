@@ -28,8 +28,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pairaudit import sandbox, scoring  # noqa: E402
-from pairaudit.datasets import load_source, normalize  # noqa: E402
+from pairaudit.datasets.formats import load_source, normalize  # noqa: E402
+from pairaudit.quality import (  # noqa: E402
+    sandbox,
+    scoring,  # noqa: E402
+)
 
 
 def mbpp_items() -> list[dict]:

@@ -1,7 +1,7 @@
 """Run the speed bracket (s1 control, s2 candidate, s3 control) on the embedded default, and print it.
 
 Reads config/config.yaml (arms and the ``speed:`` section, schema defaults
-filled in by pairaudit.speed), writes its artifacts to a scratch directory
+filled in by pairaudit.speed.bracket), writes its artifacts to a scratch directory
 (or ``--out``), appends its control starts to the configured control archive
 (``--archive`` moves it; the archive is the point: day-to-day spread), then
 prints per cell and repeat the primary metric of s1/s2/s3, the candidate's
@@ -26,7 +26,10 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from pairaudit import artifacts, launch, speed  # noqa: E402
+from pairaudit.core import artifacts  # noqa: E402
+from pairaudit.serving import launch  # noqa: E402
+from pairaudit.speed import bracket as speed  # noqa: E402
+from pairaudit.speed import stage as speed_stage  # noqa: E402
 
 
 def _f(x, fmt="{:.3f}"):
@@ -52,7 +55,7 @@ def main(argv=None) -> int:
         pp[arm] = str(out / f"preflight-{arm}.json")
         artifacts.write_json(pp[arm], {"schema": "pairaudit.preflight/v1", "verdict": "PASS", "bench": True})
     t0 = time.monotonic()
-    doc = speed.speed_stage(launch_paths=lp, preflight_paths=pp, arm_cfgs=cfg["arms"], speed_cfg=cfg.get("speed"),
+    doc = speed_stage.speed_stage(launch_paths=lp, preflight_paths=pp, arm_cfgs=cfg["arms"], speed_cfg=cfg.get("speed"),
                             audit="bench-speed-bracket", out_path=str(out / "decision.json"),
                             streams_path=str(out / "streams.jsonl"), archive_path=str(archive),
                             server_logs={s: str(out / f"server-{s}.log") for s in ("s1", "s2", "s3")})

@@ -4,15 +4,15 @@ Identical arms (false WIN, false LOSS) and a candidate that is truly +10 %
 faster (power), for every noise model the speed gate must survive:
 independent per-repeat noise of 1-5 % and per-start offsets of 1-3 % (plus
 1 % per repeat). A per-start offset is shared by every cell, repeat and
-metric of that start (``rules.simulate_windows``). Each window is a whole
+metric of that start (``gates.simulate_windows``). Each window is a whole
 gate as the stage composes it: R repeats, the deciding cells of the embedded
 default (2), and its guards (accepted drafts per round, 0 without
 speculation, and client decode tok/s, as noisy as the primary).
 
-win2-v2 runs through ``rules._win2_v2_core``, the function the registered
+win2-v2 runs through ``gates.speed._win2_v2_core``, the function the registered
 rule itself calls. win2-v1 is vectorized here (the registered function takes
 one cell at a time); the first ``--check`` windows of every setting are also
-run through ``rules.win2_v1`` and ``speeddecision.combine`` and must give the same
+run through ``gates.win2_v1`` and ``speeddecision.combine`` and must give the same
 gate verdicts, else the script stops.
 
 Usage: .venv/bin/python bench/speed_noise.py [--windows 5000] [--repeats 3] [--cells 2] [--seed 2026]
@@ -31,7 +31,8 @@ from scipy import stats as st
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from pairaudit import rules, speeddecision  # noqa: E402
+from pairaudit import gates  # noqa: E402
+from pairaudit.speed import decision as speeddecision  # noqa: E402
 
 GUARDS = ["accepted_per_round", "decode_tps"]
 ZERO = ["accepted_per_round"]
@@ -45,7 +46,7 @@ POWER_GAIN = 10.0
 
 
 def v1_gate(w: dict, *, win_pct: float = 2.0, level: float = 0.95) -> np.ndarray:
-    """win2-v1 per cell (rules.win2_v1) and the stage's gate over the cells (speeddecision.combine), vectorized."""
+    """win2-v1 per cell (gates.win2_v1) and the stage's gate over the cells (speeddecision.combine), vectorized."""
     x = w["pooled_rate_tps"]                                   # (W, C, R, 3)
     n_rep = x.shape[2]
     control = (x[..., 0] + x[..., 2]) / 2.0
@@ -67,8 +68,8 @@ def v1_gate(w: dict, *, win_pct: float = 2.0, level: float = 0.95) -> np.ndarray
 
 
 def v2_gate(w: dict) -> np.ndarray:
-    return rules._win2_v2_core(w, primary="pooled_rate_tps", guards=GUARDS, lower_is_better=(),
-                               **{k: rules.WIN2_V2[k] for k in ("win_pct", "alpha_win", "alpha_loss",
+    return gates.speed._win2_v2_core(w, primary="pooled_rate_tps", guards=GUARDS, lower_is_better=(),
+                               **{k: gates.WIN2_V2[k] for k in ("win_pct", "alpha_win", "alpha_loss",
                                                                 "start_noise_pct")})["verdict"]
 
 
@@ -76,11 +77,11 @@ def check_v1(w: dict, got: np.ndarray, n: int) -> None:
     """The vectorized win2-v1 must equal the registered function composed by the stage."""
     cells = [f"c{j}" for j in range(w["pooled_rate_tps"].shape[1])]
     for i in range(min(n, len(got))):
-        per = {c: rules.win2_v1({m: w[m][i, j].tolist() for m in METRICS}, primary="pooled_rate_tps",
+        per = {c: gates.win2_v1({m: w[m][i, j].tolist() for m in METRICS}, primary="pooled_rate_tps",
                                 guards=GUARDS) for j, c in enumerate(cells)}
         want = speeddecision.combine(per, cells, informational=False)["verdict"]
         if want != got[i]:
-            raise SystemExit(f"vectorized win2-v1 disagrees with rules.win2_v1 at window {i}: {got[i]} != {want}")
+            raise SystemExit(f"vectorized win2-v1 disagrees with gates.win2_v1 at window {i}: {got[i]} != {want}")
 
 
 def rates(v: np.ndarray) -> dict:
@@ -93,13 +94,13 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cells", type=int, default=2)
     ap.add_argument("--seed", type=int, default=2026)
-    ap.add_argument("--check", type=int, default=100, help="windows per setting re-run through rules.win2_v1")
+    ap.add_argument("--check", type=int, default=100, help="windows per setting re-run through gates.win2_v1")
     args = ap.parse_args(argv)
     t0 = time.process_time()
     rng = np.random.default_rng(args.seed)
     print(f"{args.windows} windows per setting, {args.cells} deciding cells, R={args.repeats}, guards {GUARDS} "
           f"({', '.join(ZERO)} = 0), power at +{POWER_GAIN:g} %, seed {args.seed}")
-    print(f"win2-v2 registered: {rules.WIN2_V2}")
+    print(f"win2-v2 registered: {gates.WIN2_V2}")
     head = f"{'noise model':<24} {'rule':<8} {'false WIN':>9} {'false LOSS':>10} {'null INCONCL':>12} " \
            f"{'power WIN':>9} {'power LOSS':>10}"
     print(head)
@@ -107,8 +108,8 @@ def main(argv=None) -> int:
     for label, rep_sd, start_sd in MODELS:
         kw = dict(cells=args.cells, repeats=args.repeats, rep_sd=rep_sd, start_sd=start_sd, metrics=METRICS,
                   zero=ZERO)
-        null = rules.simulate_windows(rng, args.windows, **kw)
-        alt = rules.simulate_windows(rng, args.windows, gain_pct=POWER_GAIN, **kw)
+        null = gates.simulate_windows(rng, args.windows, **kw)
+        alt = gates.simulate_windows(rng, args.windows, gain_pct=POWER_GAIN, **kw)
         v1n, v1a = v1_gate(null), v1_gate(alt)
         check_v1(null, v1n, args.check)
         check_v1(alt, v1a, args.check)

@@ -4,7 +4,7 @@ The Snakefile calls :func:`check_at_load` right after the schema validation,
 so a bad config fails with ``snakemake -n`` too, before a server is started.
 The schema covers shapes and enums; this covers what needs code or files:
 
-* every arm resolves (:func:`pairaudit.launch.resolve_spec`: command
+* every arm resolves (:func:`pairaudit.serving.launch.resolve_spec`: command
   placeholders, env values, ...), and a reference-server arm's switches parse
   (:mod:`pairaudit.refserver.switches`) and its ``max_model_len`` fits the
   model's context;
@@ -12,7 +12,7 @@ The schema covers shapes and enums; this covers what needs code or files:
   exists and matches its ``sha256`` pin, a package ships its file, a hub file
   is pinned), the selection against the source's size -- by building the
   dataset document exactly as the dataset stage will
-  (:func:`pairaudit.datasets.check_dataset`; never over the network: a hub
+  (:func:`pairaudit.datasets.formats.check_dataset`; never over the network: a hub
   file not yet in the cache is checked when it is downloaded);
 * ``sampling.max_tokens`` (and ``greedy.max_tokens`` when set) against each
   arm's ``max_model_len`` and the longest selected prompt: counted in tokens
@@ -20,12 +20,12 @@ The schema covers shapes and enums; this covers what needs code or files:
   the embedded model (or a local model directory) on the reference server,
   else bounded by the prompt's UTF-8 bytes (a note, not an error: a byte
   bound cannot prove a prompt too long);
-* the speed cells (:func:`pairaudit.speed.resolve_config`, unique names) and
-  the boundary cases (:func:`pairaudit.boundary.settings` / ``case_plan``);
-* the calibration keys (:func:`pairaudit.calibration.check`): a calibration's
+* the speed cells (:func:`pairaudit.speed.bracket.resolve_config`, unique names) and
+  the boundary cases (:func:`pairaudit.boundary.cases.settings` / ``case_plan``);
+* the calibration keys (:func:`pairaudit.promotion.calibration.check`): a calibration's
   audit name and identical arms, and no audit named like another's calibration;
 * every artifact already under ``results/<audit>/`` still has the content its
-  writer recorded (:func:`pairaudit.artifacts.verify_tree`), so an edited
+  writer recorded (:func:`pairaudit.core.artifacts.verify_tree`), so an edited
   file is refused by name even when Snakemake would rerun nothing.
 
 Every message names the key path, the value and what is allowed.  Nothing
@@ -51,9 +51,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import artifacts, calibration, datasets, launch
-from .contracts import ARMS
-from .refserver import switches as ref_switches
+from pairaudit.core import artifacts
+from pairaudit.core.contracts import ARMS
+from pairaudit.datasets import formats as datasets
+from pairaudit.promotion import calibration
+from pairaudit.refserver import switches as ref_switches
+from pairaudit.serving import launch
 
 SERVER_SLOTS_ENV = "PAIRAUDIT_SERVER_SLOTS"
 AUDIT_ENV = "PAIRAUDIT_AUDIT"
@@ -93,7 +96,7 @@ def model_dir(spec: Mapping[str, Any]) -> Path | None:
     """The directory holding a reference-server arm's tokenizer, if it is on disk now (never converted here)."""
     if not is_refserver(spec):
         return None
-    from . import modelstore
+    from pairaudit.serving import modelstore
 
     if spec["model"] in EMBEDDED_MODELS:
         # The converted copy is keyed by the packaged file's pinned sha256, which
@@ -204,7 +207,7 @@ _TOKENIZERS: dict[str, Any] = {}
 def _tokenizer(mdir: Path):
     key = str(mdir)
     if key not in _TOKENIZERS:
-        from .refserver.tokenizer import ChatTokenizer
+        from pairaudit.refserver.tokenizer import ChatTokenizer
 
         _TOKENIZERS[key] = ChatTokenizer(mdir)
     return _TOKENIZERS[key]
@@ -299,7 +302,7 @@ def check_speed(config: Mapping[str, Any], specs: Mapping[str, dict], result: Ch
     cfg = config.get("speed")
     if cfg is None or not cfg.get("enabled", True):
         return
-    from . import speed
+    from pairaudit.speed import bracket as speed
 
     try:
         resolved = speed.resolve_config(cfg)
@@ -322,7 +325,7 @@ def check_boundary(config: Mapping[str, Any], specs: Mapping[str, dict], result:
     cfg = config.get("boundary")
     if cfg is not None and not cfg.get("enabled", True):
         return
-    from . import boundary
+    from pairaudit.boundary import cases as boundary
 
     try:
         resolved = boundary.settings(cfg)
@@ -406,7 +409,7 @@ def check_at_load(config: dict, workflow) -> CheckResult:
 
     Also hands the invocation's ``server_slots`` and audit name to the jobs
     (environment variables their ``launch.Server`` reads for the machine-wide
-    server slots, :mod:`pairaudit.slots`).
+    server slots, :mod:`pairaudit.serving.slots`).
     """
     base = Path(workflow.basedir)
     # The main Snakefile checks first; a later call in the same process is the

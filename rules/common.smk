@@ -2,10 +2,11 @@ import json
 import os
 from pathlib import Path
 
-from pairaudit import calibration, contracts
-from pairaudit.codehash import code_hash
-from pairaudit.datasets import source_fingerprint
-from pairaudit.lifecycle import relay_interrupts
+from pairaudit.promotion import calibration
+from pairaudit.core import contracts
+from pairaudit.core.codehash import code_hash
+from pairaudit.datasets.formats import source_fingerprint
+from pairaudit.core.lifecycle import relay_interrupts
 
 # A SIGINT to snakemake alone would let its running jobs carry on; they watch for this.
 relay_interrupts()
@@ -18,7 +19,7 @@ CACHE = str(Path(workflow.basedir) / ".cache")
 JOURNAL = f"{R}/journal"
 
 
-# Where each artifact lands is its contract's (pairaudit.contracts.PATHS): under
+# Where each artifact lands is its contract's (pairaudit.core.contracts.PATHS): under
 # results/<audit>/ unless shared by every audit, a pattern in {arm} and {dataset}.
 def artifact(schema):
     path = contracts.PATHS[schema]
@@ -54,7 +55,7 @@ CALIBRATIONS = calibration.log_path(config)
 
 
 # What each stage runs: its script and every pairaudit module the script
-# imports, directly or not (pairaudit.codehash).  The hash is a parameter, so
+# imports, directly or not (pairaudit.core.codehash).  The hash is a parameter, so
 # editing a file reruns exactly the stages that import it (and what consumes
 # their outputs), while a `touch` reruns nothing (the profile turns the mtime
 # and code triggers off: see profiles/default/config.yaml).

@@ -1,10 +1,10 @@
-"""Snakemake entry for rule answers: one arm's server for receipt, preflight, sampled runs and boundary (pairaudit.phases)."""
+"""Snakemake entry for rule answers: one arm's server for receipt, preflight, sampled runs and boundary (pairaudit.serving.phase)."""
 
 import sys
 
 sys.path.insert(0, f"{snakemake.scriptdir}/..")  # the library, also inside a conda env  # noqa: F821
-from pairaudit.jobs import run_job  # noqa: E402
-from pairaudit.phases import answers_phase  # noqa: E402
+from pairaudit.answers.stage import answers_phase  # noqa: E402
+from pairaudit.core.jobs import run_job  # noqa: E402
 
 inp, out, params, log = snakemake.input, snakemake.output, snakemake.params, snakemake.log  # noqa: F821
 run_job(log[0], answers_phase, arm=snakemake.wildcards.arm, arm_cfg=params.arm,  # noqa: F821

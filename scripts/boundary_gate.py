@@ -1,10 +1,10 @@
-"""Snakemake entry for rule boundary_gate: boundary-v1 over both arms, cases side by side (pairaudit.boundary)."""
+"""Snakemake entry for rule boundary_gate: boundary-v1 over both arms, cases side by side (pairaudit.boundary.cases)."""
 
 import sys
 
 sys.path.insert(0, f"{snakemake.scriptdir}/..")  # noqa: F821
-from pairaudit.boundary import boundary_gate_stage  # noqa: E402
-from pairaudit.jobs import run_job  # noqa: E402
+from pairaudit.boundary.stage import boundary_gate_stage  # noqa: E402
+from pairaudit.core.jobs import run_job  # noqa: E402
 
 inp, log = snakemake.input, snakemake.log  # noqa: F821
 run_job(log[0], boundary_gate_stage, arm_paths={"control": inp.control, "candidate": inp.candidate},

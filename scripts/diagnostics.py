@@ -1,10 +1,10 @@
-"""Snakemake entry for rule diagnostics: greedy runs, determinism and divergence probes of both arms (pairaudit.phases)."""
+"""Snakemake entry for rule diagnostics: greedy runs, determinism and divergence probes of both arms (pairaudit.serving.phase)."""
 
 import sys
 
 sys.path.insert(0, f"{snakemake.scriptdir}/..")  # noqa: F821
-from pairaudit.jobs import run_job  # noqa: E402
-from pairaudit.phases import diagnostics_phase  # noqa: E402
+from pairaudit.core.jobs import run_job  # noqa: E402
+from pairaudit.diagnostics.stage import diagnostics_phase  # noqa: E402
 
 inp, out, params, log = snakemake.input, snakemake.output, snakemake.params, snakemake.log  # noqa: F821
 names = params.datasets

@@ -1,10 +1,10 @@
-"""Snakemake entry for rule paired: the paired table and quality-v1 of one dataset (pairaudit.stages)."""
+"""Snakemake entry for rule paired: the paired table and quality-v1 of one dataset (pairaudit.datasets.stage)."""
 
 import sys
 
 sys.path.insert(0, f"{snakemake.scriptdir}/..")  # noqa: F821
-from pairaudit.jobs import run_job  # noqa: E402
-from pairaudit.stages import paired_stage  # noqa: E402
+from pairaudit.core.jobs import run_job  # noqa: E402
+from pairaudit.quality.stage import paired_stage  # noqa: E402
 
 inp = snakemake.input  # noqa: F821
 run_job(snakemake.log[0], paired_stage, dataset_path=inp.dataset,  # noqa: F821

@@ -1,10 +1,10 @@
-"""Snakemake entry for rule promotion: decision, reports, figures, manifest, ledger line (pairaudit.report.promotion_stage)."""
+"""Snakemake entry for rule promotion: decision, reports, figures, manifest, ledger line (pairaudit.promotion.stage.promotion_stage)."""
 
 import sys
 
 sys.path.insert(0, f"{snakemake.scriptdir}/..")  # noqa: F821
-from pairaudit.jobs import run_job  # noqa: E402
-from pairaudit.report import promotion_stage  # noqa: E402
+from pairaudit.core.jobs import run_job  # noqa: E402
+from pairaudit.promotion.stage import promotion_stage  # noqa: E402
 
 inp, out, params = snakemake.input, snakemake.output, snakemake.params  # noqa: F821
 later = {"divergence": list(inp.divergence), "answers": list(inp.answers)}

@@ -1,10 +1,10 @@
-"""Snakemake entry for rule score: score one dataset on one arm (pairaudit.stages.score_stage)."""
+"""Snakemake entry for rule score: score one dataset on one arm (pairaudit.datasets.stage.score_stage)."""
 
 import sys
 
 sys.path.insert(0, f"{snakemake.scriptdir}/..")  # noqa: F821
-from pairaudit.jobs import run_job  # noqa: E402
-from pairaudit.stages import score_stage  # noqa: E402
+from pairaudit.core.jobs import run_job  # noqa: E402
+from pairaudit.quality.stage import score_stage  # noqa: E402
 
 run_job(snakemake.log[0], score_stage, dataset_path=snakemake.input.dataset,  # noqa: F821
         sampled_path=snakemake.input.sampled, out_path=snakemake.output[0],  # noqa: F821

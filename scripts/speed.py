@@ -1,10 +1,10 @@
-"""Snakemake entry for rule speed: the OFF/ON/OFF bracket under win2-v1 (pairaudit.speed)."""
+"""Snakemake entry for rule speed: the OFF/ON/OFF bracket under win2-v1 (pairaudit.speed.bracket)."""
 
 import sys
 
 sys.path.insert(0, f"{snakemake.scriptdir}/..")  # noqa: F821
-from pairaudit.jobs import run_job  # noqa: E402
-from pairaudit.speed import speed_stage  # noqa: E402
+from pairaudit.core.jobs import run_job  # noqa: E402
+from pairaudit.speed.stage import speed_stage  # noqa: E402
 
 inp, out, params, log = snakemake.input, snakemake.output, snakemake.params, snakemake.log  # noqa: F821
 run_job(log[0], speed_stage,

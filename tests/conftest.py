@@ -2,10 +2,10 @@
 
 import threading
 
+import fake_server
 import pytest
 
-import fake_server
-from pairaudit.client import Endpoint
+from pairaudit.serving.client import Endpoint
 
 
 @pytest.fixture

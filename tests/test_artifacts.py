@@ -1,18 +1,17 @@
-"""pairaudit.artifacts: JSON/JSONL artifacts that say what they consumed, and the checks on them."""
+"""pairaudit.core.artifacts: JSON/JSONL artifacts that say what they consumed, and the checks on them."""
 
 import datetime as dt
 import hashlib
 import json
-import stat
 import os
 import re
 import shutil
+import stat
 
 import pytest
 
-from pairaudit import artifacts
-from pairaudit.artifacts import ArtifactError
-
+from pairaudit.core import artifacts
+from pairaudit.core.artifacts import ArtifactError
 
 # ---------------------------------------------------------------- JSON / JSONL round trips
 
@@ -176,7 +175,7 @@ def test_code_version_follows_content_not_mtime(tmp_path, monkeypatch):
     v0 = artifacts.code_version()
     assert len(v0) == 64
 
-    target = pkg / "stats.py"
+    target = pkg / "quality" / "stats.py"
     st = target.stat()
     os.utime(target, ns=(st.st_atime_ns + 10**10, st.st_mtime_ns + 10**10))  # touch
     assert artifacts.code_version() == v0
@@ -275,7 +274,7 @@ def test_named_io_adds_the_file_to_an_error_that_names_none(tmp_path):
 FULL_DISK = """
 import resource, signal, sys
 sys.path.insert(0, {root!r})
-from pairaudit import artifacts
+from pairaudit.core import artifacts
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # the disk is full after 4 KiB
 try:

@@ -14,11 +14,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from pairaudit import artifacts, boundary, launch, rules
-from pairaudit.modelstore import EMBEDDED_NAME, resolve_model
-from pairaudit.refserver.tokenizer import ChatTokenizer
 from refserver_fixture import RefServer
+
+from pairaudit import gates
+from pairaudit.boundary import cases as boundary
+from pairaudit.boundary import stage as boundary_stage
+from pairaudit.core import artifacts, contracts
+from pairaudit.refserver.tokenizer import ChatTokenizer
+from pairaudit.serving import launch
+from pairaudit.serving.modelstore import EMBEDDED_NAME, resolve_model
 
 MODEL = "SmolLM2-135M-Instruct"
 MML = 512
@@ -156,7 +160,7 @@ def run_arm(tmp_path, arm, url, cfg=CFG):
     out = tmp_path / f"boundary-{arm}.json"
     doc = boundary.boundary_stage(arm=arm, arm_cfg=arm_cfg, launch_path=str(launch_path), out_path=str(out),
                                   server_log=str(tmp_path / f"{arm}.log"), cfg=cfg, salt_prefix="test")
-    assert artifacts.read_json(out)["schema"] == boundary.SCHEMA
+    assert artifacts.read_json(out)["schema"] == contracts.BOUNDARY_SCHEMA
     return str(out), str(launch_path), doc
 
 
@@ -167,10 +171,10 @@ def control(servers, tmp_path_factory):
 
 def gate(tmp_path, control, candidate):
     out = tmp_path / "gate.json"
-    doc = boundary.boundary_gate_stage(arm_paths={"control": control[0], "candidate": candidate[0]},
+    doc = boundary_stage.boundary_gate_stage(arm_paths={"control": control[0], "candidate": candidate[0]},
                                        launch_paths={"control": control[1], "candidate": candidate[1]},
                                        out_path=str(out))
-    assert artifacts.read_json(out)["schema"] == boundary.GATE_SCHEMA
+    assert artifacts.read_json(out)["schema"] == contracts.BOUNDARY_GATE_SCHEMA
     return doc
 
 
@@ -196,7 +200,7 @@ def test_identical_arms_pass(servers, control, tmp_path):
     g = gate(tmp_path, control, cand)
     assert g["gate"]["verdict"] == "PASS", g["gate"]["reasons"]
     assert all(row["identical_text"] for row in g["cases"])
-    assert rules.promotion_v1({"boundary": g["gate"]})["verdict"] == "PROMOTE"
+    assert gates.promotion_v1({"boundary": g["gate"]})["verdict"] == "PROMOTE"
     row = g["cases"][0]
     assert row["control"]["ttft_s"] > 0 and row["candidate"]["prompt_tokens"] == row["control"]["prompt_tokens"]
 
@@ -214,7 +218,7 @@ def test_capacity_tail_fault_fails_the_tail_case_only_and_rejects(servers, contr
     for name in ("tail-32", "retrieval-0.5", "retrieval-0.9"):
         assert rows[name]["candidate"]["correct"] and rows[name]["candidate"]["finish_reason"] == "stop"
         assert rows[name]["identical_text"]
-    assert rules.promotion_v1({"boundary": g["gate"]})["verdict"] == "REJECT"
+    assert gates.promotion_v1({"boundary": g["gate"]})["verdict"] == "REJECT"
 
 
 @pytest.mark.server
@@ -232,7 +236,7 @@ def test_length_over_max_model_len_is_a_configuration_error(servers, tmp_path):
     assert g["gate"]["reasons"][0].startswith("configuration error:")
     assert "maximum context length" in g["gate"]["reasons"][0]
     assert g["cases"][0]["candidate"]["error_body"] == over["error_body"]
-    assert rules.promotion_v1({"boundary": g["gate"]})["verdict"] == "INCONCLUSIVE"
+    assert gates.promotion_v1({"boundary": g["gate"]})["verdict"] == "INCONCLUSIVE"
 
 
 @pytest.mark.server

@@ -7,13 +7,14 @@ import json
 
 import pytest
 import yaml
-
-from pairaudit import calibration, decision, report
-from pairaudit.artifacts import read_json, sha256_file
-from pairaudit.jsonlog import read_log
-from pairaudit.rules import win2_v1
 from test_report import _write_inputs, launch_rec, paired_doc, passing_later, passing_pair, preflights
 from test_workflow import TINY, dry_run_jobs, make_project, planned_jobs, snake
+
+from pairaudit.core.artifacts import read_json, sha256_file
+from pairaudit.core.jsonlog import read_log
+from pairaudit.gates.speed import win2_v1
+from pairaudit.promotion import calibration, decision
+from pairaudit.promotion import stage as report
 
 # ------------------------------------------------------------------ config
 

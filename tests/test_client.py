@@ -1,4 +1,4 @@
-"""pairaudit.client: pure helpers, plus error paths against the fake server."""
+"""pairaudit.serving.client: pure helpers, plus error paths against the fake server."""
 
 import hashlib
 import math
@@ -8,8 +8,16 @@ import sys
 
 import pytest
 
-from pairaudit.artifacts import sha256_json
-from pairaudit.client import Endpoint, ServerError, error_message, metrics, metrics_delta, tail_lines, wait_healthy
+from pairaudit.core.artifacts import sha256_json
+from pairaudit.serving.client import (
+    Endpoint,
+    ServerError,
+    error_message,
+    metrics,
+    metrics_delta,
+    tail_lines,
+    wait_healthy,
+)
 
 
 def closed_port() -> int:
@@ -189,7 +197,7 @@ def test_wait_healthy_waits_through_loading(fake):
 # --- salts and silent clamping (vLLM 0.32) --------------------------------------
 
 def test_safe_salt_keeps_within_vllm_limits():
-    from pairaudit.client import SALT_RE, safe_salt
+    from pairaudit.serving.client import SALT_RE, safe_salt
 
     assert safe_salt("audit-control-tail-16", "ab12") == "audit-control-tail-16-ab12"
     for readable in ("a/b@c\\d\x00e", "x" * 500, "", "ünïcode audit"):
@@ -199,7 +207,7 @@ def test_safe_salt_keeps_within_vllm_limits():
 
 
 def test_clamping_known_answers():
-    from pairaudit.client import clamping
+    from pairaudit.serving.client import clamping
 
     # vLLM 0.32: 2045 prompt tokens + max_tokens 4 at 2048 -> 200, 3 tokens, "length"
     c = clamping({"max_tokens": 4}, "length", {"prompt_tokens": 2045, "completion_tokens": 3}, 2048)
@@ -218,7 +226,7 @@ def test_clamping_known_answers():
 
 
 def test_chat_message_reads_both_reasoning_fields():
-    from pairaudit.client import chat_message
+    from pairaudit.serving.client import chat_message
 
     assert chat_message({"message": {"content": None, "reasoning": "r"}}) == {"content": None, "reasoning": "r"}
     assert chat_message({"message": {"content": "a", "reasoning_content": "r"}}) == {"content": "a", "reasoning": "r"}

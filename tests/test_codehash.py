@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from pairaudit import codehash
+from pairaudit.core import codehash
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,13 +42,13 @@ def test_editing_an_imported_file_changes_only_the_hashes_of_its_importers(tmp_p
 
 def test_the_real_stages_cover_the_modules_their_scripts_use():
     promotion = codehash.closure_names(REPO, ["scripts/promotion.py"])
-    assert "pairaudit/stats.py" in promotion and "pairaudit/report.py" in promotion
+    assert "pairaudit/quality/stats.py" in promotion and "pairaudit/promotion/stage.py" in promotion
     score = codehash.closure_names(REPO, ["scripts/score.py"])
-    assert {"pairaudit/datasets.py", "pairaudit/scoring.py", "pairaudit/sandbox.py"} <= set(score)
+    assert {"pairaudit/datasets/formats.py", "pairaudit/quality/scoring.py", "pairaudit/quality/sandbox.py"} <= set(score)
     answers = codehash.closure_names(REPO, ["scripts/answers.py"])
-    assert {"pairaudit/launch.py", "pairaudit/preflight.py", "pairaudit/boundary.py", "pairaudit/sampled.py"} <= set(answers)
+    assert {"pairaudit/serving/launch.py", "pairaudit/serving/preflight.py", "pairaudit/boundary/cases.py", "pairaudit/answers/sampled.py"} <= set(answers)
     # a server-free stage does not depend on the server code
-    assert "pairaudit/launch.py" not in score and "pairaudit/launch.py" not in promotion
+    assert "pairaudit/serving/launch.py" not in score and "pairaudit/serving/launch.py" not in promotion
 
 
 def _fresh_process_hash(root: Path, script: str, cache: Path) -> str:

@@ -10,8 +10,8 @@ Three kinds of YAML live there:
   ``--configfile X --replace-workflow-config``, i.e. on their own.
 
 Each resulting config must pass the schema the Snakefile validates against,
-every arm must resolve with ``pairaudit.launch.resolve_spec``, and every
-dataset entry must pass the ``pairaudit.datasets`` checks that need no
+every arm must resolve with ``pairaudit.serving.launch.resolve_spec``, and every
+dataset entry must pass the ``pairaudit.datasets.formats`` checks that need no
 network.  Nothing here downloads anything: hub sources are checked against a
 pre-seeded cache and ``requests.get`` is made to fail.
 """
@@ -27,9 +27,9 @@ import yaml
 from snakemake.utils import update_config, validate
 from snakemake_interface_common.exceptions import WorkflowError
 
-from pairaudit import datasets as ds
-from pairaudit import suites
-from pairaudit.launch import ConfigError, SWITCH_PREFIX, resolve_spec
+from pairaudit.datasets import formats as ds
+from pairaudit.datasets import suites
+from pairaudit.serving.launch import SWITCH_PREFIX, ConfigError, resolve_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "config"
@@ -326,7 +326,7 @@ def test_loader_also_refuses_a_moving_revision(tmp_path):
 # each asserts that the message names the key path and the offending value.
 
 from pairaudit import configcheck  # noqa: E402
-from pairaudit.modelstore import EMBEDDED_GGUF_SHA256, cache_root  # noqa: E402
+from pairaudit.serving.modelstore import EMBEDDED_GGUF_SHA256, cache_root  # noqa: E402
 
 HAVE_TOKENIZER = (cache_root() / "models" / EMBEDDED_GGUF_SHA256 / "tokenizer.json").is_file()
 
@@ -435,7 +435,7 @@ def test_load_check_refuses_max_tokens_beyond_max_model_len(tmp_path):
 
 
 @pytest.mark.skipif(not HAVE_TOKENIZER, reason="the embedded model is not converted on this machine "
-                                               "(python -m pairaudit.modelstore)")
+                                               "(python -m pairaudit.serving.modelstore)")
 def test_load_check_counts_the_longest_prompt_in_the_served_models_tokens(tmp_path):
     cfg = load(DEFAULT)
     # real HumanEval prompts: long enough that a byte bound cannot prove they fit
@@ -542,7 +542,8 @@ def test_check_yaml_files_names_the_line_for_the_workflow_config(tmp_path):
 
 
 def test_a_bfloat16_vllm_cpu_arm_on_a_cpu_without_bf16_instructions_is_noted_not_refused():
-    from pairaudit import configcheck, launch
+    from pairaudit import configcheck
+    from pairaudit.serving import launch
 
     cfg = yaml.safe_load((CONFIG_DIR / "examples" / "vllm-cpu.yaml").read_text())
     spec = {a: launch.resolve_spec(a, cfg["arms"][a]) for a in ("control", "candidate")}

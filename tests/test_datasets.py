@@ -8,13 +8,17 @@ import threading
 from pathlib import Path
 
 import pytest
-
-from pairaudit import datasets as ds
 from shared_data import shared_file
 
-from pairaudit.datasets import (DatasetError, build_messages, load_source, normalize, prepare_dataset,
-                                select_items)
-
+from pairaudit.datasets import formats as ds
+from pairaudit.datasets.formats import (
+    DatasetError,
+    build_messages,
+    load_source,
+    normalize,
+    prepare_dataset,
+    select_items,
+)
 
 GSM_ROWS = [{"question": f"What is {i} + {i}?", "answer": f"{i} + {i} = {2 * i}\n#### {2 * i:,}"}
             for i in range(0, 1200, 100)]
@@ -313,7 +317,7 @@ def test_real_gsm8k_normalizes():
 
 
 def test_real_math500_normalizes_and_answers_match_last_box():
-    from pairaudit.scoring import last_boxed
+    from pairaudit.quality.scoring import last_boxed
     rows, _ = load_source({"local": str(shared_file("math500/test.jsonl"))}, cache_dir=Path("/nonexistent"))
     items = normalize("math", rows)
     assert len(items) == 500 and len({it["id"] for it in items}) == 500

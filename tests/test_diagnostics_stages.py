@@ -8,10 +8,13 @@ candidate with per-request logit noise fails the determinism check.
 from __future__ import annotations
 
 import pytest
-
-from pairaudit import artifacts, datasets, launch, phases
-from pairaudit.jsonlog import read_log
 from refserver_fixture import RefServer
+
+from pairaudit.core import artifacts
+from pairaudit.core.jsonlog import read_log
+from pairaudit.datasets import formats as datasets
+from pairaudit.diagnostics import stage as diagnostics_stage
+from pairaudit.serving import launch
 
 pytestmark = pytest.mark.server
 MODEL = "SmolLM2-135M-Instruct"
@@ -55,7 +58,7 @@ def _run(tmp_path, url_by_arm, *, fresh=True):
     dataset_path, paired_path, preflight_path, arm_cfgs, launch_paths = _inputs(tmp_path, url_by_arm)
     greedy_paths = {"algebra": {arm: str(tmp_path / f"greedy-{arm}.jsonl") for arm in arm_cfgs}}
     out = tmp_path / "divergence.json"
-    phase = phases.diagnostics_phase(
+    phase = diagnostics_stage.diagnostics_phase(
         dataset_paths={"algebra": dataset_path}, paired_paths={"algebra": paired_path}, receipt_paths=launch_paths,
         preflight_paths={a: preflight_path for a in arm_cfgs}, arm_cfgs=arm_cfgs, greedy_cfg=GREEDY,
         chat_template_kwargs={}, journal_dir=str(tmp_path / "journal"), greedy_paths=greedy_paths,

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from refserver_fixture import module_server
 
-from pairaudit import greedy as g
-from pairaudit import rules
-from pairaudit.artifacts import sha256_json
+from pairaudit import gates
+from pairaudit.core.artifacts import sha256_json
+from pairaudit.diagnostics import greedy as g
 
 MODEL = "SmolLM2-135M-Instruct"
 SAMPLING = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "seed": 0, "n": 1, "min_tokens": 0,
@@ -211,7 +211,7 @@ def test_grid_tie_inputs_match_rule_and_pass_on_a_grid_tie():
     inputs = g.grid_tie_inputs(divs, [_probe(0, ctop, 12)], [_probe(0, ktop, 12)])
     assert inputs == [{"index": 0, "control_token_id": 2, "candidate_token_id": 9, "candidate_top": ktop,
                        "control_top": ctop, "control_prefix_len": 12, "candidate_prefix_len": 12}]
-    v = rules.grid_tie_v1(inputs)
+    v = gates.grid_tie_v1(inputs)
     assert v["verdict"] == "PASS", v["reasons"]
     # probes keyed by index after a JSON round trip (string keys) are found too
     keyed = json.loads(json.dumps({0: _probe(0, ctop, 12)}))
@@ -234,11 +234,11 @@ def test_grid_tie_inputs_missing_or_failed_probe_stops():
     inputs = g.grid_tie_inputs(divs, [], [_probe(0, ktop, 11, error="http 400: bad")])
     assert inputs[0]["control_top"] is None and inputs[0]["candidate_top"] is None
     assert inputs[0]["control_prefix_len"] is None
-    v = rules.grid_tie_v1(inputs)
+    v = gates.grid_tie_v1(inputs)
     assert v["verdict"] == "STOP" and "finite_values" in v["failed_clauses"]
     # unequal forced-prefix token counts are carried through to their clause
     inputs = g.grid_tie_inputs(divs, [_probe(0, ktop, 11)], [_probe(0, ktop, 12)])
-    v = rules.grid_tie_v1(inputs)
+    v = gates.grid_tie_v1(inputs)
     assert v["verdict"] == "STOP" and v["failed_clauses"] == ["equal_prefix_lengths"]
 
 
@@ -268,8 +268,8 @@ def test_determinism_run_hashes_and_error_pseudo_hash():
     assert out["hashes"][0] == out["hashes"][1] == sha256_json([1, 2])
     assert out["hashes"][2].startswith("error:")
     assert len({c[1]["cache_salt"] for c in ep.calls}) == 3
-    assert rules.determinism_v1({"arm": out["hashes"]})["verdict"] == "STOP"
-    assert rules.determinism_v1({"arm": out["hashes"][:2]})["verdict"] == "PASS"
+    assert gates.determinism_v1({"arm": out["hashes"]})["verdict"] == "STOP"
+    assert gates.determinism_v1({"arm": out["hashes"][:2]})["verdict"] == "PASS"
 
 
 # ------------------------------------------------------- real-server tests
@@ -294,7 +294,7 @@ candidate_bf16 = module_server({"PAIRAUDIT_REF_LM_HEAD_BF16": "1"})
 
 
 def _ep(server):
-    from pairaudit.client import Endpoint
+    from pairaudit.serving.client import Endpoint
 
     return Endpoint(server.url, model=MODEL, timeout_s=300)
 
@@ -321,8 +321,8 @@ def test_identical_fp32_arms_do_not_diverge(control):
     assert g.grid_tie_inputs(divs, [], []) == []
     counts = g.comparison_counts([it["index"] for it in items], divs)
     assert counts == {"selected": 2, "compared": 2, "diverged": 0, "unresolved": 0}
-    assert rules.grid_tie_v1([], selected=2, compared=2)["verdict"] == "PASS"
-    assert rules.grid_tie_v1([])["verdict"] == "INCONCLUSIVE"  # no counts: nothing shown compared
+    assert gates.grid_tie_v1([], selected=2, compared=2)["verdict"] == "PASS"
+    assert gates.grid_tie_v1([])["verdict"] == "INCONCLUSIVE"  # no counts: nothing shown compared
 
 
 @pytest.mark.server
@@ -385,12 +385,12 @@ def test_bf16_head_divergence_probes_and_grid_tie(control, candidate_bf16):
     assert set(inputs[0]) == {"index", "control_token_id", "candidate_token_id", "candidate_top", "control_top",
                               "control_prefix_len", "candidate_prefix_len"}
 
-    verdict = rules.grid_tie_v1(inputs)
+    verdict = gates.grid_tie_v1(inputs)
     assert verdict["verdict"] in ("PASS", "STOP") and verdict["rule"] == "grid-tie-v1"
     assert len(verdict["probes"]) == len(found)
     for probe, x in zip(verdict["probes"], inputs):
         c = probe["clauses"]
-        assert set(c) == set(rules.PROBE_CLAUSES)
+        assert set(c) == set(gates.PROBE_CLAUSES)
         # the BF16 head puts the candidate's top-20 on the binary grid
         assert c["finite_values"] and c["grid_step_power_of_two"] and c["all_gaps_on_grid"], probe["reasons"]
         assert c["equal_prefix_lengths"]
@@ -421,6 +421,6 @@ def test_determinism_plain_vs_fault_noise(control, tmp_path):
         noisy_server.stop()
     assert all(r["error"] is None for r in noisy["records"])
     assert len(set(noisy["hashes"])) > 1
-    verdict = rules.determinism_v1({"control": plain["hashes"], "candidate": noisy["hashes"]})
+    verdict = gates.determinism_v1({"control": plain["hashes"], "candidate": noisy["hashes"]})
     assert verdict["verdict"] == "STOP" and verdict["nondeterministic_arms"] == ["candidate"]
     assert verdict["arms"]["control"]["deterministic"] is True

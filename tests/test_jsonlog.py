@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from pairaudit.jsonlog import AppendLog, LogBusy, LogIOError, append_record, read_log
+from pairaudit.core.jsonlog import AppendLog, LogBusy, LogIOError, append_record, read_log
 
 
 def test_records_round_trip_in_order(tmp_path):

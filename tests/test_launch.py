@@ -1,4 +1,4 @@
-"""pairaudit.launch: spec validation, receipts, identity, and server lifetimes.
+"""pairaudit.serving.launch: spec validation, receipts, identity, and server lifetimes.
 
 Lifecycle tests drive tests/fake_server.py as a real child process; the point
 is that no server outlives its context, whatever happens to the job.
@@ -13,11 +13,19 @@ import threading
 import time
 from pathlib import Path
 
+import fake_server
 import pytest
 
-import fake_server
-from pairaudit import launch
-from pairaudit.launch import ConfigError, Server, ServerError, check_identity, receipt, resolve_spec, start_server
+from pairaudit.serving import launch
+from pairaudit.serving.launch import (
+    ConfigError,
+    Server,
+    ServerError,
+    check_identity,
+    receipt,
+    resolve_spec,
+    start_server,
+)
 
 FAKE = str(Path(__file__).with_name("fake_server.py"))
 ROOT = str(Path(__file__).resolve().parents[1])
@@ -268,7 +276,7 @@ def test_sigterm_ignoring_server_is_killed(tmp_path):
 PARENT = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {root!r})
-    from pairaudit.launch import resolve_spec, start_server
+    from pairaudit.serving.launch import resolve_spec, start_server
     import json
     spec = resolve_spec("control", json.loads(sys.argv[1]))
     if sys.argv[3] == "forget":
@@ -358,7 +366,7 @@ def test_attach_to_dead_url_fails_within_timeout():
 # --- vLLM: placeholders, server-reported identity ---------------------------------
 
 def test_vllm_placeholders_resolve_and_stay_symbolic_in_the_identity(monkeypatch, tmp_path):
-    from pairaudit import modelstore
+    from pairaudit.serving import modelstore
 
     monkeypatch.setenv("PAIRAUDIT_VLLM_PYTHON", str(tmp_path / "vv" / "bin" / "python"))
     monkeypatch.setenv("PAIRAUDIT_CACHE", str(tmp_path / "cache"))

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pairaudit import modelstore
+from pairaudit.serving import modelstore
 
 
 def test_embedded_gguf_is_the_pinned_file():

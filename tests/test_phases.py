@@ -11,10 +11,15 @@ import json
 from pathlib import Path
 
 import pytest
-
-from pairaudit import artifacts, failures, phases, plans
-from pairaudit.jsonlog import read_log
 from test_launch import fake_cfg
+
+from pairaudit.answers import stage as answers_stage
+from pairaudit.core import artifacts, contracts
+from pairaudit.core.jsonlog import read_log
+from pairaudit.plans import stage as plan_stage
+from pairaudit.serving import failures
+from pairaudit.serving import phase as phases
+from pairaudit.speed import stage as speed_stage
 
 SAMPLING = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0, "base_seed": 1000, "max_tokens": 16,
             "concurrency": 1, "request_timeout_s": 30}
@@ -32,10 +37,10 @@ def dataset(tmp_path: Path) -> str:
 def run_answers(tmp_path: Path, arm: str, cfg: dict) -> dict:
     out = tmp_path / "results"
     spec, requests = str(out / f"specs/{arm}.json"), str(out / f"requests/tiny/{arm}.json")
-    plans.arm_spec_stage(arm=arm, arm_cfg=cfg, out_path=spec)
-    plans.requests_stage(dataset_path=dataset(tmp_path), spec_path=spec, sampling=SAMPLING, audit="t",
+    plan_stage.arm_spec_stage(arm=arm, arm_cfg=cfg, out_path=spec)
+    plan_stage.requests_stage(dataset_path=dataset(tmp_path), spec_path=spec, sampling=SAMPLING, audit="t",
                          out_path=requests)
-    return phases.answers_phase(
+    return answers_stage.answers_phase(
         arm=arm, arm_cfg=cfg, requests_paths={"tiny": requests}, sampling=SAMPLING, audit="t",
         boundary_plan_path=None, journal_dir=str(out / "journal"), receipt_path=str(out / f"launch/{arm}.json"),
         preflight_path=str(out / f"preflight/{arm}.json"), phase_path=str(out / f"answers/{arm}.json"),
@@ -102,14 +107,14 @@ def test_server_failure_rule_known_answers(control, candidate, verdict):
 
 
 def _speed_bracket(tmp_path: Path, candidate_cfg: dict) -> tuple[dict, Path]:
-    from pairaudit import speed
     from test_speed import bracket_inputs
+
     arms = {"control": fake_cfg(), "candidate": candidate_cfg}
     lp, pp = bracket_inputs(tmp_path, arms)
     cfg = {"cells": [{"name": "pair-c2", "prompt": "random", "input_len": 16, "concurrency": 2}],
            "repeats": 2, "waves": 1, "output_len": 8, "accept_unverifiable_clock": True}
     logs = {s: str(tmp_path / f"logs/speed-{s}.log") for s in ("s1", "s2", "s3")}
-    doc = speed.speed_stage(launch_paths=lp, preflight_paths=pp, arm_cfgs=arms, speed_cfg=cfg, audit="t",
+    doc = speed_stage.speed_stage(launch_paths=lp, preflight_paths=pp, arm_cfgs=arms, speed_cfg=cfg, audit="t",
                             out_path=str(tmp_path / "speed/decision.json"),
                             streams_path=str(tmp_path / "speed/streams.jsonl"),
                             archive_path=str(tmp_path / "archive.jsonl"), server_logs=logs,
@@ -118,9 +123,8 @@ def _speed_bracket(tmp_path: Path, candidate_cfg: dict) -> tuple[dict, Path]:
 
 
 def test_an_engine_that_dies_under_the_speed_bracket_is_evidence_confirmed_on_a_fresh_start(tmp_path):
-    from pairaudit import speed
     doc, out = _speed_bracket(tmp_path, fake_cfg("concurrent_stream_dies"))
-    saved = artifacts.check_schema(artifacts.read_json(out / "speed/decision.json"), speed.SCHEMA,
+    saved = artifacts.check_schema(artifacts.read_json(out / "speed/decision.json"), contracts.SPEED_DECISION_SCHEMA,
                                    out / "speed/decision.json")
     assert saved["gate"]["verdict"] == "INCONCLUSIVE" and saved["not_run"].startswith("the candidate server failed")
     f = saved["failure"]
@@ -138,7 +142,7 @@ def test_an_engine_that_dies_under_the_speed_bracket_is_evidence_confirmed_on_a_
     gate = failures.server_failure_v1({"control": None, "candidate": f})
     assert gate["verdict"] == "FAIL" and "again on a fresh start" in gate["reasons"][0]
     # the promotion reads it into the servers gate, beside answers phases that failed nowhere
-    from pairaudit import report
+    from pairaudit.promotion import stage as report
     answers = []
     for arm in ("control", "candidate"):
         answers.append(str(out / f"answers/{arm}.json"))

@@ -16,7 +16,6 @@ import json
 
 import pytest
 import yaml
-
 from test_workflow import REPO, TINY, make_project, snake
 
 pytestmark = pytest.mark.workflow

@@ -1,4 +1,4 @@
-"""pairaudit.preflight: one test per failing probe (fake server), plus the real
+"""pairaudit.serving.preflight: one test per failing probe (fake server), plus the real
 reference server run (marker ``server``) that shows the probes pass where they
 should.
 """
@@ -8,9 +8,9 @@ import socket
 
 import pytest
 
-from pairaudit.client import Endpoint
-from pairaudit.launch import resolve_spec
-from pairaudit.preflight import PreflightError, probe_names, require_pass, run_preflight
+from pairaudit.serving.client import Endpoint
+from pairaudit.serving.launch import resolve_spec
+from pairaudit.serving.preflight import PreflightError, probe_names, require_pass, run_preflight
 
 
 def arm(speculative=False, max_model_len=256):
@@ -129,7 +129,7 @@ REF_CMD = ["{python}", "-m", "pairaudit.refserver", "--model", "{model}", "--hos
 ])
 def test_preflight_passes_on_the_reference_server(tmp_path, speculative, env):
     _refserver_or_skip()
-    from pairaudit.launch import Server
+    from pairaudit.serving.launch import Server
 
     spec = resolve_spec("control", {"mode": "launch", "command": REF_CMD, "env": env, "health_timeout_s": 300,
                                     "model": "SmolLM2-135M-Instruct", "max_model_len": 8192,

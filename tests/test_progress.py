@@ -1,6 +1,6 @@
 import logging
 
-from pairaudit.progress import Progress
+from pairaudit.core.progress import Progress
 
 
 class Clock:

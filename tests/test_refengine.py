@@ -94,9 +94,9 @@ STEPS = 16
 
 @pytest.fixture(scope="module")
 def real():
-    from pairaudit.modelstore import EMBEDDED_NAME, resolve_model
     from pairaudit.refserver.model import LlamaModel
     from pairaudit.refserver.tokenizer import ChatTokenizer
+    from pairaudit.serving.modelstore import EMBEDDED_NAME, resolve_model
 
     path, _ = resolve_model(EMBEDDED_NAME)
     return path, ChatTokenizer(path), LlamaModel(path)

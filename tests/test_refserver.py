@@ -11,7 +11,6 @@ import threading
 import pytest
 import requests
 import torch
-
 from refserver_fixture import REPO, RefServer, module_server
 
 pytestmark = pytest.mark.server

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pairaudit.modelstore import EMBEDDED_NAME, resolve_model
 from pairaudit.refserver.tokenizer import ChatTokenizer
+from pairaudit.serving.modelstore import EMBEDDED_NAME, resolve_model
 
 TEXTS = ["The capital of France is", "  leading spaces and\ttabs\n\nnew lines", "naïve café – 東京 🙂",
          "def f(x):\n    return x ** 2  # comment", "#### 1,234.50", "<|im_start|>user\nhi<|im_end|>"]

@@ -1,6 +1,6 @@
 """Tests for the promotion: the decision (decision.py), the report (render.py), the manifest.
 
-Paired docs are built through the real stats.paired_table and rules.quality_v1,
+Paired docs are built through the real stats.paired_table and gates.quality_v1,
 later gates through the real rules, so the decision is exercised on the same
 shapes the workflow produces.
 """
@@ -11,10 +11,15 @@ import json
 
 import pytest
 
-from pairaudit import decision, figures, render, report
-from pairaudit.artifacts import ArtifactError, read_json, sha256_file, write_json
-from pairaudit.rules import boundary_v1, determinism_v1, grid_tie_v1, quality_v1, win2_v1
-from pairaudit.stats import paired_bootstrap_ci, paired_table
+from pairaudit.core.artifacts import ArtifactError, read_json, sha256_file, write_json
+from pairaudit.gates.boundary import boundary_v1
+from pairaudit.gates.determinism import determinism_v1
+from pairaudit.gates.grid_tie import grid_tie_v1
+from pairaudit.gates.quality import quality_v1
+from pairaudit.gates.speed import win2_v1
+from pairaudit.promotion import decision, figures, render
+from pairaudit.promotion import stage as report
+from pairaudit.quality.stats import paired_bootstrap_ci, paired_table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from test_workflow import REPO, TINY, make_project, snake
 
 pytestmark = pytest.mark.workflow

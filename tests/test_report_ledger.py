@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from pairaudit import artifacts, decision, figures, jsonlog, ledger, render, report
-from pairaudit.artifacts import ArtifactError, read_json, write_json, write_jsonl
 from test_report import PNG_MAGIC, _write_inputs, launch_rec, launches, passing_pair, preflights
+
+from pairaudit.core import artifacts, jsonlog
+from pairaudit.core.artifacts import ArtifactError, read_json, write_json, write_jsonl
+from pairaudit.promotion import decision, figures, ledger, render
+from pairaudit.promotion import stage as report
 
 OUT_KEYS = ("out_decision", "out_report", "out_manifest", "out_plot", "out_html", "out_summary",
             "out_divergence_plot", "out_boundary", "out_speed_plot", "out_archive_plot")

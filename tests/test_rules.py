@@ -1,4 +1,4 @@
-"""Known-answer tests for pairaudit.rules: each rule on cases built to pass and
+"""Known-answer tests for pairaudit.gates.rules: each rule on cases built to pass and
 cases built to fail, with the failing clause named."""
 
 import itertools
@@ -7,21 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from pairaudit.rules import (
-    PROBE_CLAUSES,
-    boundary_missing_cases,
-    boundary_v1,
-    determinism_v1,
-    fp32_gap_tolerance,
-    grid_tie_audit,
-    grid_tie_probe,
-    grid_tie_v1,
-    promotion_v1,
-    quality_v1,
-    win2_v1,
-)
-from pairaudit.stats import minimum_detectable_loss, paired_table
-
+from pairaudit.gates.boundary import boundary_missing_cases, boundary_v1
+from pairaudit.gates.determinism import determinism_v1
+from pairaudit.gates.grid_tie import PROBE_CLAUSES, fp32_gap_tolerance, grid_tie_audit, grid_tie_probe, grid_tie_v1
+from pairaudit.gates.promotion import promotion_v1
+from pairaudit.gates.quality import quality_v1
+from pairaudit.gates.speed import win2_v1
+from pairaudit.quality.stats import minimum_detectable_loss, paired_table
 
 # ------------------------------------------------------------------ quality-v1
 

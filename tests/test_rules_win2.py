@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pairaudit import rules
+from pairaudit import gates
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET_GUARD = [(50.0, 50.0, 50.1), (50.1, 50.1, 50.0), (50.0, 50.05, 50.1)]
@@ -30,7 +30,7 @@ def cell(gain_pct=0.0, *, base=100.0, wobble=(0.0, 0.5, -0.5), s3_shift=0.0, gua
 def v2(cells, **kw):
     kw.setdefault("guards", ["decode_tps"])
     kw.setdefault("with_rates", False)
-    return rules.win2_v2(cells, primary="rate", **kw)
+    return gates.win2_v2(cells, primary="rate", **kw)
 
 
 # ------------------------------------------------------------ verdict clauses
@@ -122,10 +122,10 @@ def test_a_guard_blocks_only_beyond_the_noise_and_never_wins():
 
 def test_lower_is_better_metric_as_primary():
     ms = {"ms": [(10.0, 8.8, 10.0), (10.05, 8.85, 10.0), (10.0, 8.8, 10.05)], "decode_tps": QUIET_GUARD}
-    r = rules.win2_v2({"a": ms}, primary="ms", guards=["decode_tps"], lower_is_better=["ms"], with_rates=False)
+    r = gates.win2_v2({"a": ms}, primary="ms", guards=["decode_tps"], lower_is_better=["ms"], with_rates=False)
     assert r["verdict"] == "WIN" and r["pooled_gain_pct"] == pytest.approx(12.0, abs=0.5)
     worse = {"ms": [(10.0, 12.0, 10.0)] * 3, "decode_tps": QUIET_GUARD}
-    assert rules.win2_v2({"a": worse}, primary="ms", guards=["decode_tps"], lower_is_better=["ms"],
+    assert gates.win2_v2({"a": worse}, primary="ms", guards=["decode_tps"], lower_is_better=["ms"],
                          with_rates=False)["verdict"] == "LOSS"
 
 
@@ -166,10 +166,10 @@ def test_one_repeat_is_inconclusive():
 
 def _gate(rep_sd, start_sd, gain=0.0, n=2000, seed=1, **kw):
     rng = np.random.default_rng(seed)
-    w = rules.simulate_windows(rng, n, cells=2, repeats=3, rep_sd=rep_sd, start_sd=start_sd, gain_pct=gain,
+    w = gates.simulate_windows(rng, n, cells=2, repeats=3, rep_sd=rep_sd, start_sd=start_sd, gain_pct=gain,
                                metrics=("primary", "apr", "dtps"), zero=("apr",))
     args = {"win_pct": 2.0, "alpha_win": 0.05, "alpha_loss": 0.05, "start_noise_pct": 3.0, **kw}
-    return rules._win2_v2_core(w, primary="primary", guards=["apr", "dtps"], lower_is_better=(), **args)["verdict"]
+    return gates.speed._win2_v2_core(w, primary="primary", guards=["apr", "dtps"], lower_is_better=(), **args)["verdict"]
 
 
 @pytest.mark.parametrize("rep_sd, start_sd", [(1, 0), (3, 0), (5, 0), (1, 1), (1, 2), (1, 3)])
@@ -192,9 +192,9 @@ def test_built_to_fail_without_the_start_noise_floor_offsets_fake_wins():
 def test_vectorized_core_equals_the_registered_rule_window_by_window():
     rng = np.random.default_rng(5)
     for gain in (0.0, 6.0, -8.0):
-        w = rules.simulate_windows(rng, 25, cells=2, repeats=3, rep_sd=2.0, start_sd=2.0, gain_pct=gain,
+        w = gates.simulate_windows(rng, 25, cells=2, repeats=3, rep_sd=2.0, start_sd=2.0, gain_pct=gain,
                                    metrics=("rate", "decode_tps"))
-        core = rules._win2_v2_core(w, primary="rate", guards=["decode_tps"], lower_is_better=(),
+        core = gates.speed._win2_v2_core(w, primary="rate", guards=["decode_tps"], lower_is_better=(),
                                    win_pct=2.0, alpha_win=0.05, alpha_loss=0.05, start_noise_pct=3.0)["verdict"]
         for i in range(25):
             cells = {f"c{j}": {m: w[m][i, j].tolist() for m in w} for j in range(2)}
@@ -202,8 +202,8 @@ def test_vectorized_core_equals_the_registered_rule_window_by_window():
 
 
 def test_rates_are_seeded():
-    a = rules.win2_v2_rates(rep_sd=2.0, start_sd=1.0, cells=2, repeats=3, n=500)
-    assert a == rules.win2_v2_rates(rep_sd=2.0, start_sd=1.0, cells=2, repeats=3, n=500)
+    a = gates.win2_v2_rates(rep_sd=2.0, start_sd=1.0, cells=2, repeats=3, n=500)
+    assert a == gates.win2_v2_rates(rep_sd=2.0, start_sd=1.0, cells=2, repeats=3, n=500)
 
 
 def test_simulation_prints_both_rules_side_by_side():

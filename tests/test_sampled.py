@@ -1,4 +1,4 @@
-"""pairaudit.sampled: request bodies, the journal, resume, and the stage.
+"""pairaudit.answers.sampled: request bodies, the journal, resume, and the stage.
 
 Unit tests first; then error paths against tests/fake_server.py (connection
 refused, 500s, recovery); then one end-to-end run against the real reference
@@ -11,13 +11,15 @@ import threading
 from collections import Counter
 from pathlib import Path
 
+import fake_server
 import pytest
 
-import fake_server
-from pairaudit import artifacts, sampled
-from pairaudit.client import Endpoint
-from pairaudit.sampled import (Journal, SampledError, body_sha256, collect, is_final, pending_items,
-                               read_journal, request_body, run_items)
+from pairaudit.answers import sampled
+from pairaudit.answers.sampled import Journal, SampledError, collect, is_final, pending_items, read_journal, run_items
+from pairaudit.core import artifacts
+from pairaudit.plans import requests as plan_requests
+from pairaudit.plans.requests import body_sha256, request_body
+from pairaudit.serving.client import Endpoint
 
 SAMPLING = {"base_seed": 1000, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0, "max_tokens": 16,
             "concurrency": 2}
@@ -38,7 +40,7 @@ def bodies_for(indices, *, model="fake-model", audit="a1", dataset="ds", samplin
 
 def test_request_body_every_sampling_field_explicit():
     body = request_body(item(7), SAMPLING, model="m", audit="a1", dataset="ds")
-    for k in sampled.SAMPLING_FIELDS:
+    for k in plan_requests.SAMPLING_FIELDS:
         assert body[k] == SAMPLING[k], k
     assert body["seed"] == 1007
     assert body["model"] == "m" and body["messages"] == item(7)["messages"]
@@ -310,7 +312,8 @@ def test_a_400_is_a_final_answer(fake, tmp_path):
 # ---------------------------------------------------------------- the stage
 
 def write_stage_inputs(tmp_path, *, url, verdict="PASS", failed_probe=None, n=3, seed=1):
-    from pairaudit import datasets, launch
+    from pairaudit.datasets import formats as datasets
+    from pairaudit.serving import launch
     cfg = {"name": "arith", "format": "gsm8k", "source": {"generated": {"kind": "arith", "n": 10, "seed": 7}},
            "select": {"count": n, "seed": seed}, "prompt_template": "brief"}
     ds = datasets.prepare_dataset(cfg, cache_dir=tmp_path / "cache", base_dir=tmp_path)

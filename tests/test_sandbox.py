@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pairaudit import sandbox
-from pairaudit.sandbox import run_python
+from pairaudit.quality import sandbox
+from pairaudit.quality.sandbox import run_python
 
 BASE_LAYERS = {"rlimits", "tmpdir", "scrubbed-env"}
 

@@ -26,9 +26,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from pairaudit import sandbox
 from test_sandbox import start_listener
+
+from pairaudit.quality import sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITS = {"timeout_s": 3, "cpu_s": 2, "memory_mb": 256, "fsize_mb": 8, "nproc": 32}

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import yaml
 
-from pairaudit import phases, schema, scoring, speed
+from pairaudit.core import defaults
+from pairaudit.quality import scoring
+from pairaudit.serving import phase as phases
+from pairaudit.speed import bracket as speed
 
-RAW = yaml.safe_load(schema.PATH.read_text())
+RAW = yaml.safe_load(defaults.PATH.read_text())
 
 
 def test_defaults_are_read_from_the_schema_and_are_fresh_copies():
-    assert schema.defaults("speed") == {k: v["default"] for k, v in RAW["properties"]["speed"]["properties"].items()}
-    a, b = schema.defaults("speed"), schema.defaults("speed")
+    assert defaults.section("speed") == {k: v["default"] for k, v in RAW["properties"]["speed"]["properties"].items()}
+    a, b = defaults.section("speed"), defaults.section("speed")
     a["cells"].append({"name": "x"})
     assert len(b["cells"]) == len(speed.DEFAULTS["cells"]) == 4  # a caller's edit cannot leak into the next
-    assert schema.defaults("scoring", "sandbox") == {"timeout_s": 10, "cpu_s": 10, "memory_mb": 512,
+    assert defaults.section("scoring", "sandbox") == {"timeout_s": 10, "cpu_s": 10, "memory_mb": 512,
                                                      "fsize_mb": 16, "nproc": 64}
-    assert schema.keys("greedy") == set(schema.defaults("greedy"))
+    assert defaults.keys("greedy") == set(defaults.section("greedy"))
 
 
 def test_no_module_keeps_a_defaults_table_of_its_own():

@@ -6,12 +6,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from shared_data import shared_file
 
-from pairaudit import scoring
-from pairaudit.datasets import load_source, normalize
-from pairaudit.scoring import extract_code, last_boxed, score_item, score_records
+from pairaudit.datasets.formats import load_source, normalize
+from pairaudit.quality import scoring
+from pairaudit.quality.scoring import extract_code, last_boxed, score_item, score_records
 
 
 def real_items(fmt: str, rel: str) -> list[dict]:

@@ -1,4 +1,4 @@
-"""pairaudit.slots: at most N launched servers per machine, across every invocation.
+"""pairaudit.serving.slots: at most N launched servers per machine, across every invocation.
 
 Two processes stand in for two audits started beside each other: they share
 nothing but the slot directory.  Order is asserted through an events file the
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pairaudit import slots
-from pairaudit.modelstore import EMBEDDED_GGUF_SHA256, cache_root
+from pairaudit.serving import slots
+from pairaudit.serving.modelstore import EMBEDDED_GGUF_SHA256, cache_root
 
 ROOT = str(Path(__file__).resolve().parents[1])
 HAVE_MODEL = (cache_root() / "models" / EMBEDDED_GGUF_SHA256 / "config.json").is_file()
@@ -139,7 +139,7 @@ AUDIT = textwrap.dedent("""
     import logging, sys, time
     sys.path.insert(0, {root!r})
     from pathlib import Path
-    from pairaudit.launch import Server, resolve_spec
+    from pairaudit.serving.launch import Server, resolve_spec
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     name, events, go = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     def note(text):
@@ -161,7 +161,7 @@ AUDIT = textwrap.dedent("""
 
 
 @pytest.mark.server
-@pytest.mark.skipif(not HAVE_MODEL, reason="the embedded model is not converted (python -m pairaudit.modelstore)")
+@pytest.mark.skipif(not HAVE_MODEL, reason="the embedded model is not converted (python -m pairaudit.serving.modelstore)")
 def test_two_audits_at_once_run_their_servers_one_after_the_other(tmp_path):
     script = tmp_path / "audit.py"
     script.write_text(AUDIT.format(root=ROOT))
@@ -197,7 +197,7 @@ def test_two_audits_at_once_run_their_servers_one_after_the_other(tmp_path):
 
 
 def test_a_server_that_fails_to_start_gives_its_slot_back(monkeypatch, tmp_path):
-    from pairaudit.launch import Server, ServerError, resolve_spec
+    from pairaudit.serving.launch import Server, ServerError, resolve_spec
 
     monkeypatch.setenv(slots.SLOTS_ENV, "1")
     monkeypatch.setenv(slots.SLOTS_DIR_ENV, str(tmp_path / "slots"))
@@ -224,7 +224,7 @@ def test_the_workflow_hands_its_server_slots_resource_to_the_jobs():
 
 @pytest.mark.workflow
 @pytest.mark.server
-@pytest.mark.skipif(not HAVE_MODEL, reason="the embedded model is not converted (python -m pairaudit.modelstore)")
+@pytest.mark.skipif(not HAVE_MODEL, reason="the embedded model is not converted (python -m pairaudit.serving.modelstore)")
 def test_a_workflow_job_waits_for_a_slot_another_audit_holds(tmp_path, monkeypatch):
     """Snakemake's own bound is per invocation; the slot held here stands in for another audit's server."""
     import shutil

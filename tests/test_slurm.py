@@ -19,8 +19,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from pairaudit import rules
 from slurm_cluster import slurm_cluster  # noqa: F401  (session fixture)
 from test_workflow import TINY, dry_run_jobs, make_project, planned_jobs, read_jsonl, refserver_pids
 
@@ -181,7 +179,7 @@ def test_server_jobs_request_their_arms_gpus_and_partition(tmp_path):
 def recomputed(gates: dict, **replace) -> str:
     """promotion-v1 over decision.json's gate records, with some gates replaced."""
     gates = {**gates, **replace}
-    return rules.promotion_v1({
+    return gates.promotion_v1({
         name: None if g is None else {"rule": g["rule"], "verdict": g["verdict"], "reasons": g["reasons"],
                                       "informational": g["outcome"] == "INFORMATIONAL"}
         for name, g in gates.items()})["verdict"]

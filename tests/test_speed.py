@@ -7,14 +7,21 @@ to end on real reference servers (n-gram speculation ON vs OFF)."""
 from __future__ import annotations
 
 import datetime as dt
-
 import os
 import stat
 
 import numpy as np
 import pytest
 
-from pairaudit import artifacts, contracts, launch, rules, speed, speedarchive, speedclock, speeddecision, speedmetrics
+from pairaudit import gates
+from pairaudit.core import artifacts, contracts
+from pairaudit.serving import launch
+from pairaudit.speed import archive as speedarchive
+from pairaudit.speed import bracket as speed
+from pairaudit.speed import clock as speedclock
+from pairaudit.speed import decision as speeddecision
+from pairaudit.speed import metrics as speedmetrics
+from pairaudit.speed import stage as speed_stage
 
 CELLS = [{"name": "short-c1", "prompt": "short", "decide": True},
          {"name": "rnd-c4", "prompt": "random", "concurrency": 4, "decide": False}]
@@ -140,13 +147,13 @@ def test_informational_gate_only_rejects_on_loss():
     res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
     _, _, gate = speeddecision.decide(res, cfg, quiet_clock(governor="powersave"))
     assert gate["verdict"] == "INCONCLUSIVE" and gate["informational"] is True
-    prom = rules.promotion_v1({"quality": {"rule": "quality-v1", "verdict": "PASS"}, "speed": gate})
+    prom = gates.promotion_v1({"quality": {"rule": "quality-v1", "verdict": "PASS"}, "speed": gate})
     assert prom["verdict"] == "PROMOTE" and prom["informational"] == ["speed"]
     not_info = {**gate, "informational": False}
-    assert rules.promotion_v1({"quality": {"rule": "quality-v1", "verdict": "PASS"},
+    assert gates.promotion_v1({"quality": {"rule": "quality-v1", "verdict": "PASS"},
                                "speed": not_info})["verdict"] == "INCONCLUSIVE"
     loss = speeddecision.decide(bracket([100.0, 101.0, 99.0], [90.0, 91.0, 89.5]), cfg, quiet_clock())[2]
-    assert rules.promotion_v1({"quality": {"rule": "quality-v1", "verdict": "PASS"},
+    assert gates.promotion_v1({"quality": {"rule": "quality-v1", "verdict": "PASS"},
                                "speed": loss})["verdict"] == "REJECT"
 
 
@@ -251,7 +258,7 @@ def test_win2_v2_informational_gate_only_rejects_on_loss():
     cfg = {**CFG_V2, "informational": True}
     loss = speeddecision.decide(bracket([100.0, 101.0, 99.0], [80.0, 81.0, 79.5]), cfg, quiet_clock())[2]
     assert loss["verdict"] == "LOSS" and loss["informational"] is True
-    assert rules.promotion_v1({"quality": {"rule": "quality-v1", "verdict": "PASS"},
+    assert gates.promotion_v1({"quality": {"rule": "quality-v1", "verdict": "PASS"},
                                "speed": loss})["verdict"] == "REJECT"
 
 
@@ -269,7 +276,7 @@ def _simulate(n, rng, *, rep_sd, start_sd=0.0, drift=0.0, guards=True):
         off = rng.normal(0, start_sd, 3) + drift * np.array([0.0, 1.0, 2.0]) * rng.choice([-1, 1])
         s = {"pooled_rate_tps": [list(100 * (1 + (off + rng.normal(0, rep_sd, 3)) / 100)) for _ in range(3)],
              "decode_tps": [list(50 * (1 + rng.normal(0, rep_sd, 3) / 100)) for _ in range(3)]}
-        v = rules.win2_v1(s, primary="pooled_rate_tps", guards=["decode_tps"] if guards else [])["verdict"]
+        v = gates.win2_v1(s, primary="pooled_rate_tps", guards=["decode_tps"] if guards else [])["verdict"]
         wins += v == "WIN"
         losses += v == "LOSS"
     return wins / n, losses / n
@@ -284,12 +291,12 @@ def test_control_vs_control_noise_rarely_wins():
     # guards can only block: with them the false-WIN rate cannot rise
     false_win, false_loss = _simulate(2000, rng, rep_sd=3.0)
     assert false_win <= 0.05
-    assert false_loss > 0.05  # the price: a noisy guard blocks (module docstring of rules.win2_v1: ~13 %)
+    assert false_loss > 0.05  # the price: a noisy guard blocks (module docstring of gates.win2_v1: ~13 %)
     # and the bar is not so high that a real 10 % gain at 3 % noise goes unseen
     wins = 0
     for _ in range(500):
         s = {"r": [list(100 * (1 + rng.normal(0, 3.0, 3) / 100) * np.array([1, 1.10, 1])) for _ in range(3)]}
-        wins += rules.win2_v1(s, primary="r")["verdict"] == "WIN"
+        wins += gates.win2_v1(s, primary="r")["verdict"] == "WIN"
     assert wins / 500 > 0.5
 
 
@@ -471,10 +478,10 @@ def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
            "accept_unverifiable_clock": True}
     out, streams = tmp_path / "speed" / "decision.json", tmp_path / "speed" / "streams.jsonl"
     logs = {s: str(tmp_path / f"server-{s}.log") for s in STARTS}
-    doc = speed.speed_stage(launch_paths=lp, preflight_paths=pp, arm_cfgs=arms, speed_cfg=cfg, audit="e2e",
+    doc = speed_stage.speed_stage(launch_paths=lp, preflight_paths=pp, arm_cfgs=arms, speed_cfg=cfg, audit="e2e",
                             out_path=str(out), streams_path=str(streams), archive_path=str(archive),
                             server_logs=logs)
-    saved = artifacts.check_schema(artifacts.read_json(out), speed.SCHEMA, out)
+    saved = artifacts.check_schema(artifacts.read_json(out), contracts.SPEED_DECISION_SCHEMA, out)
     assert saved["gate"] == doc["gate"] and saved["gate"]["rule"] == "win2-v2"
     # three fresh servers, in bracket order, on one host
     assert [(s["start"], s["role"], s["arm"]) for s in saved["starts"]] == [
@@ -498,7 +505,7 @@ def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
     assert g["point_gain_pct"] == 100.0  # drafts accepted against none: better, never a loss
     assert g["guard_verdict"] == "OK"
     # the verdict follows the stored series (timing noise here decides it; the rule must not drift)
-    again = rules.win2_v2(saved["series"], primary="pooled_rate_tps", guards=["accepted_per_round", "decode_tps"],
+    again = gates.win2_v2(saved["series"], primary="pooled_rate_tps", guards=["accepted_per_round", "decode_tps"],
                           reported=["ms_per_round", "ttft_s"], lower_is_better=["ms_per_round", "ttft_s"],
                           decide=["rep-c1"], with_rates=False)
     assert again["verdict"] == saved["gate"]["verdict"]
@@ -515,7 +522,7 @@ def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
     bs = saved["bench_serve"]["rnd-c2"]["s2"]
     assert bs["completed"] == 4 and bs["failed"] == 0 and bs["total_output_tokens"] == 4 * n
     header, recs = artifacts.read_jsonl(streams)
-    assert header["schema"] == speed.STREAMS_SCHEMA
+    assert header["schema"] == contracts.SPEED_STREAMS_SCHEMA
     assert len(recs) == 3 * (1 + 2 * 1 + 2 * 2)  # warm-up + repeats x (c1 + c2 streams) per start
     # every request, warm-ups too, says when it was sent: the busy time of the server is read from them
     for st in STARTS:
@@ -537,7 +544,7 @@ def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
 
 
 def test_the_report_accepts_either_registered_speed_rule():
-    from pairaudit import decision, render
+    from pairaudit.promotion import decision, render
     res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
     for cfg in (CFG, CFG_V2):
         gate = speeddecision.decide(res, cfg, quiet_clock())[2]
@@ -551,7 +558,8 @@ def test_the_report_accepts_either_registered_speed_rule():
 
 def test_a_win2_v2_speed_decision_reaches_the_promotion(tmp_path):
     import test_report as tr
-    from pairaudit import report
+
+    from pairaudit.promotion import stage as report
     pair = tr.passing_pair()
     ins = tr._write_inputs(tmp_path / "in", pair, tr.launches(), tr.preflights())
     lg = tr.passing_later(pair)
@@ -564,7 +572,7 @@ def test_a_win2_v2_speed_decision_reaches_the_promotion(tmp_path):
     bp, sp = tmp_path / "in" / "boundary_gate.json", tmp_path / "in" / "speed_decision.json"
     artifacts.write_json(bp, {"schema": "pairaudit.boundary_gate/v1", "gate": lg["boundary"]})
     win2, series, gate = speeddecision.decide(bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0]), CFG_V2, quiet_clock())
-    artifacts.write_json(sp, {"schema": speed.SCHEMA, "gate": gate, "win2": win2, "series": series,
+    artifacts.write_json(sp, {"schema": contracts.SPEED_DECISION_SCHEMA, "gate": gate, "win2": win2, "series": series,
                               "bar": {"win_pct": 2.0, "primary": "pooled_rate_tps",
                                       "lower_is_better": sorted(speedmetrics.LOWER_IS_BETTER)},
                               "deviations": gate["stage_deviations"]})

@@ -1,12 +1,13 @@
-"""pairaudit.stages (score and paired on hand-written artifacts) and pairaudit.jobs."""
+"""pairaudit.datasets.stage (score and paired on hand-written artifacts) and pairaudit.core.jobs."""
 
 import logging
 
 import pytest
 
-from pairaudit import artifacts, jobs, stages
-from pairaudit.artifacts import ArtifactError
-from pairaudit.sampled import body_sha256
+from pairaudit.core import artifacts, jobs
+from pairaudit.core.artifacts import ArtifactError
+from pairaudit.plans.requests import body_sha256
+from pairaudit.quality import stage as quality_stage
 
 QUESTIONS = {0: ("Ann has 2 apples and gets 3 more. How many?", "5"),
              1: ("Bob reads 4 pages a day for 3 days. How many pages?", "12"),
@@ -59,7 +60,7 @@ def audit(tmp_path):
             paths["sampled"][arm] = str(sp)
             paths["scores"][arm] = str(tmp_path / "scores" / "gsm_hand" / f"{arm}.jsonl")
             if score:
-                stages.score_stage(dataset_path=str(ds), sampled_path=str(sp), out_path=paths["scores"][arm],
+                quality_stage.score_stage(dataset_path=str(ds), sampled_path=str(sp), out_path=paths["scores"][arm],
                                    sandbox_limits={})
         return paths
 
@@ -67,7 +68,7 @@ def audit(tmp_path):
 
 
 def paired(paths, tmp_path, **quality):
-    return stages.paired_stage(dataset_path=paths["dataset"], sampled_paths=paths["sampled"],
+    return quality_stage.paired_stage(dataset_path=paths["dataset"], sampled_paths=paths["sampled"],
                                score_paths=paths["scores"], out_path=str(tmp_path / "paired" / "gsm_hand.json"),
                                quality_params=quality or {"max_net_loss": 0, "alpha": 0.05})
 
@@ -99,7 +100,7 @@ def test_score_stage_refuses_wrong_schema(audit, tmp_path):
     write_sampled(bad, "control", [record(0, "#### 5")], paths["dataset"], schema="pairaudit.scores/v1")
     out = tmp_path / "out.jsonl"
     with pytest.raises(ArtifactError) as ei:
-        stages.score_stage(dataset_path=paths["dataset"], sampled_path=str(bad), out_path=str(out),
+        quality_stage.score_stage(dataset_path=paths["dataset"], sampled_path=str(bad), out_path=str(out),
                            sandbox_limits={})
     assert str(bad) in str(ei.value) and "pairaudit.sampled/v1" in str(ei.value)
     assert not out.exists()
@@ -111,7 +112,7 @@ def test_score_stage_refuses_a_dataset_changed_after_sampling(audit, tmp_path):
     doc["items"][0]["reference"]["answer"] = "6"
     artifacts.write_json(paths["dataset"], doc)
     with pytest.raises(ArtifactError) as ei:
-        stages.score_stage(dataset_path=paths["dataset"], sampled_path=paths["sampled"]["control"],
+        quality_stage.score_stage(dataset_path=paths["dataset"], sampled_path=paths["sampled"]["control"],
                            out_path=str(tmp_path / "out.jsonl"), sandbox_limits={})
     assert paths["dataset"] in str(ei.value) and paths["sampled"]["control"] in str(ei.value)
 

@@ -1,11 +1,11 @@
-"""Known-answer tests for pairaudit.stats."""
+"""Known-answer tests for pairaudit.quality.stats."""
 
 import math
 
 import pytest
 from scipy import stats as st
 
-from pairaudit.stats import (
+from pairaudit.quality.stats import (
     MDE_POWER,
     mcnemar_exact_p,
     mcnemar_loss_power,
@@ -14,7 +14,6 @@ from pairaudit.stats import (
     paired_t_interval,
     paired_table,
 )
-
 
 # ------------------------------------------------------------------ McNemar
 
@@ -193,7 +192,7 @@ def _quality_fail_table(n, b, c):
 
 def _enumerated_fail_probability(n, pb, pc, *, alpha=0.05, max_net_loss=0):
     """P(quality-v1 FAILs) by summing the trinomial over every (b, c) -- with quality_v1's own verdict."""
-    from pairaudit.rules import quality_v1
+    from pairaudit.gates.quality import quality_v1
     fails = {}
     total = 0.0
     for b in range(n + 1):

@@ -7,9 +7,9 @@ from fractions import Fraction
 
 import pytest
 
-from pairaudit.datasets import normalize
-from pairaudit.scoring import score_item
-from pairaudit.suites import algebra_suite, arith_suite, latex_number
+from pairaudit.datasets.formats import normalize
+from pairaudit.datasets.suites import algebra_suite, arith_suite, latex_number
+from pairaudit.quality.scoring import score_item
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
@@ -175,7 +175,7 @@ def test_algebra_level_0_is_sums_alone_deterministic_a_prefix_and_its_own_stream
 
 
 def test_generated_source_level_and_shots_prompt(tmp_path):
-    from pairaudit.datasets import DatasetError, SHOTS, load_source, prepare_dataset
+    from pairaudit.datasets.formats import SHOTS, DatasetError, load_source, prepare_dataset
 
     rows, prov = load_source({"generated": {"kind": "arith", "n": 4, "seed": 7, "level": 1}}, cache_dir=tmp_path)
     assert rows == arith_suite(4, 7, 1) and prov["level"] == 1

@@ -1,6 +1,6 @@
 """An artifact edited after it was written is refused by every stage that reads it, naming the file.
 
-Each producer records its output's content sha256 (pairaudit.artifacts); each
+Each producer records its output's content sha256 (pairaudit.core.artifacts); each
 consumer recomputes it before using the file.  The stages that start a server
 get an arm whose command cannot start one: reaching the server would fail
 with a ServerError, so an ArtifactError proves the edit was caught first.
@@ -17,10 +17,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pairaudit import artifacts, boundary, configcheck, phases, report, speed, stages
-from pairaudit.artifacts import ArtifactError
-from pairaudit.launch import ServerError
-from pairaudit.sampled import sampled_stage
+from pairaudit import configcheck
+from pairaudit.answers.sampled import sampled_stage
+from pairaudit.boundary import cases as boundary
+from pairaudit.boundary import stage as boundary_stage
+from pairaudit.core import artifacts, contracts
+from pairaudit.core.artifacts import ArtifactError
+from pairaudit.diagnostics import stage as diagnostics_stage
+from pairaudit.promotion import stage as report
+from pairaudit.quality import stage as quality_stage
+from pairaudit.serving.launch import ServerError
+from pairaudit.speed import stage as speed_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 # a launch arm that never becomes a server: its process exits at once
@@ -67,7 +74,7 @@ def write_inputs(root: Path) -> dict[str, Path]:
         artifacts.write_jsonl(p[f"greedy_{arm}"], {"schema": "pairaudit.greedy/v1", "dataset": "ds", "arm": arm,
                                                    "determinism": {"hashes": ["h", "h"]}},
                               [{"index": 0, "prompt_ids": [1], "output_sha256": "h"}])
-        artifacts.write_json(p[f"boundary_{arm}"], {"schema": boundary.SCHEMA, "arm": arm, "max_model_len": 256,
+        artifacts.write_json(p[f"boundary_{arm}"], {"schema": contracts.BOUNDARY_SCHEMA, "arm": arm, "max_model_len": 256,
                                                     "cases": [], "first_long": None})
     artifacts.write_json(p["paired"], {"schema": "pairaudit.paired/v1", "dataset": "ds", "format": "gsm8k",
                                        "table": {"indices": [0], "control_only": [], "candidate_only": []}})
@@ -90,17 +97,17 @@ CONSUMERS = {
         sampling={"api": "chat", "base_seed": 1, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0,
                   "max_tokens": 8, "concurrency": 1}),
         ["dataset", "launch_control", "preflight_control"]),
-    "score": (lambda p, o: stages.score_stage(
+    "score": (lambda p, o: quality_stage.score_stage(
         dataset_path=str(p["dataset"]), sampled_path=str(p["sampled_control"]), out_path=str(o / "sc.jsonl"),
         sandbox_limits={}),
         ["dataset", "sampled_control"]),
-    "paired": (lambda p, o: stages.paired_stage(
+    "paired": (lambda p, o: quality_stage.paired_stage(
         dataset_path=str(p["dataset"]),
         sampled_paths={a: str(p[f"sampled_{a}"]) for a in ("control", "candidate")},
         score_paths={a: str(p[f"scores_{a}"]) for a in ("control", "candidate")}, out_path=str(o / "p.json"),
         quality_params={}),
         ["dataset", "sampled_control", "sampled_candidate", "scores_control", "scores_candidate"]),
-    "diagnostics": (lambda p, o: phases.diagnostics_phase(
+    "diagnostics": (lambda p, o: diagnostics_stage.diagnostics_phase(
         dataset_paths={"ds": str(p["dataset"])}, paired_paths={"ds": str(p["paired"])},
         receipt_paths={a: str(p[f"launch_{a}"]) for a in ("control", "candidate")},
         preflight_paths={a: str(p[f"preflight_{a}"]) for a in ("control", "candidate")}, arm_cfgs=_arms(),
@@ -113,11 +120,11 @@ CONSUMERS = {
         arm="control", arm_cfg=DEAD_ARM, launch_path=str(p["launch_control"]), out_path=str(o / "b.json"),
         server_log=str(o / "s.log"), cfg={}, salt_prefix="t"),
         ["launch_control"]),
-    "boundary_gate": (lambda p, o: boundary.boundary_gate_stage(
+    "boundary_gate": (lambda p, o: boundary_stage.boundary_gate_stage(
         arm_paths={a: str(p[f"boundary_{a}"]) for a in ("control", "candidate")},
         launch_paths={a: str(p[f"launch_{a}"]) for a in ("control", "candidate")}, out_path=str(o / "bg.json")),
         ["boundary_control", "boundary_candidate"]),
-    "speed": (lambda p, o: speed.speed_stage(
+    "speed": (lambda p, o: speed_stage.speed_stage(
         launch_paths={a: str(p[f"launch_{a}"]) for a in ("control", "candidate")},
         preflight_paths={a: str(p[f"preflight_{a}"]) for a in ("control", "candidate")}, arm_cfgs=_arms(),
         speed_cfg={"cells": [{"name": "c", "prompt": "short"}], "repeats": 2, "waves": 1, "output_len": 4},
@@ -196,10 +203,10 @@ def test_a_flipped_score_is_refused_by_paired_promotion_and_the_load_check(tmp_p
         write_sampled(sp, arm, [record(i, t) for i, t in sorted(CONTROL.items())], str(ds))
         paths["sampled"][arm] = str(sp)
         paths["scores"][arm] = str(res / "scores" / "gsm_hand" / f"{arm}.jsonl")
-        stages.score_stage(dataset_path=str(ds), sampled_path=str(sp), out_path=paths["scores"][arm],
+        quality_stage.score_stage(dataset_path=str(ds), sampled_path=str(sp), out_path=paths["scores"][arm],
                            sandbox_limits={})
     paired_path = res / "paired" / "gsm_hand.json"
-    stages.paired_stage(dataset_path=str(ds), sampled_paths=paths["sampled"], score_paths=paths["scores"],
+    quality_stage.paired_stage(dataset_path=str(ds), sampled_paths=paths["sampled"], score_paths=paths["scores"],
                         out_path=str(paired_path), quality_params={"max_net_loss": 0, "alpha": 0.05})
     assert configcheck.check_results(res) == []
 
@@ -209,7 +216,7 @@ def test_a_flipped_score_is_refused_by_paired_promotion_and_the_load_check(tmp_p
     scores.write_text("".join(json.dumps(x) + "\n" for x in lines))
 
     with pytest.raises(ArtifactError, match="does not match") as ei:
-        stages.paired_stage(dataset_path=str(ds), sampled_paths=paths["sampled"], score_paths=paths["scores"],
+        quality_stage.paired_stage(dataset_path=str(ds), sampled_paths=paths["sampled"], score_paths=paths["scores"],
                             out_path=str(tmp_path / "p2.json"), quality_params={})
     assert str(scores) in str(ei.value)
     others = write_inputs(tmp_path / "other")

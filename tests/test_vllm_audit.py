@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from pairaudit import artifacts, launch, speed
-from pairaudit.client import Endpoint
-from pairaudit.preflight import run_preflight
 from test_workflow import TINY, make_project, read_jsonl, snake
 from vllm_fixture import HALF, MML, MODEL, VLLM_ENV, vllm_python_or_skip
+
+from pairaudit.core import artifacts
+from pairaudit.serving import launch
+from pairaudit.serving.client import Endpoint
+from pairaudit.serving.preflight import run_preflight
+from pairaudit.speed import stage as speed_stage
 
 pytestmark = [pytest.mark.vllm, pytest.mark.workflow]
 
@@ -110,7 +112,7 @@ def test_speed_bracket_launches_real_vllm_three_times(vllm_pair, tmp_path):
         artifacts.write_json(preflight_paths[arm], pf)
     cfg = {"cells": [{"name": "short-c1", "prompt": "short", "input_len": 16, "concurrency": 1, "decide": True}],
            "repeats": 2, "waves": 1, "output_len": 8, "informational": True}
-    doc = speed.speed_stage(launch_paths=launch_paths, preflight_paths=preflight_paths, arm_cfgs=arm_cfgs,
+    doc = speed_stage.speed_stage(launch_paths=launch_paths, preflight_paths=preflight_paths, arm_cfgs=arm_cfgs,
                             speed_cfg=cfg, audit="vllm-speed", out_path=str(tmp_path / "decision.json"),
                             streams_path=str(tmp_path / "streams.jsonl"),
                             archive_path=str(tmp_path / "control-archive.jsonl"),

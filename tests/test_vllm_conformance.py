@@ -15,11 +15,11 @@ import json
 
 import pytest
 import requests
-
-from pairaudit.client import Endpoint, clamping
-from pairaudit.preflight import run_preflight
 from refserver_fixture import RefServer
 from vllm_fixture import MML, MODEL
+
+from pairaudit.serving.client import Endpoint, clamping
+from pairaudit.serving.preflight import run_preflight
 
 pytestmark = [pytest.mark.vllm, pytest.mark.server]
 

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from vllm_fixture import vllm_python_or_skip
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,10 +15,12 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from pairaudit.client import Endpoint
-from pairaudit.preflight import PreflightError, require_pass, run_preflight
 from vllm_fixture import MML, MODEL, NGRAM, VllmServer, vllm_python_or_skip
+
+from pairaudit.answers import stage as answers_stage
+from pairaudit.plans import stage as plan_stage
+from pairaudit.serving.client import Endpoint
+from pairaudit.serving.preflight import PreflightError, require_pass, run_preflight
 
 pytestmark = pytest.mark.vllm
 
@@ -62,8 +64,10 @@ def test_preflight_records_the_engines_500_and_the_servers_death(ngram_server):
 
 def test_the_answers_phase_turns_the_engine_death_into_a_confirmed_rejection(tmp_path):
     """The same candidate launched by the audit: the phase records the 500, confirms it on a fresh start, REJECT."""
-    from pairaudit import artifacts, failures, phases, plans
     from test_vllm_audit import vllm_launch_arm
+
+    from pairaudit.core import artifacts
+    from pairaudit.serving import failures
 
     vllm_python_or_skip()
     cfg = vllm_launch_arm("float32")
@@ -76,10 +80,10 @@ def test_the_answers_phase_turns_the_engine_death_into_a_confirmed_rejection(tmp
                                          "answer": "4"}]})
     sampling = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0, "base_seed": 1, "max_tokens": 8,
                 "concurrency": 1, "request_timeout_s": 300}
-    plans.arm_spec_stage(arm="candidate", arm_cfg=cfg, out_path=str(out / "specs/candidate.json"))
-    plans.requests_stage(dataset_path=str(ds), spec_path=str(out / "specs/candidate.json"), sampling=sampling,
+    plan_stage.arm_spec_stage(arm="candidate", arm_cfg=cfg, out_path=str(out / "specs/candidate.json"))
+    plan_stage.requests_stage(dataset_path=str(ds), spec_path=str(out / "specs/candidate.json"), sampling=sampling,
                          audit="ngram", out_path=str(out / "requests/one/candidate.json"))
-    doc = phases.answers_phase(
+    doc = answers_stage.answers_phase(
         arm="candidate", arm_cfg=cfg, requests_paths={"one": str(out / "requests/one/candidate.json")},
         sampling=sampling, audit="ngram", boundary_plan_path=None, journal_dir=str(out / "journal"),
         receipt_path=str(out / "launch/candidate.json"), preflight_path=str(out / "preflight/candidate.json"),

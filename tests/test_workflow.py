@@ -20,8 +20,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pairaudit import rules
-
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 TINY = REPO / "tests" / "data" / "tiny_config.yaml"
@@ -133,7 +131,7 @@ def test_identical_arms_give_identical_answers_and_pass(tiny):
              for n, g in decision["gates"].items()}
     # identical arms: no change under audit, whatever the gates found
     assert decision["decision"] == "INCONCLUSIVE" and decision["reasons"][0].startswith("no change under audit")
-    assert decision["gate_verdict"] == rules.promotion_v1(gates)["verdict"]
+    assert decision["gate_verdict"] == gates.promotion_v1(gates)["verdict"]
     # the phases: one answers start per arm, at most three diagnostics starts, the bracket's three
     starts = [json.loads(line) for line in (res / "servers" / "starts.jsonl").read_text().splitlines()]
     ready = [(s["phase"], s["arm"]) for s in starts if s["event"] == "ready"]

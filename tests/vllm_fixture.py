@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from pairaudit import configcheck, launch, modelstore
+from pairaudit import configcheck
+from pairaudit.serving import launch, modelstore
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = modelstore.EMBEDDED_NAME

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 
-from .. import __version__
+from pairaudit import __version__
 
 VERSION = f"0.0.0+pairaudit.refserver.{__version__}"
 
@@ -37,7 +37,8 @@ def main(argv=None) -> int:
     try:
         import torch
 
-        from ..modelstore import resolve_model
+        from pairaudit.serving.modelstore import resolve_model
+
         from .api import Api, serve
         from .engine import Engine, Switches
         from .metrics import Metrics

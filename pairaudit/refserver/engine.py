@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .metrics import Metrics
-from .switches import Switches  # noqa: F401  (part of the engine's interface)
 from .model import KVCache, LlamaModel, Segment
+from .switches import Switches  # noqa: F401  (part of the engine's interface)
 
 GREEDY_EPS = 1e-5
 

@@ -43,8 +43,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from ..artifacts import atomic_file
-from ..modelstore import cache_root
+from pairaudit.core.artifacts import atomic_file
+from pairaudit.serving.modelstore import cache_root
 
 log = logging.getLogger("refserver")
 

@@ -1,0 +1,206 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from pairaudit.answers.sampled import Journal, answer_dataset, assemble_records, is_final
+from pairaudit.boundary import cases as boundary
+from pairaudit.core import artifacts, contracts
+from pairaudit.core.contracts import PHASE_SCHEMA
+from pairaudit.core.jsonlog import AppendLog, append_record, read_log
+from pairaudit.plans import requests as plans
+from pairaudit.plans.requests import bodies, read_requests
+from pairaudit.serving import failures, launch, preflight
+from pairaudit.serving.client import ServerError
+from pairaudit.serving.launch import Server
+from pairaudit.serving.phase import PhaseServer, _journal_path, log
+
+
+def boundary_key(params: Mapping[str, Any], max_model_len: int, model: str, salt_prefix: str) -> str:
+    return artifacts.sha256_json({"params": params, "max_model_len": max_model_len, "model": model,
+                                 "salt_prefix": salt_prefix})
+
+
+def _probe_failure(arm: str, result: dict, srv: Server) -> failures.FailureRecord:
+    name = result.get("failed_probe")
+    probe = next((p for p in result.get("probes", []) if p["name"] == name), {})
+    last = (probe.get("calls") or [{}])[-1]
+    status = probe.get("status")
+    alive = srv.proc is None or srv.proc.poll() is None
+    if status is not None and status < 400 and alive:
+        kind = failures.FAILED_CHECK
+    else:
+        kind = failures.classify(status, server_alive=alive)
+    return {"arm": arm, "stage": "preflight", "what": f"probe {name}", "kind": kind, "status": status,
+            "request": {"method": last.get("method"), "path": last.get("path"), "body": last.get("request")},
+            "error": probe.get("error") or probe.get("reason"), "error_body": probe.get("body"),
+            "log_tail": srv.log_tail(40), "at": artifacts.utc_now()}
+
+
+def _item_failure(arm: str, dataset: str, journal_path: Path, srv: Server, exc: Exception | None) -> \
+        failures.FailureRecord | None:
+    """The first item of ``dataset`` whose last attempt got no answer or a server error, if any."""
+    last: dict[int, dict] = {}
+    for a in read_log(journal_path):
+        last[a["index"]] = a
+    open_ = [a for a in last.values() if not is_final(a)]
+    if not open_ and exc is None:
+        return None
+    alive = srv.proc is None or srv.proc.poll() is None
+    a = min(open_, key=lambda x: x["index"]) if open_ else {}
+    return {"arm": arm, "stage": "sampled", "what": f"{dataset} item {a.get('index')}",
+            "kind": failures.classify(a.get("status"), server_alive=alive and exc is None),
+            "status": a.get("status"), "request": {"method": "POST", "path": "/v1/chat/completions",
+                                                   "body": a.get("body")},
+            "error": a.get("error") or (str(exc).split("\n")[0] if exc else None), "error_body": a.get("error_body"),
+            "log_tail": srv.log_tail(40), "at": artifacts.utc_now()}
+
+
+def _confirm(spec: dict, failure: failures.FailureRecord, *, primary: dict, server_log: str, starts_log: str,
+             receipt: dict) -> dict:
+    """The failed request once more on a fresh start of the same server (stored beside the first failure)."""
+    conf: dict = {"at": artifacts.utc_now(), "kind": None, "status": None, "error": None, "error_body": None}
+    with PhaseServer(spec, phase="answers-confirm", log_path=server_log, receipt=receipt,
+                     starts_log=starts_log) as ps:
+        try:
+            srv = ps.get()
+            if failure["stage"] == "preflight":
+                res = preflight.run_preflight(srv.endpoint, spec, primary=primary)
+                conf["preflight"] = res
+                again = _probe_failure(spec["arm"], res, srv) if res["verdict"] != "PASS" else None
+                conf.update(kind=again["kind"] if again else "answered", status=again["status"] if again else 200,
+                            error=again["error"] if again else None,
+                            error_body=again["error_body"] if again else None)
+            else:
+                req = failure["request"]
+                res = srv.endpoint.post_json(req["path"], req["body"])
+                alive = srv.proc is None or srv.proc.poll() is None
+                ok = res["status"] is not None and res["status"] < 400
+                conf.update(kind="answered" if ok and alive else failures.classify(res["status"], server_alive=alive),
+                            status=res["status"], error=res["error"],
+                            error_body=None if res["status"] == 200 else res["body"])
+            conf["log_tail"] = srv.log_tail(40)
+        except ServerError as exc:
+            conf.update(kind=failures.DEAD, error=str(exc).split("\n")[0], log_tail=str(exc)[-4000:])
+    log.warning("%s: confirmation on a fresh start: %s", failure["what"], conf["kind"])
+    return conf
+
+
+def answers_phase(*, arm: str, arm_cfg: dict, requests_paths: Mapping[str, str], sampling: dict, audit: str,
+                  boundary_plan_path: str | None, journal_dir: str, receipt_path: str, preflight_path: str,
+                  phase_path: str, boundary_path: str | None, server_log: str, starts_log: str) -> dict:
+    """Receipt, preflight, every dataset's sampled runs and the boundary cases of one arm on one start.
+
+    A server that fails under the phase (a failed probe, an item answered
+    with a 5xx or not at all, a process that exits) ends the phase with a
+    failure record instead of an error: the outputs are written, the work not
+    done is marked so, and a server failure is confirmed once on a fresh
+    start (``pairaudit.serving.failures``).
+    """
+    spec = launch.resolve_spec(arm, arm_cfg)
+    rec = launch.receipt(spec)
+    requests = {name: plans.bodies(plans.read_requests(p)) for name, p in requests_paths.items()}
+    boundary_cfg = artifacts.read_json(boundary_plan_path)["params"] if boundary_plan_path else None
+    primary = {k: sampling[k] for k in ("temperature", "top_p", "top_k", "min_p")}
+    counts: dict[str, dict] = {}
+    boundary_doc = None
+    failure: failures.FailureRecord | None = None
+    with PhaseServer(spec, phase="answers", log_path=server_log, receipt=rec, starts_log=starts_log,
+                     timeout_s=float(sampling.get("request_timeout_s", 900))) as ps:
+        srv = ps.get()
+        launch.record_start(rec, spec, srv.facts())
+        rec["provenance"] = artifacts.provenance([], {"arm_config": arm_cfg})
+        artifacts.write_json(receipt_path, rec)
+
+        result = preflight.run_preflight(srv.endpoint, spec, primary=primary)
+        result["provenance"] = artifacts.provenance([receipt_path], {"primary": primary})
+        # every start's rehearsal is kept; the artifact is the one that rehearsed this start
+        append_record(_journal_path(journal_dir, "preflight", arm), result)
+        if result.get("verdict") != "PASS":
+            failure = _probe_failure(arm, result, srv)
+            log.error("preflight of arm %s failed: %s", arm, failures.summary(failure))
+        else:
+            ps.verify()
+        artifacts.write_json(preflight_path, result)
+
+        for name, bodies in requests.items():
+            if failure is not None:
+                break
+            jpath = _journal_path(journal_dir, "sampled", name, arm)
+            try:
+                with Journal(jpath, owner=f"answers {arm}") as journal:
+                    counts[name] = answer_dataset(srv, name, bodies, journal, sampling=sampling)
+                failure = _item_failure(arm, name, jpath, srv, None)
+                if failure is None:
+                    ps.verify()
+            except ServerError as exc:
+                failure = _item_failure(arm, name, jpath, srv, exc)
+
+        if boundary_path is not None and failure is None:
+            try:
+                boundary_doc = boundary_cases(ps, arm=arm, cfg=boundary_cfg, audit=audit,
+                                              journal=_journal_path(journal_dir, "boundary", arm),
+                                              receipt_path=receipt_path)
+                ps.verify()
+            except ServerError as exc:
+                failure = {"arm": arm, "stage": "boundary", "what": "cases", "kind": failures.DEAD, "status": None,
+                           "request": None, "error": str(exc).split("\n")[0], "error_body": None,
+                           "log_tail": srv.log_tail(40), "at": artifacts.utc_now()}
+        facts = srv.facts()
+    if failure is not None:
+        if failures.is_server_failure(failure["kind"]):
+            failure["confirmation"] = _confirm(spec, failure, primary=primary, server_log=server_log,
+                                               starts_log=starts_log, receipt=rec)
+        append_record(_journal_path(journal_dir, "failures", arm), dict(failure))
+    if boundary_path is not None and boundary_doc is None:
+        boundary_doc = {"schema": contracts.BOUNDARY_SCHEMA, "arm": arm, "served_model_name": spec["served_model_name"],
+                        "max_model_len": None, "params": boundary.settings(boundary_cfg), "cases": [],
+                        "first_long": None, "not_run": failures.summary(failure or {}),
+                        "provenance": artifacts.provenance([receipt_path], {})}
+    if boundary_path is not None:
+        artifacts.write_json(boundary_path, boundary_doc)
+    doc = {"schema": PHASE_SCHEMA, "phase": "answers", "arm": arm, "spec_sha256": rec["spec_sha256"],
+           "starts": ps.starts, "server": facts, "preflight": result["verdict"], "datasets": counts,
+           "boundary_cases": len(boundary_doc["cases"]) if boundary_doc else None, "failure": failure,
+           "provenance": artifacts.provenance(
+               [*requests_paths.values(), *([boundary_plan_path] if boundary_plan_path else []), receipt_path,
+                preflight_path], {"sampling": sampling, "audit": audit})}
+    artifacts.write_json(phase_path, doc)
+    return doc
+
+
+def boundary_cases(ps: PhaseServer, *, arm: str, cfg: dict | None, audit: str, journal: Path,
+                   receipt_path: str) -> dict:
+    """The boundary cases of one arm, journaled per case: a rerun asks only the cases not yet answered."""
+    params = boundary.settings(cfg)
+    srv = ps.get()
+    spec = ps.spec
+    model = spec["served_model_name"]
+    mml = boundary.server_max_model_len(srv.endpoint, spec)
+    key = boundary_key(params, mml, model, audit)
+    done = {}
+    for r in read_log(journal):
+        if r.get("key") == key and r.get("status") is not None and r["status"] < 500:
+            done.setdefault(r["case"], r)
+    with AppendLog(journal, owner=f"boundary {arm}") as jl:
+        res = boundary.run_boundary(srv.endpoint, model, mml, params, arm=arm, salt_prefix=audit, done=done,
+                                    record=lambda case: jl.append({**case, "key": key}))
+    return {"schema": contracts.BOUNDARY_SCHEMA, "arm": arm, "served_model_name": model, "max_model_len": mml,
+            "params": params, "cases": res["cases"], "first_long": res["first_long"],
+            "server": {k: srv.facts().get(k) for k in ("url", "pid", "identity_check")},
+            "provenance": artifacts.provenance([receipt_path], {"boundary": params, "salt_prefix": audit})}
+
+
+def assemble(*, dataset_path: str, requests_path: str, journal_path: str, out_path: str, receipt_path: str,
+             preflight_path: str, phase_path: str) -> dict:
+    """The workflow's sampled job: the answers phase's journal for the planned requests of one dataset."""
+
+    req = read_requests(requests_path)
+    preflight = artifacts.read_json(preflight_path)
+    mml = preflight.get("max_model_len") or artifacts.read_json(receipt_path).get("max_model_len")
+    return assemble_records(name=req["dataset"], arm=req["arm"], bodies=bodies(req), journal_path=journal_path,
+                            out_path=out_path,
+                            consumed=[dataset_path, requests_path, receipt_path, preflight_path],
+                            params={}, failure=artifacts.read_json(phase_path).get("failure"), max_model_len=mml)

@@ -1,0 +1,320 @@
+"""Every artifact's contract in one place: its schema id, where it lands, the fields of the main records.
+
+A schema id is written into each artifact's ``"schema"`` field by its stage and
+checked by every reader (``artifacts.check_schema``); the constants below are
+the only spelling of those ids. ``PATHS`` gives where each artifact lands,
+relative to ``results/<audit>/`` unless it starts with ``results/`` (logs shared
+by every audit); the rules take their input and output patterns from it
+(``artifact`` in ``rules/common.smk``).
+
+The TypedDicts at the end document the fields of the main records once; the
+modules that write them point here.
+
+This module imports nothing from the package, so every module can import it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+ARMS = ("control", "candidate")
+# The finish reason of an answer the model ended itself; anything else (a
+# length cut, an abort) cannot count as a fair comparison of the two arms.
+NATURAL_FINISH = "stop"
+
+# ------------------------------------------------------------- schema ids
+
+ARM_SPEC_SCHEMA = "pairaudit.arm-spec/v1"
+BOUNDARY_PLAN_SCHEMA = "pairaudit.boundary.cases-plan/v1"
+BOUNDARY_SCHEMA = "pairaudit.boundary/v1"
+BOUNDARY_GATE_SCHEMA = "pairaudit.boundary_gate/v1"
+CALIBRATION_SCHEMA = "pairaudit.calibration/v1"
+CALIBRATION_LOG_SCHEMA = "pairaudit.calibration_log/v1"
+CONTROL_ARCHIVE_SCHEMA = "pairaudit.control_archive/v1"
+DATASET_SCHEMA = "pairaudit.dataset/v1"
+DECISION_SCHEMA = "pairaudit.decision/v1"
+DIVERGENCE_SCHEMA = "pairaudit.divergence/v1"
+GREEDY_SCHEMA = "pairaudit.greedy/v1"
+LAUNCH_SCHEMA = "pairaudit.launch/v1"
+LEDGER_SCHEMA = "pairaudit.ledger/v1"
+MANIFEST_SCHEMA = "pairaudit.manifest/v1"
+PAIRED_SCHEMA = "pairaudit.paired/v1"
+PHASE_SCHEMA = "pairaudit.phase/v1"
+PREFLIGHT_SCHEMA = "pairaudit.preflight/v1"
+REQUESTS_SCHEMA = "pairaudit.requests/v1"
+SAMPLED_SCHEMA = "pairaudit.sampled/v1"
+SCORES_SCHEMA = "pairaudit.scores/v1"
+SERVER_START_SCHEMA = "pairaudit.server-start/v1"
+SPEED_DECISION_SCHEMA = "pairaudit.speed_decision/v1"
+SPEED_STREAMS_SCHEMA = "pairaudit.speed_streams/v1"
+
+# ------------------------------------------------------------------ paths
+
+PATHS = {
+    ARM_SPEC_SCHEMA: "specs/{arm}.json",
+    REQUESTS_SCHEMA: "requests/{dataset}/{arm}.json",
+    BOUNDARY_PLAN_SCHEMA: "boundary/plan.json",
+    LAUNCH_SCHEMA: "launch/{arm}.json",
+    PREFLIGHT_SCHEMA: "preflight/{arm}.json",
+    PHASE_SCHEMA: "answers/{arm}.json",   # and diagnostics/phase.json
+    BOUNDARY_SCHEMA: "boundary/{arm}.json",
+    BOUNDARY_GATE_SCHEMA: "boundary/gate.json",
+    DATASET_SCHEMA: "datasets/{dataset}.json",
+    SAMPLED_SCHEMA: "sampled/{dataset}/{arm}.jsonl",
+    SCORES_SCHEMA: "scores/{dataset}/{arm}.jsonl",
+    PAIRED_SCHEMA: "paired/{dataset}.json",
+    GREEDY_SCHEMA: "greedy/{dataset}/{arm}.jsonl",
+    DIVERGENCE_SCHEMA: "divergence/{dataset}.json",
+    SPEED_DECISION_SCHEMA: "speed/decision.json",
+    SPEED_STREAMS_SCHEMA: "speed/streams.jsonl",
+    SERVER_START_SCHEMA: "servers/starts.jsonl",
+    DECISION_SCHEMA: "promotion/decision.json",
+    MANIFEST_SCHEMA: "promotion/manifest.json",
+    CALIBRATION_SCHEMA: "promotion/calibration.json",
+    LEDGER_SCHEMA: "results/ledger.jsonl",
+    CONTROL_ARCHIVE_SCHEMA: "results/control-archive.jsonl",
+    CALIBRATION_LOG_SCHEMA: "results/calibrations.jsonl",
+}
+
+
+# ---------------------------------------------------------------- records
+# The fields of the main records, documented once. They are plain JSON dicts
+# on disk; these TypedDicts are their contract (readers index them by these
+# names, writers fill them), not runtime checks.
+
+
+class Timings(TypedDict):
+    started_at: str                 # ISO-8601 UTC, when the request was sent
+    elapsed_s: float | None
+
+
+class JournalAttempt(TypedDict):
+    """One line of ``journal/sampled/<dataset>/<arm>.jsonl``: one attempt at one item (append-only)."""
+    index: int
+    attempt: int                    # 1, 2, ... per item; the first final attempt is the primary answer
+    body_sha256: str                # sha256 of the request body without ``model``: equal across arms
+    body: dict                      # the request as sent, every sampling field explicit
+    status: int | None              # HTTP status; None = transport error (the item stays open)
+    response: dict | None
+    error: str | None
+    finish_reason: str | None
+    usage: dict | None
+    timings: Timings
+    server: dict                    # {"url", "pid"} of the server that answered
+
+
+class SampledRecord(JournalAttempt, total=False):
+    """One record of ``sampled/<dataset>/<arm>.jsonl``: the item's first final attempt, in index order."""
+    prior_attempts: list[JournalAttempt]   # earlier attempts without a final answer, kept as evidence
+
+
+class ScoreRecord(TypedDict, total=False):
+    """One record of ``scores/<dataset>/<arm>.jsonl`` (``scoring.score_records``), same order as sampled."""
+    index: int
+    id: str
+    correct: bool                   # the PRIMARY verdict; diagnostics never replace it
+    extracted: str | None           # what was read out of the answer (number, boxed LaTeX, code)
+    reason: str                     # why, in words a reviewer can check, e.g. "strict match '#### 72' == gold 72"
+    method: str                     # "strict-regex", "math-verify", "normalized-string", "sandbox", ...
+    finish_reason: str | None
+    answered: bool
+    text: str | None                # the scored text: chat message.content (null content = no answer)
+    reasoning: str | None           # message.reasoning / reasoning_content, kept, never scored
+    clamped: bool                   # the server lowered max_tokens (client.clamping); never a natural finish
+    clamp: dict | None              # the client.clamping record when clamped
+    # gsm8k: gold, flexible {extracted, correct} (last number), comparison "numeric", lm_eval_exact_match
+    # math: gold, boxed_command, math_verify {equal, error}
+    # mbpp / humaneval: code_source, tests_total, tests_failed, first_failure, sandbox (mechanism,
+    #   fallback_reason, isolation, harness report), stderr_tail
+
+
+class PairedTable(TypedDict):
+    """``table`` of ``paired/<dataset>.json`` (``stats.paired_table``): both arms scored item by item."""
+    n: int                          # paired items
+    indices: list[int]              # sorted item indices
+    control_correct: int
+    candidate_correct: int
+    both_correct: int
+    neither_correct: int
+    control_only: list[int]         # items only the control got right (b)
+    candidate_only: list[int]       # items only the candidate got right (c)
+    net: int                        # len(candidate_only) - len(control_only)
+    mcnemar_p: float                # exact two-sided on (b, c)
+    exact_text_matches: int
+    exact_text_match_indices: list[int]
+    bodies_identical: bool
+    body_mismatch_indices: list[int]
+    natural_finish: dict[str, int]                  # arm -> items that ended with finish_reason "stop"
+    unnatural_finish_indices: dict[str, list[int]]
+    unanswered_indices: dict[str, list[int]]
+    error_indices: dict[str, list[int]]
+
+
+class GreedyRecord(TypedDict, total=False):
+    """One record of ``greedy/<dataset>/<arm>.jsonl`` (``greedy.greedy_one``; determinism repeats too)."""
+    index: Any
+    body: dict
+    body_sha256: str                # sha256 of the canonical full body
+    request_sha256: str             # ... without model and cache_salt: equal across arms
+    status: int | None
+    error: str | None               # HTTP error, transport error or a parse error
+    response_body: Any              # the server's own words, on an error
+    token_ids: list[int]            # generated ids incl. a final EOS, from logprobs
+    text: str | None
+    finish_reason: str | None
+    usage: dict | None
+    top20: list[list[list[float]]]  # per generated position: [[id, logprob], ...] as served, unrounded
+    salt: str                       # a fresh cache_salt per generation
+    output_sha256: str | None       # sha256 of canonical JSON of token_ids (None on error)
+    clamped: bool                   # the server lowered max_tokens
+    clamp: dict | None
+    timings: Timings
+
+
+class ProbeResult(TypedDict, total=False):
+    """A forced-prefix top-20 probe (``greedy.run_probe``; ``probes_for_arm`` adds ``index``)."""
+    index: Any
+    top20: list[list[float]] | None  # [[id, logprob], ...] after prompt + shared prefix
+    token_id: int | None
+    salt: str
+    body: dict
+    body_sha256: str
+    status: int | None
+    error: str | None
+    response_body: Any
+    prompt_tokens: int | None       # usage.prompt_tokens as the server counted it
+    sent_prompt_len: int            # len(prompt_ids) + len(prefix) as sent
+    timings: Timings
+
+
+class DivergenceRecord(TypedDict):
+    """One item of ``divergence/<dataset>.json`` ``divergences`` (``greedy.divergence_records``)."""
+    index: Any
+    diverged: bool | None           # None: not comparable (an error, or equal up to a server's clamp)
+    first_divergence: int | None    # first position whose token ids differ
+    control_token_id: int | None    # ids at first_divergence (None past an output's end)
+    candidate_token_id: int | None
+    shared_prefix: list[int] | None
+    prefix_equal: bool
+    control_len: int
+    candidate_len: int
+    control_greedy_top: list | None   # each arm's own greedy top-20 at first_divergence
+    candidate_greedy_top: list | None
+    clamped: list[str]              # arms whose server lowered max_tokens
+    error: str | None
+
+
+class BoundaryCase(TypedDict, total=False):
+    """One case of ``boundary/<arm>.json`` ``cases``, in the order run."""
+    case: str                       # "retrieval-0.125" | "tail-16" | "tail-32" ...
+    kind: str                       # "retrieval" | "tail"
+    prompt_tokens: int              # built and sent, as token ids
+    max_tokens: int
+    planted: list[int]
+    expected: str                   # e.g. "343 706 657"
+    positions: list[int]            # token index of each planted sentence
+    prompt_sha256: str
+    request: dict                   # the body without the ids
+    status: int | None
+    text: str | None
+    finish_reason: str | None
+    usage: dict | None
+    usage_prompt_tokens: int | None
+    extracted: list[int]            # numbers in the answer
+    correct: bool                   # exactly the planted values, in order
+    ttft_s: float | None
+    e2el_s: float | None
+    input_tokens_per_s: float | None  # prompt tokens / TTFT
+    error: str | None
+    error_body: Any
+    clamped: bool                   # max_tokens silently lowered
+    clamp: dict | None
+    config_error: str | None        # the server refused the request (4xx), or clamped a case that did not fit
+
+
+class SpeedDecision(TypedDict, total=False):
+    """``speed/decision.json``: the bracket and its gate (details of each part: ``pairaudit/speed.py``)."""
+    schema: str
+    audit: str
+    gate: dict                      # the speed verdict as a rule result: rule, verdict, reasons, params,
+                                    # deviations, stage_deviations, informational, decision_cells, cells,
+                                    # clock_check; win2-v2 also noise, rates, needed, pooled_gain_pct, ...
+    win2: dict                      # per cell: the rule's result for that cell
+    bar: dict                       # {win_pct, primary, guards, reported, lower_is_better}
+    starts: list[dict]              # s1, s2, s3: role, arm, host, clock before/after, server facts, warm-up
+    hosts: list[str]
+    clock_check: dict
+    cells: list[dict]               # each cell as run, with its prompt_tokens
+    pooled: dict                    # cell -> start -> per repeat pooled server counters and rates
+    series: dict                    # cell -> metric -> per repeat [s1, s2, s3]
+    deviations: list[dict]
+    bench_serve: dict               # cell -> start -> vllm bench serve's table
+    spread: dict                    # cell -> in-window and archive spread of the primary metric
+    archive: dict                   # {path, appended}
+    streams: str                    # path of streams.jsonl
+    params: dict
+    provenance: dict
+    not_run: str                    # why the bracket was not measured (then the gate is INCONCLUSIVE)
+    failure: dict                   # a failures.FailureRecord of the server that broke the bracket
+
+
+class Decision(TypedDict, total=False):
+    """``promotion/decision.json`` (``decision.decide`` + ``report.promotion_stage``), in full::
+
+    {"schema": "pairaudit.decision/v1", "rule": "promotion-v1",
+     "decision": "PROMOTE" | "HOLD" | "REJECT" | "INCONCLUSIVE",
+     "reasons": [str, ...],          # promotion-v1: one line per gate, in gate order
+                                     # (identical arms: "no change under audit: ..." first)
+     "deciding_gates": [str, ...],   # the gates whose outcome is the decision; ["arms"] for identical arms
+     "gate_verdict": str,            # what the gates alone give (differs only for identical arms)
+     "identical_arms": bool,         # control and candidate have the same spec_sha256
+     "calibration": bool,            # decided in A/A calibration mode
+     "deviations": [{"gate", "what", "detail"}],   # every loosening (decision_deviations): gates not
+                                     # evaluated, non-registered parameters, informational gates,
+                                     # gates applied to part of their evidence, calibration
+     "gates": {name: None | {"rule", "verdict", "outcome", "reasons": [every reason],
+                             "deviations": {...}, ...key numbers of that rule}},
+     "not_evaluated": [str, ...],
+     "datasets": {name: {"format", "n", "indices", "control_correct", "candidate_correct",
+                         "control_only": [int], "candidate_only": [int], "net", "mcnemar_p",
+                         "exact_text_matches", "natural_finish": {arm: int},
+                         "bodies_identical", "verdict",
+                         "mde": stats.minimum_detectable_loss | None,   # smallest detectable net loss
+                         "bootstrap": {...} | None}},
+     "arms": {arm: {"mode", "spec_sha256", "env", "command", "model", "served_model_name",
+                    "model_sha256", "max_model_len", "url", "packages", "machine",
+                    "preflight": "PASS" | "FAIL" | None}},
+     "switch_diff": [{"name", "control", "candidate"}],   # None = not set by that arm
+     "notes": [str, ...],            # comparability facts that do not decide (e.g. model differs)
+     "preflight": {arm: "PASS" | "FAIL" | None},
+     "calibration_ref": None | {"path", "sha256", "time", "audit", "headline", "flagged"},
+                                     # added by promotion_stage: the latest A/A calibration of the same
+                                     # control spec on the same host (pairaudit/calibration.py); it never
+                                     # changes the decision, and None is stated in the report
+     "evidence": {                   # added by promotion_stage from the later stages' artifacts
+       "boundary_cases": None | [{"case", "planted", "expected", "identical_text",
+                                  arm: None | {"text", "extracted", "correct", "finish_reason", "prompt_tokens",
+                                               "max_tokens", "ttft_s", "input_tokens_per_s", "config_error"}}],
+       "speed": None | {"primary", "win_pct", "hosts", "cells": {cell: {"verdict", "repeats_s1_s2_s3",
+                                                                        "point_gain_pct", "t_interval",
+                                                                        "max_control_spread_pct"}}}}}
+    """
+    schema: str
+    rule: str                       # "promotion-v1"
+    decision: str                   # PROMOTE | HOLD | REJECT | INCONCLUSIVE
+    reasons: list[str]              # one line per gate, in gate order ("no change under audit" first for identical arms)
+    deciding_gates: list[str]       # the gates whose outcome is the decision; ["arms"] for identical arms
+    gate_verdict: str               # what the gates alone give (differs only for identical arms)
+    identical_arms: bool            # control and candidate have the same spec_sha256
+    calibration: bool               # decided in A/A calibration mode
+    deviations: list[dict]          # every loosening: {gate, what, detail}
+    gates: dict                     # name -> None | {rule, verdict, outcome, reasons, deviations, key numbers}
+    not_evaluated: list[str]
+    datasets: dict                  # name -> the paired summary: counts, only-control/candidate, mcnemar_p, mde, ...
+    arms: dict                      # arm -> mode, spec_sha256, env, command, model, max_model_len, packages, ...
+    switch_diff: list[dict]         # {name, control, candidate}; None = not set by that arm
+    notes: list[str]                # comparability facts that do not decide
+    preflight: dict                 # arm -> PASS | FAIL | None
+    calibration_ref: dict | None    # the latest A/A calibration of the same control on the same host; never decides
+    evidence: dict                  # boundary cases side by side, the speed summary
+    provenance: dict

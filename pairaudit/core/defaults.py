@@ -1,0 +1,43 @@
+"""The config schema (``config/schema.yaml``): the one place every default is kept.
+
+Library functions that take a config section fill what the caller left out
+from here, so a default cannot differ between the workflow (where Snakemake's
+``validate`` fills them) and a direct call.
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PATH = Path(__file__).resolve().parents[2] / "config" / "schema.yaml"
+
+
+@lru_cache(maxsize=1)
+def _schema() -> dict:
+    try:
+        # read by every process that imports a stage module: the C loader where PyYAML has it
+        return yaml.load(PATH.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except OSError as exc:
+        raise RuntimeError(f"the config schema {PATH} cannot be read ({exc}): pairaudit runs from its checkout") from exc
+
+
+def _properties(path: tuple[str, ...]) -> dict[str, Any]:
+    node = _schema()
+    for key in path:
+        node = node["properties"][key]
+    return node["properties"]
+
+
+def section(*path: str) -> dict[str, Any]:
+    """``{key: default}`` of the section at ``path`` (e.g. ``"speed"``, ``"scoring", "sandbox"``); a fresh copy."""
+    return {k: copy.deepcopy(v["default"]) for k, v in _properties(path).items() if "default" in v}
+
+
+def keys(*path: str) -> set[str]:
+    """Every key the section at ``path`` allows."""
+    return set(_properties(path))

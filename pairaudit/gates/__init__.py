@@ -1,0 +1,32 @@
+"""The registered decision rules, one module per family; this package is their registry.
+
+Every rule is a pure function of its evidence returning a JSON-able dict with
+``rule`` (the registered name), ``verdict``, ``reasons``, ``params`` and
+``deviations`` (``common.registered_params``). Stages read a rule through this
+registry (``gates.quality_v1``) so that one name always means one rule.
+"""
+
+from pairaudit.gates.boundary import BOUNDARY_REQUIRED_CASES, CAPACITY_TAIL_CASE, boundary_missing_cases, boundary_v1
+from pairaudit.gates.determinism import determinism_v1
+from pairaudit.gates.grid_tie import GRID_TIE_V1, PROBE_CLAUSES, grid_tie_audit, grid_tie_probe, grid_tie_v1
+from pairaudit.gates.promotion import NO_CHANGE, promotion_v1
+from pairaudit.gates.quality import QUALITY_V1, mde_reason, quality_v1
+from pairaudit.gates.speed import WIN2_V1, WIN2_V2, simulate_windows, win2_v1, win2_v2, win2_v2_needed, win2_v2_rates
+
+# name -> the rule's function: what a config's `rules:` section may name
+REGISTERED = {
+    "quality-v1": quality_v1,
+    "grid-tie-v1": grid_tie_v1,
+    "determinism-v1": determinism_v1,
+    "boundary-v1": boundary_v1,
+    "win2-v1": win2_v1,
+    "win2-v2": win2_v2,
+    "promotion-v1": promotion_v1,
+}
+
+__all__ = [
+    "BOUNDARY_REQUIRED_CASES", "CAPACITY_TAIL_CASE", "GRID_TIE_V1", "NO_CHANGE", "PROBE_CLAUSES", "QUALITY_V1",
+    "REGISTERED", "WIN2_V1", "WIN2_V2", "boundary_missing_cases", "boundary_v1", "determinism_v1", "grid_tie_audit",
+    "grid_tie_probe", "grid_tie_v1", "mde_reason", "promotion_v1", "quality_v1", "simulate_windows", "win2_v1",
+    "win2_v2", "win2_v2_needed", "win2_v2_rates",
+]

@@ -1,0 +1,453 @@
+"""Promotion decision: the gates from every stage's stored rule result, and promotion-v1 over them.
+
+Pure functions on plain JSON-able dicts. The decision itself is
+``gates.promotion_v1`` over a fixed set of gates; this module only collects
+the gates and keeps the evidence beside them. It never adjusts a score.
+
+Gates (``gates_from`` + ``preflight_gates``), in this order::
+
+    quality:<dataset>      gates.quality_v1 (stored in paired/<dataset>.json)
+    grid_tie               gates.grid_tie_audit over every dataset's grid_tie_v1
+                           record (divergence stage): one gate, because the
+                           registered cap counts divergent prompts over the audit
+    determinism:<dataset>  gates.determinism_v1  (divergence stage; or one
+                           gate "determinism" when a single result is given)
+    boundary               gates.boundary_v1     (boundary_gate stage; a PASS
+                           without the max_model_len - 16 case counts INCONCLUSIVE)
+    speed                  gates.win2_v1         (speed_decision stage)
+    preflight:<arm>        the preflight stage's PASS/FAIL, see below
+
+A gate whose stage is not built or did not run is present with value None:
+promotion-v1 lists it under ``not_evaluated`` and counts it INCONCLUSIVE, so
+the decision can never be PROMOTE on partial evidence.
+
+Identical arms (the same launch ``spec_sha256``) are INCONCLUSIVE, "no change
+under audit", whatever the gates say, unless the decision is made in
+calibration mode (``decide(..., calibration=True)``: an A/A run whose gate
+verdicts are the host's false-alarm evidence).
+
+Preflight policy (our reading; promotion-v1's precedence is kept). A FAILed
+preflight means the arm's API did not behave as the audit assumes, so its
+evidence cannot be compared: it enters as an INCONCLUSIVE gate
+(``{"rule": "preflight", "verdict": "INCONCLUSIVE", "stage_verdict": "FAIL"}``).
+Under promotion-v1's precedence REJECT > HOLD > INCONCLUSIVE > PROMOTE, a
+REJECT or HOLD found by an evaluated gate still stands: a broken rehearsal
+cannot lift a measured failure (the direction is conservative either way,
+since none of these outcomes ships the change). Otherwise the decision is
+INCONCLUSIVE. A missing preflight document is a None gate, like any other.
+
+
+decision.json: ``contracts.Decision``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from pairaudit import gates
+from pairaudit.core.contracts import ARMS, DECISION_SCHEMA
+
+# Which registered rule each later gate must carry: a win2 result handed in
+# as "boundary" would otherwise be judged by the wrong vocabulary.
+_EXPECTED_RULE = {
+    "quality": "quality-v1",
+    "grid_tie": "grid-tie-v1",
+    "determinism": "determinism-v1",
+    "boundary": "boundary-v1",
+    "speed": ("win2-v2", "win2-v1"),   # speed.rule selects; win2-v2 is the default
+}
+
+
+# ------------------------------------------------------------------ gates
+
+def _check_rule(kind: str, name: str, res: Mapping[str, Any] | None) -> None:
+    if res is None:
+        return
+    if not isinstance(res, Mapping):
+        raise ValueError(f"gate {name}: expected a rule result dict, got {type(res).__name__}")
+    want = _EXPECTED_RULE[kind]
+    if res.get("rule") not in (want if isinstance(want, tuple) else (want,)):
+        raise ValueError(f"gate {name}: expected a {' or '.join(want) if isinstance(want, tuple) else want} "
+                         f"result, got rule {res.get('rule')!r}")
+
+
+def check_quality(name: str, doc: Mapping[str, Any]) -> dict:
+    """The stored quality-v1 result of one paired doc, checked against its own table.
+
+    The verdict is recomputed from the table with the parameters the paired
+    stage recorded: a hand-edited verdict, or a table edited after the rule
+    ran, is an error rather than a quiet PASS.
+    """
+    if doc.get("dataset") not in (None, name):
+        raise ValueError(f"paired doc keyed {name!r} is for dataset {doc.get('dataset')!r}")
+    q, table = doc.get("quality"), doc.get("table")
+    if not isinstance(q, Mapping) or not isinstance(table, Mapping):
+        raise ValueError(f"paired {name}: needs both 'table' and 'quality'")
+    _check_rule("quality", f"quality:{name}", q)
+    again = gates.quality_v1(table, **(q.get("params") or {}))
+    # after a server failure the paired stage keeps the rule's own verdict as stage_verdict
+    stored = {**q, "verdict": q.get("stage_verdict", q.get("verdict"))} if doc.get("arm_failed") else q
+    for key in ("verdict", "control_only", "candidate_only"):
+        if stored.get(key) != again[key]:
+            raise ValueError(f"paired {name}: stored quality {key} {q.get(key)!r} disagrees with "
+                             f"quality-v1 recomputed from its table ({again[key]!r})")
+    out = dict(q)
+    if out.get("mde") is None:
+        # A paired doc made before the detectable-loss field: the same rule states it now.
+        out["mde"] = again["mde"]
+        out["reasons"] = list(out.get("reasons") or []) + [gates.mde_reason(again["mde"])]
+    return out
+
+
+def _per_dataset(kind: str, given: Any, datasets: Sequence[str]) -> dict[str, Any]:
+    """``kind:<dataset>`` gates from a mapping dataset -> result; absent -> None."""
+    given = given or {}
+    extra = sorted(set(given) - set(datasets))
+    if extra:
+        # Evidence for a dataset that has no paired result cannot be placed.
+        raise ValueError(f"{kind} results for datasets without a paired result: {extra}")
+    out = {}
+    for ds in datasets:
+        res = given.get(ds)
+        _check_rule(kind, f"{kind}:{ds}", res)
+        out[f"{kind}:{ds}"] = res
+    return out
+
+
+def grid_tie_gate(divergence: Mapping[str, Any] | None, datasets: Sequence[str], *,
+                  counts: Mapping[str, Mapping[str, Any]] | None = None) -> dict | None:
+    """The one audit-wide grid-tie gate from the per-dataset records (gates.grid_tie_audit).
+
+    None (not evaluated) when no dataset has a record; a dataset without one
+    makes the audit's grid-tie INCONCLUSIVE, naming it. The per-dataset
+    records stay the evidence; the cap and "nothing compared" are the audit's.
+    """
+    per = {k.split(":", 1)[1]: v for k, v in _per_dataset("grid_tie", divergence, datasets).items()}
+    if all(v is None for v in per.values()):
+        return None
+    return gates.grid_tie_audit(per, counts=counts)
+
+
+def boundary_gate(res: Mapping[str, Any] | None) -> dict | None:
+    """boundary-v1 as the decision counts it: a PASS without the capacity tail case is not the gate.
+
+    The schema refuses a boundary config without the max_model_len - 16 tail;
+    a result made without it anyway (an older or hand-made artifact) enters
+    as INCONCLUSIVE with ``stage_verdict`` PASS and the missing cases named.
+    A FAIL stands as it is: a failure found is a failure.
+    """
+    _check_rule("boundary", "boundary", res)
+    if res is None:
+        return None
+    missing = gates.boundary_missing_cases(res)
+    if not missing:
+        return dict(res)
+    out = {**res, "missing_cases": missing, "stage_verdict": res.get("verdict")}
+    why = (f"boundary-v1 not applied in full: required case(s) {missing} (max_model_len - 16 input, 16 output) "
+           "were not run")
+    if res.get("verdict") == "PASS":
+        out.update(verdict="INCONCLUSIVE", reasons=[why] + list(res.get("reasons") or []))
+    else:
+        out["reasons"] = list(res.get("reasons") or []) + [why]
+    return out
+
+
+def gates_from(paired: Mapping[str, Mapping[str, Any]], *, divergence: Mapping[str, Any] | None = None,
+               divergence_counts: Mapping[str, Mapping[str, Any]] | None = None,
+               determinism: Any = None, boundary: Mapping[str, Any] | None = None,
+               speed: Mapping[str, Any] | None = None) -> dict[str, dict | None]:
+    """Every evidence gate, in a fixed order, None where not evaluated.
+
+    paired: dataset -> paired doc (its stored quality-v1 is checked, see
+    check_quality). divergence: dataset -> grid_tie_v1 record, combined into
+    the one audit-wide gate ``grid_tie`` (grid_tie_gate); divergence_counts:
+    dataset -> {"selected", "compared"} for records that lack their own.
+    determinism: None, one determinism_v1 result (gate ``determinism``) or
+    dataset -> result (gates ``determinism:<dataset>``; the divergence stage
+    repeats a greedy request per dataset). boundary: boundary_v1 (see
+    boundary_gate). speed: win2_v1.
+    """
+    datasets = sorted(paired)
+    gates: dict[str, dict | None] = {f"quality:{ds}": check_quality(ds, paired[ds]) for ds in datasets}
+    gates["grid_tie"] = grid_tie_gate(divergence, datasets, counts=divergence_counts)
+    if isinstance(determinism, Mapping) and "rule" not in determinism:
+        gates.update(_per_dataset("determinism", determinism, datasets))
+    else:
+        _check_rule("determinism", "determinism", determinism)
+        gates["determinism"] = determinism
+    _check_rule("speed", "speed", speed)
+    gates["boundary"] = boundary_gate(boundary)
+    gates["speed"] = speed
+    return gates
+
+
+def preflight_gates(preflight: Mapping[str, Mapping[str, Any] | None]) -> dict[str, dict | None]:
+    """``preflight:<arm>`` gates; FAIL enters as INCONCLUSIVE (see module docstring)."""
+    out: dict[str, dict | None] = {}
+    for arm in ARMS:
+        doc = preflight.get(arm)
+        if doc is None:
+            out[f"preflight:{arm}"] = None
+            continue
+        v = doc.get("verdict")
+        if v == "PASS":
+            verdict, reasons = "PASS", [f"all {len(doc.get('probes') or [])} probes passed"]
+        else:
+            # Anything but an explicit PASS (FAIL, missing, garbled) is not comparable evidence.
+            failed = doc.get("failed_probe")
+            why = next((p.get("reason") for p in doc.get("probes") or []
+                        if p.get("name") == failed), None)
+            verdict = "INCONCLUSIVE"
+            reasons = [f"{arm} preflight {v} at probe {failed!r}" + (f": {why}" if why else "")
+                       + "; its evidence cannot be compared"]
+        out[f"preflight:{arm}"] = {"rule": "preflight", "verdict": verdict, "stage_verdict": v,
+                                   "failed_probe": doc.get("failed_probe"), "reasons": reasons}
+    return out
+
+
+def _key_numbers(res: Mapping[str, Any]) -> dict:
+    """The few numbers a reader needs beside a gate verdict, per rule."""
+    rule = res.get("rule")
+    if rule == "quality-v1":
+        keys = ("n", "control_correct", "candidate_correct", "control_only", "candidate_only",
+                "net", "mcnemar_p", "params", "mde")
+        return {k: res.get(k) for k in keys}
+    if rule == "grid-tie-v1":
+        return {"scope": res.get("scope"), "n_divergent": res.get("n_divergent"),
+                "selected": res.get("selected"), "compared": res.get("compared"),
+                "max_divergent": (res.get("params") or {}).get("max_divergent"),
+                "failed_clauses": res.get("failed_clauses"),
+                "unevaluated_clauses": res.get("unevaluated_clauses"),
+                "not_evaluated_datasets": res.get("not_evaluated_datasets"),
+                "counts_unrecorded_datasets": res.get("counts_unrecorded_datasets"),
+                "datasets": res.get("datasets"),
+                "probe_verdicts": {(f"{p['dataset']}:" if p.get("dataset") else "") + str(p.get("index")):
+                                   p.get("verdict") for p in res.get("probes") or []}}
+    if rule == "determinism-v1":
+        return {"nondeterministic_arms": res.get("nondeterministic_arms"),
+                "repeats": {a: v.get("repeats") for a, v in (res.get("arms") or {}).items()}}
+    if rule == "boundary-v1":
+        return {"stage_verdict": res.get("stage_verdict"), "missing_cases": res.get("missing_cases"),
+                "candidate_cases": res.get("candidate_cases"),
+                "candidate_failures": [f.get("case") for f in res.get("candidate_failures") or []],
+                "control_failures": [f.get("case") for f in res.get("control_failures") or []],
+                "identical_text_cases": res.get("identical_text_cases")}
+    if rule == "win2-v1":
+        prim = res.get("primary") or {}
+        return {"primary": (res.get("params") or {}).get("primary"), "repeats": res.get("repeats"),
+                "point_gain_pct": prim.get("point_gain_pct"), "t_interval": prim.get("t_interval"),
+                "win_pct": prim.get("win_pct"), "max_control_spread_pct": prim.get("max_control_spread_pct"),
+                "guard_verdicts": {g: r.get("guard_verdict") for g, r in (res.get("guards") or {}).items()}}
+    if rule == "win2-v2":
+        return {"primary": (res.get("params") or {}).get("primary"), "repeats": res.get("repeats"),
+                "point_gain_pct": res.get("pooled_gain_pct"), "lower_bound_pct": res.get("lower_bound_pct"),
+                "half_width_pct": res.get("half_width_pct"), "win_pct": (res.get("params") or {}).get("win_pct"),
+                "noise": res.get("noise"), "rates": res.get("rates"), "needed": res.get("needed"),
+                "stage_deviations": res.get("stage_deviations")}
+    if rule == "preflight":
+        return {"stage_verdict": res.get("stage_verdict"), "failed_probe": res.get("failed_probe")}
+    return {}
+
+
+# --------------------------------------------------------------- decision
+
+def env_diff(control_env: Mapping[str, Any], candidate_env: Mapping[str, Any]) -> list[dict]:
+    """Switches whose value differs between arms; None = that arm does not set it (server default)."""
+    names = sorted(set(control_env) | set(candidate_env))
+    return [{"name": k, "control": control_env.get(k), "candidate": candidate_env.get(k)}
+            for k in names if control_env.get(k) != candidate_env.get(k)]
+
+
+def _arm_summary(rec: Mapping[str, Any], pre: Mapping[str, Any] | None) -> dict:
+    keys = ("mode", "spec_sha256", "env", "command", "command_identity", "model", "served_model_name",
+            "model_sha256", "max_model_len", "url", "speculative", "packages", "server_packages", "machine")
+    out = {k: rec.get(k) for k in keys}
+    # what the server itself reported at launch (/version, the /v1/models card)
+    server = rec.get("server") or {}
+    out["server_version"] = server.get("version")
+    out["server_model_root"] = server.get("root")
+    out["preflight"] = None if pre is None else pre.get("verdict")
+    return out
+
+
+def _comparability_notes(arms: Mapping[str, dict]) -> list[str]:
+    """Facts about the two arms that a reader must see; they do not decide (no registered rule)."""
+    c, k = arms["control"], arms["candidate"]
+    notes = []
+    for key, what in (("model", "model"), ("model_sha256", "model sha256"),
+                      ("max_model_len", "max_model_len"), ("server_version", "server version (/version)"),
+                      ("server_model_root", "served model root (/v1/models)")):
+        if c.get(key) != k.get(key):
+            notes.append(f"{what} differs between arms: control {c.get(key)!r}, candidate {k.get(key)!r}")
+    if c.get("spec_sha256") and c.get("spec_sha256") == k.get("spec_sha256"):
+        notes.append("control and candidate have the same spec_sha256: the arms are the same server spec, "
+                     "so this audit compares a configuration with itself")
+    if (c.get("machine") or {}).get("hostname") != (k.get("machine") or {}).get("hostname"):
+        notes.append("the arms' launch receipts come from different hosts")
+    return notes
+
+
+def identical_arms(arms: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Both arms are the same server spec: no change is under audit."""
+    c, k = arms["control"].get("spec_sha256"), arms["candidate"].get("spec_sha256")
+    return bool(c) and c == k
+
+
+def decision_deviations(gates: Mapping[str, Mapping[str, Any] | None], *, calibration: bool = False,
+                        no_change: bool = False) -> list[dict]:
+    """Every loosening of the registered gates, as ``{"gate", "what", "detail"}``, in gate order.
+
+    A gate not evaluated; a rule parameter other than the registered value;
+    a gate that is informational (only its LOSS gates: ``speed.informational``);
+    a gate applied to part of its evidence (grid-tie datasets not evaluated,
+    boundary cases missing); and the calibration mode of the decision itself.
+    Nothing here changes the decision: it makes what the decision rests on
+    visible beside it.
+    """
+    out: list[dict] = []
+    for name, res in gates.items():
+        if res is None:
+            out.append({"gate": name, "what": "not evaluated",
+                        "detail": "its stage did not run or is disabled: the gate was not applied, so the "
+                                  "decision cannot be PROMOTE"})
+            continue
+        for k, d in (res.get("deviations") or {}).items():
+            detail = (f"used {d.get('used')!r}, registered {d.get('registered')!r}" if isinstance(d, Mapping)
+                      else repr(d))
+            out.append({"gate": name, "what": f"parameter {k}", "detail": detail})
+        if res.get("informational") is True:
+            out.append({"gate": name, "what": "informational",
+                        "detail": f"configured informational (speed.informational: true): only a LOSS of this "
+                                  f"gate gates the decision; its verdict {res.get('verdict')} neither allowed nor "
+                                  "blocked PROMOTE"})
+        if res.get("not_evaluated_datasets"):
+            out.append({"gate": name, "what": "datasets not evaluated",
+                        "detail": f"no record for datasets {res['not_evaluated_datasets']}"})
+        if res.get("counts_unrecorded_datasets"):
+            out.append({"gate": name, "what": "comparison counts not recorded",
+                        "detail": f"selected/compared counts missing for datasets {res['counts_unrecorded_datasets']}"})
+        # a stage's own loosenings (e.g. the speed bracket's accepted unverifiable clock), as it listed them
+        for d in res.get("stage_deviations") or []:
+            if isinstance(d, Mapping):
+                out.append({"gate": name, "what": str(d.get("what")), "detail": str(d.get("detail"))})
+        if res.get("missing_cases"):
+            out.append({"gate": name, "what": "required cases missing",
+                        "detail": f"cases {res['missing_cases']} were not run (the stage said "
+                                  f"{res.get('stage_verdict')}); counted as {res.get('verdict')}"})
+    if calibration:
+        out.append({"gate": "promotion", "what": "calibration",
+                    "detail": "decided in A/A calibration mode: identical arms are decided by their gates (what "
+                              "they flag is false-alarm evidence), not made INCONCLUSIVE"})
+    elif no_change:
+        out.append({"gate": "promotion", "what": gates.NO_CHANGE,
+                    "detail": "identical arms: the decision is INCONCLUSIVE whatever the gates say"})
+    return out
+
+
+def _dataset_summary(doc: Mapping[str, Any], mde: Mapping[str, Any] | None = None) -> dict:
+    t, q = doc["table"], doc["quality"]
+    return {"format": doc.get("format"), "n": t.get("n"), "indices": t.get("indices"),
+            "control_correct": t.get("control_correct"), "candidate_correct": t.get("candidate_correct"),
+            "control_only": t.get("control_only"), "candidate_only": t.get("candidate_only"),
+            "net": t.get("net"), "mcnemar_p": q.get("mcnemar_p"),
+            "exact_text_matches": t.get("exact_text_matches"), "natural_finish": t.get("natural_finish"),
+            "bodies_identical": t.get("bodies_identical"), "verdict": q.get("verdict"),
+            "mde": mde if mde is not None else q.get("mde"), "bootstrap": doc.get("bootstrap")}
+
+
+def decide(paired: Mapping[str, Mapping[str, Any]], launch: Mapping[str, Mapping[str, Any]],
+           preflight: Mapping[str, Mapping[str, Any] | None], *, calibration: bool = False,
+           **later: Any) -> dict:
+    """decision.json (schema in the module docstring) by promotion-v1.
+
+    paired: dataset -> paired doc; launch: arm -> launch record (both arms
+    required: evidence without a receipt has no server to attribute it to);
+    preflight: arm -> preflight doc (a missing arm is a None gate);
+    later: divergence=, divergence_counts=, determinism=, boundary=, speed=
+    as for gates_from. Identical arms (same spec_sha256) are INCONCLUSIVE,
+    "no change under audit", unless ``calibration`` (an A/A run, where the
+    gates' verdicts are the host's false-alarm evidence).
+    """
+    unknown = set(later) - {"divergence", "divergence_counts", "determinism", "boundary", "speed", "servers"}
+    if unknown:
+        raise TypeError(f"decide() got unknown later gates {sorted(unknown)}")
+    missing = [a for a in ARMS if a not in launch]
+    if missing or set(launch) - set(ARMS):
+        raise ValueError(f"launch receipts must be exactly {list(ARMS)}, got {sorted(launch)}")
+    if not isinstance(calibration, bool):
+        raise TypeError(f"calibration must be a bool, got {calibration!r}")
+    servers = later.pop("servers", None)
+    gates = gates_from(paired, **later)
+    if servers is not None:
+        gates["servers"] = servers
+    gates.update(preflight_gates(preflight))
+    arms = {a: _arm_summary(launch[a], preflight.get(a)) for a in ARMS}
+    same = identical_arms(arms)
+    prom = gates.promotion_v1(gates, identical_arms=same and not calibration)
+
+    gate_docs: dict[str, dict | None] = {}
+    for name, res in gates.items():
+        if res is None:
+            gate_docs[name] = None
+            continue
+        gate_docs[name] = {"rule": res.get("rule"), "verdict": res.get("verdict"),
+                           "outcome": prom["gates"][name]["outcome"],
+                           "reasons": list(res.get("reasons") or []),
+                           "deviations": res.get("deviations") or {}, **_key_numbers(res)}
+    return {
+        "schema": DECISION_SCHEMA,
+        "rule": prom["rule"],
+        "decision": prom["verdict"],
+        "reasons": prom["reasons"],
+        # Identical arms: the arms themselves decide, not any gate.
+        "deciding_gates": (["arms"] if prom["no_change"] else
+                           [g for g, v in prom["gates"].items() if v["outcome"] == prom["verdict"]]),
+        "gate_verdict": prom["gate_verdict"],
+        "identical_arms": same,
+        "calibration": calibration,
+        "deviations": decision_deviations(gates, calibration=calibration, no_change=prom["no_change"]),
+        "gates": gate_docs,
+        "not_evaluated": prom["not_evaluated"],
+        "datasets": {ds: _dataset_summary(paired[ds], (gates.get(f"quality:{ds}") or {}).get("mde"))
+                     for ds in sorted(paired)},
+        "arms": arms,
+        "switch_diff": env_diff(arms["control"].get("env") or {}, arms["candidate"].get("env") or {}),
+        "notes": _comparability_notes(arms),
+        "preflight": {a: arms[a]["preflight"] for a in ARMS},
+    }
+
+
+def speed_primary(doc: Mapping[str, Any]) -> str | None:
+    return (doc.get("bar") or {}).get("primary") or ((doc.get("gate") or {}).get("params") or {}).get("primary")
+
+
+_BOUNDARY_SIDE = ("text", "extracted", "correct", "finish_reason", "prompt_tokens", "max_tokens", "ttft_s",
+                  "input_tokens_per_s", "config_error")
+
+
+def boundary_evidence(doc: Mapping[str, Any] | None) -> list[dict] | None:
+    """Every boundary case for decision.json: planted values and, per arm, answer, finish reason, TTFT."""
+    if doc is None:
+        return None
+    return [{"case": c.get("case"), "planted": c.get("planted"), "expected": c.get("expected"),
+             "identical_text": c.get("identical_text"),
+             **{arm: ({k: c[arm].get(k) for k in _BOUNDARY_SIDE} if isinstance(c.get(arm), Mapping) else None)
+                for arm in ARMS}}
+            for c in doc.get("cases") or [] if isinstance(c, Mapping)]
+
+
+def speed_evidence(doc: Mapping[str, Any] | None) -> dict | None:
+    """The speed table for decision.json: per cell its verdict and the primary metric's s1/s2/s3 per repeat."""
+    if doc is None:
+        return None
+    primary = speed_primary(doc)
+    win2 = doc.get("win2") or {}
+    cells = {}
+    for cell, metrics in (doc.get("series") or {}).items():
+        prim = (win2.get(cell) or {}).get("primary") or {}
+        cells[cell] = {"verdict": (win2.get(cell) or {}).get("verdict"),
+                       "repeats_s1_s2_s3": (metrics or {}).get(primary),
+                       "point_gain_pct": prim.get("point_gain_pct"), "t_interval": prim.get("t_interval"),
+                       "max_control_spread_pct": prim.get("max_control_spread_pct")}
+    return {"primary": primary, "win_pct": (doc.get("bar") or {}).get("win_pct"),
+            "hosts": doc.get("hosts"), "cells": cells}

@@ -1,0 +1,649 @@
+"""The report people read: Markdown, its HTML page and the Snakemake-report RST block.
+
+Pure functions on plain JSON-able dicts: the paired tables are shown as the
+paired stage made them, nothing is adjusted.
+
+The HTML report's items (``promotion_stage``'s optional outputs): the report
+as one HTML page (``markdown_html``), the front-page block ``summary.rst``
+(included by ``report/workflow.rst``), the paired-outcomes figure (per item
+when score files are given), divergence positions and top-2 margins in grid
+steps, the boundary cases side by side, speed per repeat with the bracket
+and the win bar, and the control archive. A stage without an artifact gets a
+"not run" figure and section; nothing crashes on its absence.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping, Sequence
+
+from markdown_it import MarkdownIt
+
+from pairaudit.core.contracts import ARMS
+from pairaudit.promotion.decision import speed_primary
+
+NOT_ADJUSTED = (
+    "Nothing is adjusted. Scores are the scorer's strict verdicts: a strict-extractor miss stays a "
+    "miss, no diagnostic or rerun replaces a primary answer or score, and a net difference whose "
+    "McNemar p is above alpha is an unresolved difference, not evidence of equivalence. The "
+    "measured differences are kept visible above."
+)
+
+
+# --------------------------------------------------------------- markdown
+
+def _cell(v: Any) -> str:
+    """One Markdown table cell: pipes and newlines would break the row."""
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def _code(v: Any) -> str:
+    return "`" + _cell(v).replace("`", "'") + "`"
+
+
+def _row(cells: Sequence[Any]) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _idx(xs: Sequence[int] | None) -> str:
+    xs = list(xs or [])
+    if not xs:
+        return "none"
+    return ("index " if len(xs) == 1 else "indices ") + ", ".join(str(x) for x in xs)
+
+
+def _p(p: Any) -> str:
+    return "n/a" if p is None else f"{p:.4g}"
+
+
+def _cmd(c: Any) -> str:
+    if isinstance(c, (list, tuple)):
+        return " ".join(str(x) for x in c)
+    return "(attach)" if c is None else str(c)
+
+
+# --------------------------------------------------------------- front page
+
+# What a gate's outcome does to the decision, in words: the gate's own verdict
+# (PASS, STOP, WIN ...) is shown beside it, never re-labelled as a decision.
+_EFFECT = {"PROMOTE": "no objection", "REJECT": "rejects", "HOLD": "holds", "INCONCLUSIVE": "incomplete",
+           "INFORMATIONAL": "informational only"}
+REASON_CHARS = 140  # one line in a table cell; the gate's details keep every reason in full
+
+
+def slug(text: str) -> str:
+    """The anchor GitHub and markdown_html give a heading: lowercase, punctuation dropped, spaces -> '-'."""
+    import re
+
+    return re.sub(r"[^a-z0-9 _-]", "", text.strip().lower()).replace(" ", "-")
+
+
+def _gate_heading(name: str) -> str:
+    return f"Gate {name}"
+
+
+def _one_line(text: str, limit: int = REASON_CHARS) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
+def gate_rows(decision: Mapping[str, Any]) -> list[dict]:
+    """One row per gate for the front page: name, verdict, effect, first reason, evidence artifact."""
+    rows = []
+    for name, g in decision["gates"].items():
+        kind, _, ds = name.partition(":")
+        # grid-tie judges the whole audit: its evidence is every dataset's divergence file
+        divergence = f"divergence/{ds}.json" if ds else "divergence/"
+        evidence = {"quality": f"paired/{ds}.json", "grid_tie": divergence, "determinism": divergence,
+                    "boundary": "boundary/gate.json", "speed": "speed/decision.json",
+                    "preflight": f"preflight/{ds}.json"}.get(kind)
+        if g is None:
+            rows.append({"gate": name, "verdict": "not evaluated", "effect": _EFFECT["INCONCLUSIVE"],
+                         "reason": "its stage produced no result", "evidence": evidence})
+            continue
+        verdict = g.get("verdict") or "?"
+        if g.get("stage_verdict") not in (None, verdict):
+            verdict += f" (stage {g['stage_verdict']})"
+        rows.append({"gate": name, "verdict": verdict, "effect": _EFFECT.get(g.get("outcome"), g.get("outcome")),
+                     "reason": _one_line(_headline(g)), "evidence": evidence})
+    return rows
+
+
+def _headline(g: Mapping[str, Any]) -> str:
+    """The reason that explains the gate's verdict: for a flagged determinism gate, a flagged arm's line
+    (its first line may be the other arm's clean repeats); otherwise the first reason."""
+    reasons = [str(r) for r in g.get("reasons") or []]
+    if not reasons:
+        return "(no reason recorded)"
+    flagged = g.get("nondeterministic_arms") or []
+    if g.get("rule") == "determinism-v1" and flagged:
+        return next((r for r in reasons if r.split(":", 1)[0] in flagged), reasons[0])
+    return reasons[0]
+
+
+def deviations(decision: Mapping[str, Any]) -> list[dict]:
+    """decision.json's ``deviations`` ({gate, what, detail}) when present; absent or malformed -> []."""
+    devs = decision.get("deviations")
+    if not isinstance(devs, list):
+        return []
+    return [d for d in devs if isinstance(d, Mapping)]
+
+
+def _banner(decision: Mapping[str, Any]) -> list[str]:
+    deciding = decision.get("deciding_gates") or []
+    # Gates that also fall short of PROMOTE but are outranked by the decision:
+    # a reader must see them too (fixing the deciding gate does not clear them).
+    others = [f"{n} ({'not evaluated' if g is None else g['outcome']})" for n, g in decision["gates"].items()
+              if n not in deciding and (g is None or g["outcome"] != "PROMOTE")]
+    line = (f"> **{decision['decision']}** — deciding gates: {', '.join(deciding) or 'none'}. "
+            f"Rule {decision['rule']}: PROMOTE only if every gate passes; precedence REJECT > HOLD > "
+            f"INCONCLUSIVE > PROMOTE.")
+    out = [line]
+    if others:
+        out += [">", "> Also short of PROMOTE: " + ", ".join(others) + "."]
+    return out
+
+
+def _deviations_box(decision: Mapping[str, Any]) -> list[str]:
+    devs = deviations(decision)
+    if not devs:
+        return []
+    out = ["> **Deviations** from the registered procedure (they do not change a score; read them before the "
+           "verdict):", ">", "> " + _row(["Gate", "what", "detail"]), "> " + _row(["---"] * 3)]
+    out += ["> " + _row([_cell(d.get("gate", "")), _cell(d.get("what", "")), _cell(d.get("detail", ""))])
+            for d in devs]
+    return out
+
+
+def calibration_line(decision: Mapping[str, Any], summary: Mapping[str, Any] | None = None) -> str:
+    """The front page's calibration line: the calibration this decision cites, or that there is none.
+
+    ``summary``: this decision's own calibration summary (a calibration run),
+    whose headline comes first; the cited one is then the previous one.
+    """
+    ctrl = decision["arms"]["control"]
+    host = (ctrl.get("machine") or {}).get("hostname")
+    ref = decision.get("calibration_ref")
+    which = "previous calibration" if summary is not None else "latest calibration"
+    if ref:
+        cited = (f"The {which} of this control on this host: {ref.get('headline')} ({ref.get('time')}, "
+                 f"{_code(ref.get('path'))}, sha256 {_code(str(ref.get('sha256'))[:12])}); it does not change "
+                 "the decision.")
+    else:
+        cited = (f"No {'earlier ' if summary is not None else ''}calibration of this control on this host "
+                 f"(control spec {_code(str(ctrl.get('spec_sha256'))[:12])}, host {_code(host)})"
+                 + ("." if summary is not None else ": `snakemake --cores 4 calibrate` runs one."))
+    if summary is None:
+        return cited
+    return f"This decision is the A/A calibration of audit {_code(summary.get('of_audit'))}: {summary['headline']}. " + cited
+
+
+def calibration_markdown(summary: Mapping[str, Any] | None) -> list[str]:
+    """The calibration run's section: what every gate flagged on A vs A, with the host's noise beside."""
+    if summary is None:
+        return []
+    out = ["## A/A calibration", "", f"**{_cell(summary['headline'])}.** Control and candidate are the same server "
+           f"spec ({_code(str(summary.get('control_spec_sha256'))[:12])}) on host {_code(summary['host'].get('hostname'))}: "
+           "every gate that flags something here is a false alarm of this host and this control.", ""]
+    out += [f"- {_cell(f)}" for f in summary.get("findings") or []]
+    out += [f"- note: {_cell(n)}" for n in summary.get("notes") or []]
+    out += ["", _row(["Gate", "verdict", "expected on A vs A", "flagged", "reason"]), _row(["---"] * 5)]
+    for name, g in summary["gates"].items():
+        out.append(_row([_cell(name), _cell(g["verdict"] or "not evaluated"), _cell("/".join(g["expected"] or []) or "-"),
+                         "**yes**" if g["flagged"] else "no", _cell(_one_line(g["reason"]))]))
+    sp = summary.get("speed")
+    if sp:
+        out += ["", f"Speed ({sp.get('rule')}, bar {sp.get('win_pct')} %): {sp.get('verdict')}, pooled gain "
+                f"{_num(sp.get('pooled_gain_pct'), 2)} %.", "",
+                _row(["cell", "in-window control spread per repeat %", "max %", "archive spread before %",
+                      "archive starts", "archive spread with this window %"]), _row(["---"] * 6)]
+        for cell, c in sp["cells"].items():
+            w = c.get("window_pct")
+            out.append(_row([_cell(cell), ", ".join(_num(x, 1) for x in (w if isinstance(w, list) else [w])),
+                             _num(c.get("window_max_pct"), 1), _num(c.get("archive_pct"), 1),
+                             _cell(c.get("archive_n")), _num(c.get("archive_with_window_pct"), 1)]))
+    out += ["", _row(["Dataset", "n", "control-only", "candidate-only", "McNemar p", "exact text matches",
+                      "quality-v1"]), _row(["---"] * 7)]
+    for ds, q in summary["quality"].items():
+        out.append(_row([_cell(ds), _cell(q["n"]), _idx(q["control_only"]), _idx(q["candidate_only"]),
+                         _p(q["mcnemar_p"]), _cell(q["exact_text_matches"]), _cell(q["verdict"])]))
+    if summary.get("greedy"):
+        out += ["", _row(["Dataset", "greedy selected", "compared", "diverged (server against itself)",
+                          "determinism-v1"]), _row(["---"] * 5)]
+        for ds, g in summary["greedy"].items():
+            out.append(_row([_cell(ds), _cell(g["selected"]), _cell(g["compared"]), _idx(g["diverged"]),
+                             _cell(g["determinism"])]))
+    b = summary.get("boundary")
+    out += ["", "Boundary: " + ("not run" if b is None else
+                                f"{b['verdict']} over cases {_cell(b.get('cases'))}; control failures "
+                                f"{_cell([f.get('case') if isinstance(f, Mapping) else f for f in b.get('control_failures') or []])}")
+            + ". Preflight: " + ", ".join(f"{a} {v}" for a, v in summary["preflight"].items())
+            + f". Servers: {summary.get('servers')}."]
+    return out
+
+
+def _gates_table(decision: Mapping[str, Any]) -> list[str]:
+    out = ["## Gates", "", _row(["Gate", "verdict", "effect on the decision", "reason", "evidence"]),
+           _row(["---"] * 5)]
+    for r in gate_rows(decision):
+        link = f"[details](#{slug(_gate_heading(r['gate']))})"
+        ev = link + (f" · {_code(r['evidence'])}" if r["evidence"] else "")
+        out.append(_row([_cell(r["gate"]), _cell(r["verdict"]), r["effect"], _cell(r["reason"]), ev]))
+    ne = decision.get("not_evaluated") or []
+    out += ["", (f"Not evaluated: {', '.join(ne)} (incomplete evidence: the decision cannot be PROMOTE)."
+                 if ne else "Every gate was evaluated.")]
+    return out
+
+
+def _arms_section(decision: Mapping[str, Any]) -> list[str]:
+    arms = decision["arms"]
+    c, k = arms["control"], arms["candidate"]
+    out = ["## Arms", "", _row(["", "control (OFF)", "candidate (ON)"]), _row(["---"] * 3)]
+    for label, key in (("mode", "mode"), ("model", "model"), ("served model name", "served_model_name"),
+                       ("model sha256", "model_sha256"), ("max_model_len", "max_model_len"),
+                       ("speculative", "speculative"), ("spec sha256", "spec_sha256"),
+                       ("preflight", "preflight")):
+        out.append(_row([label, _cell(c.get(key)), _cell(k.get(key))]))
+    out.append(_row(["command", _code(_cmd(c.get("command")) if c.get("mode") != "attach" else c.get("url")),
+                     _code(_cmd(k.get("command")) if k.get("mode") != "attach" else k.get("url"))]))
+    out += ["", "### Environment switches that differ", ""]
+    diff = decision.get("switch_diff") or []
+    if not diff:
+        out.append("None: both arms set the same environment switches.")
+    else:
+        out += [_row(["Switch", "control", "candidate"]), _row(["---"] * 3)]
+        unset = "(unset: server default)"
+        for d in diff:
+            out.append(_row([_code(d["name"]),
+                             unset if d["control"] is None else _code(d["control"]),
+                             unset if d["candidate"] is None else _code(d["candidate"])]))
+    same = sorted(set(c.get("env") or {}) & set(k.get("env") or {}) - {d["name"] for d in diff})
+    if same:
+        out += ["", "Set identically in both arms: " + ", ".join(f"{_code(s)}={_code(c['env'][s])}" for s in same)]
+    for note in decision.get("notes") or []:
+        out += ["", f"**Note:** {note}"]
+    return out
+
+
+def _preflight_section(preflight: Mapping[str, Mapping[str, Any] | None]) -> list[str]:
+    out = ["## Preflight", "", _row(["Arm", "verdict", "failed probe", "probes passed", "reason"]),
+           _row(["---"] * 5)]
+    for arm in ARMS:
+        doc = preflight.get(arm)
+        if doc is None:
+            out.append(_row([arm, "not run", "", "", ""]))
+            continue
+        probes = doc.get("probes") or []
+        failed = doc.get("failed_probe")
+        why = next((p.get("reason") for p in probes if p.get("name") == failed), "") if failed else ""
+        out.append(_row([arm, doc.get("verdict"), _cell(failed or ""),
+                         f"{sum(bool(p.get('pass')) for p in probes)}/{len(probes)}", _cell(why or "")]))
+    return out
+
+
+def _paired_section(paired: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    head = ["Dataset", "control", "candidate", "control-only correct", "candidate-only correct",
+            "McNemar p", "natural finish (control, candidate)", "exact text matches", "quality-v1"]
+    out = ["## Paired results", "", _row(head), _row(["---"] * len(head))]
+    tot = {"n": 0, "c": 0, "k": 0, "co": 0, "ko": 0, "x": 0, "fc": 0, "fk": 0}
+    for ds in sorted(paired):
+        t, q = paired[ds]["table"], paired[ds]["quality"]
+        n = t["n"]
+        nf = t.get("natural_finish") or {}
+        out.append(_row([_cell(ds), f"{t['control_correct']}/{n}", f"{t['candidate_correct']}/{n}",
+                         _idx(t["control_only"]), _idx(t["candidate_only"]), _p(q.get("mcnemar_p")),
+                         f"{nf.get('control')}/{n}, {nf.get('candidate')}/{n}",
+                         f"{t.get('exact_text_matches')}/{n}", q.get("verdict")]))
+        for key, v in (("n", n), ("c", t["control_correct"]), ("k", t["candidate_correct"]),
+                       ("co", len(t["control_only"])), ("ko", len(t["candidate_only"])),
+                       ("x", t.get("exact_text_matches") or 0), ("fc", nf.get("control") or 0),
+                       ("fk", nf.get("candidate") or 0)):
+            tot[key] += v
+    if len(paired) > 1:
+        # Counts only: a pooled McNemar p over datasets is not a registered rule.
+        out.append(_row(["**Total**", f"{tot['c']}/{tot['n']}", f"{tot['k']}/{tot['n']}", tot["co"], tot["ko"],
+                         "", f"{tot['fc']}/{tot['n']}, {tot['fk']}/{tot['n']}", f"{tot['x']}/{tot['n']}", ""]))
+    out.append("")
+    bad = [ds for ds in sorted(paired) if not paired[ds]["table"].get("bodies_identical")]
+    out.append("All paired request bodies match." if not bad else
+               "Request bodies differ between arms for: " + ", ".join(bad) + " (quality-v1 INVALID there).")
+    out.append("")
+    for ds in sorted(paired):
+        b = paired[ds].get("bootstrap")
+        if b:
+            out.append(f"- {ds}: paired bootstrap of accuracy(candidate) - accuracy(control) = {b['diff']:+.4f}, "
+                       f"{int(b['level'] * 100)} % interval [{b['lo']:+.4f}, {b['hi']:+.4f}] "
+                       f"(n_boot {b['n_boot']}, seed {b['seed']}); reported only, it does not decide.")
+    return out
+
+
+def _indices_section(paired: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    out = ["## Item indices", ""]
+    for ds in sorted(paired):
+        t = paired[ds]["table"]
+        out.append(f"### {ds} ({paired[ds].get('format')}, n={t['n']})")
+        out.append("")
+        out.append(f"- items: {', '.join(map(str, t.get('indices') or [])) or 'none'}")
+        out.append(f"- control-only correct: {_idx(t['control_only'])}")
+        out.append(f"- candidate-only correct: {_idx(t['candidate_only'])}")
+        out.append(f"- exact text matches: {_idx(t.get('exact_text_match_indices'))}")
+        out.append(f"- request body mismatches: {_idx(t.get('body_mismatch_indices'))}")
+        for key, what in (("unnatural_finish_indices", "did not finish naturally"),
+                          ("unanswered_indices", "unanswered"), ("error_indices", "transport/HTTP error")):
+            per = t.get(key) or {}
+            for arm in ARMS:
+                if per.get(arm):
+                    out.append(f"- {arm} {what}: {_idx(per[arm])}")
+        out.append("")
+    return out
+
+
+def _gate_details(decision: Mapping[str, Any]) -> list[str]:
+    """Every reason of every gate, one heading each (the front page's evidence links land here)."""
+    out = ["## Gate details", ""]
+    for name, g in decision["gates"].items():
+        out += [f"### {_gate_heading(name)}", ""]
+        if g is None:
+            out += ["Not evaluated: its stage produced no result. A gate that was not evaluated counts as "
+                    "incomplete evidence: the decision cannot be PROMOTE.", ""]
+            continue
+        out.append(f"Rule {g['rule']}, verdict **{g['verdict']}**"
+                   + (f" (stage {g['stage_verdict']})" if g.get("stage_verdict") not in (None, g["verdict"]) else "")
+                   + f"; effect on the decision: {_EFFECT.get(g['outcome'], g['outcome'])}.")
+        out.append("")
+        out += [f"- {_cell(r)}" for r in g["reasons"]] or ["- (no reasons recorded)"]
+        for k, d in (g.get("deviations") or {}).items():
+            out.append(f"- deviation: {k} = {d.get('used')!r} (registered {d.get('registered')!r})")
+        out.append("")
+    return out
+
+
+def render_markdown(decision: Mapping[str, Any], paired: Mapping[str, Mapping[str, Any]],
+                    launch: Mapping[str, Mapping[str, Any]],
+                    preflight: Mapping[str, Mapping[str, Any] | None],
+                    calibration_summary: Mapping[str, Any] | None = None) -> str:
+    """The report people read: a front page read at a glance, then the details.
+
+    Front page: the decision as a banner (with the deciding gates and every
+    other gate short of PROMOTE), a "Deviations" box when decision.json lists
+    any, one table row per gate (verdict, its effect on the decision, its first
+    reason, a link to its details and its artifact), and the paired table per
+    dataset, with the calibration line (calibration_line) above the gates.
+    Below: arms, preflight, item indices, every reason of every gate.
+
+    ``launch`` is accepted for symmetry with decide(); the arms section reads
+    the summary decide() already took from it, so the report and
+    decision.json cannot disagree about an arm.
+    """
+    del launch  # see docstring
+    out = [f"# pairaudit decision: {decision['decision']}", ""] + _banner(decision) + [""]
+    box = _deviations_box(decision)
+    if box:
+        out += box + [""]
+    out += [f"**Calibration:** {calibration_line(decision, calibration_summary)}", ""]
+    out += _gates_table(decision) + [""]
+    out += _paired_section(paired) + [""]
+    out += ["## Details", "",
+            "Below: [arms and switches](#arms), [preflight](#preflight), [item indices](#item-indices), "
+            "[every reason of every gate](#gate-details), [what is not adjusted](#what-is-not-adjusted), "
+            "then the boundary cases, the speed bracket and earlier decisions.", ""]
+    out += _arms_section(decision) + [""]
+    out += _preflight_section(preflight) + [""]
+    out += _indices_section(paired)
+    out += _gate_details(decision)
+    out += ["## What is not adjusted", "", NOT_ADJUSTED, ""]
+    prov = decision.get("provenance")
+    if prov:
+        out += ["## Inputs", "", _row(["path", "sha256"]), _row(["---"] * 2)]
+        out += [_row([_code(p), _code(h)]) for p, h in sorted((prov.get("consumed") or {}).items())]
+        out += ["", f"Code version {_code(prov.get('code_version'))}, created {prov.get('created_at')}.", ""]
+    return "\n".join(out)
+
+
+def boundary_markdown(doc: Mapping[str, Any] | None) -> list[str]:
+    """Boundary cases side by side (control | candidate), from the boundary gate artifact.
+
+    Reads ``cases: [{"case", "expected", "identical_text", "control": side,
+    "candidate": side}]`` as pairaudit/boundary.py documents it.
+    """
+    out = ["## Long-context boundary (boundary-v1)", ""]
+    if doc is None:
+        return out + ["Not run: the boundary stage has not produced `boundary/gate.json` for this audit, so the "
+                      "boundary gate is not evaluated (the decision cannot be PROMOTE)."]
+    gate = doc.get("gate") or {}
+    out += [f"Verdict: **{gate.get('verdict')}**", ""] + [f"- {_cell(r)}" for r in gate.get("reasons") or []]
+    mml = doc.get("max_model_len") or {}
+    if mml:
+        out += ["", "max_model_len: " + ", ".join(f"{arm} {mml.get(arm)}" for arm in ARMS)]
+    cases = [c for c in doc.get("cases") or [] if isinstance(c, Mapping)]
+    if cases:
+        def side(c: Mapping, arm: str) -> list[str]:
+            s = c.get(arm)
+            if not isinstance(s, Mapping):
+                return ["not run", "", "", "", ""]
+            text = s.get("text") or s.get("config_error") or s.get("error") or "(no text)"
+            return [_code(str(text)[:120]), _cell(s.get("correct")), _cell(s.get("finish_reason")),
+                    _cell(f"{s.get('prompt_tokens')} + {s.get('max_tokens')}"), _num(s.get("ttft_s"))]
+
+        head = ["case", "expected"] + [f"{arm} {f}" for arm in ARMS
+                                       for f in ("answer", "correct", "finish", "tokens in + out", "TTFT s")]
+        head += ["same text"]
+        out += ["", _row(head), _row(["---"] * len(head))]
+        for c in cases:
+            out.append(_row([_cell(c.get("case")), _code(c.get("expected"))] + side(c, "control")
+                            + side(c, "candidate") + [_cell(c.get("identical_text"))]))
+    longs = [(arm, fl) for arm, fl in (doc.get("first_long") or {}).items()
+             if isinstance(fl, Mapping) and fl.get("ttft_s") is not None]
+    if longs:
+        out.append("")
+    for arm, fl in longs:
+        out.append(f"- {arm}: first long request ({fl.get('case')}, {fl.get('prompt_tokens')} tokens) "
+                   f"TTFT {fl['ttft_s']:.3f} s, {fl.get('input_tokens_per_s') or 0:.1f} input tokens/s")
+    return out
+
+
+def _num(v: Any, digits: int = 3) -> str:
+    return "n/a" if not isinstance(v, (int, float)) or isinstance(v, bool) else f"{v:.{digits}f}"
+
+
+def _speed_repeat_rows(doc: Mapping[str, Any], primary: str) -> list[str]:
+    """Per cell and repeat: s1, s2, s3 of the primary metric, the control mean and the candidate's ratio to it."""
+    out = [_row(["cell", "repeat", f"s1 control {primary}", f"s2 candidate {primary}", f"s3 control {primary}",
+                 "control mean", "candidate / control", "s1-s3 spread / control"]), _row(["---"] * 8)]
+    for cell, metrics in (doc.get("series") or {}).items():
+        for r, trio in enumerate((metrics or {}).get(primary) or [], start=1):
+            s1, s2, s3 = (trio + [None] * 3)[:3]
+            nums = all(isinstance(v, (int, float)) for v in (s1, s2, s3))
+            ctrl = (s1 + s3) / 2 if nums else None
+            ratio = s2 / ctrl if nums and ctrl else None
+            spread = abs(s1 - s3) / ctrl if nums and ctrl else None
+            out.append(_row([_cell(cell), r, _num(s1), _num(s2), _num(s3), _num(ctrl), _num(ratio),
+                             "n/a" if spread is None else f"{100 * spread:.1f} %"]))
+    return out
+
+
+def _speed_bench_rows(doc: Mapping[str, Any]) -> list[str]:
+    """`vllm bench serve`'s summary per cell and start (medians; ITL is per streamed chunk, not per token)."""
+    head = ["cell", "start", "completed", "failed", "output tok/s", "median TTFT ms", "median TPOT ms",
+            "median ITL ms", "p99 ITL ms", "median E2EL ms"]
+    out = [_row(head), _row(["---"] * len(head))]
+    for cell, starts in (doc.get("bench_serve") or {}).items():
+        for start, b in (starts or {}).items():
+            if not isinstance(b, Mapping):
+                continue
+            med = lambda k, q="median": (b.get(k) or {}).get(q)  # noqa: E731
+            out.append(_row([_cell(cell), _cell(start), _cell(b.get("completed")), _cell(b.get("failed")),
+                             _num(b.get("output_throughput"), 2), _num(med("ttft_ms"), 1), _num(med("tpot_ms"), 1),
+                             _num(med("itl_ms"), 2), _num(med("itl_ms", "p99"), 1), _num(med("e2el_ms"), 0)]))
+    return out
+
+
+def speed_markdown(doc: Mapping[str, Any] | None) -> list[str]:
+    out = ["## Speed (win2-v1)", ""]
+    if doc is None:
+        return out + ["Not run: the speed stage has not produced `speed/decision.json` for this audit, so the "
+                      "speed gate is not evaluated (the decision cannot be PROMOTE)."]
+    gate = doc.get("gate") or {}
+    out[0] = f"## Speed ({gate.get('rule') or 'win2-v1'})"
+    out += [f"Verdict: **{gate.get('verdict')}**" + (" (informational: only a LOSS gates)"
+                                                      if gate.get("informational") else ""), ""]
+    out += [f"- {_cell(r)}" for r in gate.get("reasons") or []]
+    spread = doc.get("spread") or {}
+    if spread:
+        out += ["", _row(["cell", "in-window control spread (max %)", "archive spread before this window %",
+                          "archive starts", "win bar %"]), _row(["---"] * 5)]
+        for cell, sp in spread.items():
+            w = sp.get("window_pct")
+            vals = [v for v in (w if isinstance(w, list) else [w]) if isinstance(v, (int, float))]
+            # A repeat without a value (no rounds measured) has no spread: not zero, just absent.
+            wmax = sp.get("window_max_pct", max(vals) if vals else None)
+            out.append(_row([_cell(cell), _num(wmax, 1), _num(sp.get("archive_pct"), 1),
+                             _cell(sp.get("archive_n")), _cell(sp.get("win_pct"))]))
+    primary = speed_primary(doc)
+    if primary and doc.get("series"):
+        how = ("win2-v2 compares s2 with s1 and s3 over all repeats and deciding cells"
+               if gate.get("rule") == "win2-v2" else "win2-v1 pairs s2 with the mean of s1 and s3")
+        out += ["", f"Primary metric `{primary}` per repeat ({how}):", ""]
+        out += _speed_repeat_rows(doc, primary)
+    if doc.get("bench_serve"):
+        out += ["", "Client timings per start, as `vllm bench serve` reports them:", ""] + _speed_bench_rows(doc)
+    return out
+
+
+def ledger_markdown(earlier: Sequence[Mapping[str, Any]], spec: str | None) -> list[str]:
+    out = ["## Earlier decisions for this candidate", ""]
+    if not earlier:
+        return out + [f"None: this is the first decision recorded in the ledger for candidate spec {_code(spec)}."]
+    out += [f"{len(earlier)} earlier decision(s) for candidate spec {_code(spec)} — a sweep repeated until the score "
+            "looked better shows up here:", "",
+            _row(["time", "audit", "decision", "config sha256", "not evaluated"]), _row(["---"] * 5)]
+    for e in earlier:
+        out.append(_row([_cell(e.get("time")), _cell(e.get("audit")), e.get("decision"),
+                         _code(str(e.get("config_sha256"))[:12]), _cell(", ".join(e.get("not_evaluated") or []))]))
+    return out
+
+
+# ------------------------------------------------------------------ html
+
+# Only in-page anchors and relative paths: a report never links out of itself.
+_LOCAL_LINK = re.compile(r"#[A-Za-z0-9_-]+|[A-Za-z0-9_][A-Za-z0-9_./-]*")
+
+
+def _ids_and_boxes(state) -> None:
+    # Headings get the anchor ids the gate table links to; the first top-level
+    # quote of a page is the verdict banner, later ones are notices (deviations).
+    boxes = 0
+    for k, tok in enumerate(state.tokens):
+        if tok.type == "heading_open":
+            tok.attrSet("id", slug(state.tokens[k + 1].content))
+        elif tok.type == "blockquote_open" and tok.level == 0:
+            tok.meta["box"] = "banner" if boxes == 0 else "notice"
+            boxes += 1
+
+
+def _markdown_renderer() -> MarkdownIt:
+    md = MarkdownIt("commonmark", {"html": False}).enable("table")
+    md.validateLink = lambda url: bool(_LOCAL_LINK.fullmatch(url))
+    md.core.ruler.push("pairaudit_ids_and_boxes", _ids_and_boxes)
+    md.add_render_rule("blockquote_open", lambda self, tokens, k, options, env:
+                       f'<div class="box {tokens[k].meta.get("box", "notice")}">\n')
+    md.add_render_rule("blockquote_close", lambda self, tokens, k, options, env: "</div>\n")
+    return md
+
+
+VERDICT_COLORS = {"PROMOTE": "#2e7d32", "HOLD": "#ef6c00", "REJECT": "#c62828"}
+
+
+def markdown_html(md: str, *, title: str, verdict: str | None = None) -> str:
+    """The Markdown this module writes as one self-contained page (markdown-it, CommonMark + tables, no raw
+    HTML, only in-page and relative links); ``verdict`` colours the banner."""
+    import html
+
+    lines = md.splitlines()
+    if verdict and lines and lines[0].startswith("# pairaudit decision"):
+        lines = lines[1:]  # the coloured banner below says it
+    body = _markdown_renderer().render("\n".join(lines)).rstrip("\n").split("\n")
+    color = VERDICT_COLORS.get(verdict or "", "#616161")
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            "<style>body{font-family:sans-serif;margin:1.5em;max-width:75em}table{border-collapse:collapse;"
+            "margin:.5em 0}td,th{border:1px solid #ccc;padding:.2em .5em;font-size:.9em;text-align:left;"
+            "vertical-align:top}td:last-child{white-space:nowrap}code{font-size:.85em;word-break:break-all}"
+            f"#decision{{background:{color};color:#fff;padding:.4em .8em;border-radius:4px;font-size:1.6em;"
+            "font-weight:bold}"
+            f".box{{padding:.3em .8em;margin:.6em 0;border-radius:4px}}.banner{{border-left:.5em solid {color};"
+            "background:#f5f5f5}.notice{border:2px solid #b71c1c;background:#fff3f3}"
+            "h2{border-bottom:1px solid #ddd;margin-top:1.4em}</style></head><body>\n"
+            + (f"<div id=\"decision\" data-decision=\"{html.escape(verdict)}\">Decision: {html.escape(verdict)}</div>\n"
+               if verdict else "")
+            + "\n".join(body) + "\n</body></html>\n")
+
+
+# Where each kind of gate's evidence sits in the Snakemake report (report/workflow.rst's categories).
+_RST_CATEGORY = {"quality": "2. Quality", "grid_tie": "3. Greedy divergence", "determinism": "3. Greedy divergence",
+                 "boundary": "4. Boundary", "speed": "5. Speed", "preflight": "1. Decision"}
+
+
+def _rst_esc(t: Any) -> str:
+    return (str(t).replace("\\", "\\\\").replace("*", "\\*").replace("`", "\\`").replace("_", "\\_")
+            .replace("|", "\\|"))
+
+
+def _rst_table(head: Sequence[str], rows: Sequence[Sequence[str]], widths: Sequence[int] = ()) -> list[str]:
+    """A docutils list-table (cells already escaped; an empty cell is written as a space)."""
+    out = [".. list-table::", "   :header-rows: 1"] + ([f"   :widths: {' '.join(map(str, widths))}"] if widths else [])
+    out.append("")
+    for r in [list(head), *rows]:
+        out.append(f"   * - {r[0] or ' '}")
+        out += [f"     - {c or ' '}" for c in r[1:]]
+    return out + [""]
+
+
+def summary_rst(decision: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]],
+                calibration_summary: Mapping[str, Any] | None = None) -> str:
+    """The report's front page block (included by report/workflow.rst), read at a glance.
+
+    The decision as a banner, a Deviations box when decision.json lists any,
+    the gates (verdict, effect, first reason, the category holding the
+    evidence) and the paired table per dataset; the full report is item 1.
+    """
+    deciding = decision.get("deciding_gates") or []
+    out = [f".. admonition:: Decision: {decision['decision']}", "   :class: pairaudit-decision", "",
+           f"   Deciding gates: {_rst_esc(', '.join(deciding) or 'none')}. Rule {decision['rule']}: PROMOTE only "
+           f"if every gate passes; precedence REJECT > HOLD > INCONCLUSIVE > PROMOTE.", ""]
+    others = [f"{n} ({'not evaluated' if g is None else g['outcome']})" for n, g in decision["gates"].items()
+              if n not in deciding and (g is None or g["outcome"] != "PROMOTE")]
+    if others:
+        out += ["   Also short of PROMOTE: " + _rst_esc(", ".join(others)) + ".", ""]
+    devs = deviations(decision)
+    if devs:
+        out += [".. warning:: **Deviations** from the registered procedure:", ""]
+        out += [f"   - {_rst_esc(d.get('gate', ''))}: {_rst_esc(d.get('what', ''))} — {_rst_esc(d.get('detail', ''))}"
+                for d in devs]
+        out.append("")
+    # backquotes are literals in the Markdown line, not reST references
+    out += [f"**Calibration:** {_rst_esc(calibration_line(decision, calibration_summary).replace('`', ''))}", ""]
+    rows = []
+    for r in gate_rows(decision):
+        cat = _RST_CATEGORY.get(r["gate"].partition(":")[0])
+        rows.append([_rst_esc(r["gate"]), _rst_esc(r["verdict"]), _rst_esc(r["effect"]), _rst_esc(r["reason"]),
+                     f"`{cat}`_" if cat else ""])
+    out += ["**Gates**", ""] + _rst_table(["Gate", "verdict", "effect on the decision", "reason", "evidence"], rows,
+                                          widths=(14, 10, 10, 50, 16))
+    ds_rows = []
+    for ds, t in (decision.get("datasets") or {}).items():
+        n = t.get("n")
+        nf = t.get("natural_finish") or {}
+        ds_rows.append([_rst_esc(ds), f"{t.get('control_correct')}/{n}", f"{t.get('candidate_correct')}/{n}",
+                        _rst_esc(_idx(t.get("control_only"))), _rst_esc(_idx(t.get("candidate_only"))),
+                        _p(t.get("mcnemar_p")), f"{nf.get('control')}/{n}, {nf.get('candidate')}/{n}",
+                        _rst_esc(t.get("verdict"))])
+    if ds_rows:
+        out += ["**Paired results**", ""] + _rst_table(
+            ["Dataset", "control", "candidate", "control-only correct", "candidate-only correct", "McNemar p",
+             "natural finish (control, candidate)", "quality-v1"], ds_rows)
+    ne = decision.get("not_evaluated") or []
+    out += ["Not evaluated (the decision cannot be PROMOTE): " + (_rst_esc(", ".join(ne)) if ne else "none") + "."]
+    out += ["", f"Earlier decisions for this candidate in the ledger: {len(earlier)}"
+            + (" (" + _rst_esc(", ".join(f"{e.get('audit')}: {e.get('decision')}" for e in earlier)) + ")"
+               if earlier else "") + ". Every reason of every gate: `1. Decision`_.", ""]
+    return "\n".join(out)

@@ -1,0 +1,256 @@
+"""Promotion stage: read every artifact, decide, write the decision, the reports, the figures, a manifest.
+
+The decision is :mod:`pairaudit.promotion.decision`, the Markdown/HTML/RST
+:mod:`pairaudit.promotion.render`, the figures :mod:`pairaudit.promotion.figures`, the ledger
+:mod:`pairaudit.promotion.ledger`; this module only reads and writes.
+
+manifest.json (``manifest``)::
+
+    {"schema": "pairaudit.manifest/v1", "artifacts": [{"path", "sha256", "bytes"}, ...]}  # sorted by path
+
+Later-stage artifacts read by ``promotion_stage(later=...)`` (one place to
+change: ``LATER_SCHEMAS``; the speed decision's other fields are documented
+in ``pairaudit/speed.py``, and the figures read ``series``, ``bar``,
+``win2``, ``spread`` and ``archive.path`` from it)::
+
+    later = {"divergence": [path, ...], "boundary": path, "speed": path}   # any key may be absent
+    divergence: {"schema": "pairaudit.divergence/v1", "dataset": str, "items": [index, ...],
+                 "divergences": [greedy.divergence_records], "grid_tie": <grid_tie_v1>,
+                 "determinism": <determinism_v1> | None, ...}
+                (items + divergences give the selected/compared counts, greedy.comparison_counts)
+    boundary:   {"schema": "pairaudit.boundary_gate/v1", "gate": <boundary_v1>, ...}
+    speed:      {"schema": "pairaudit.speed_decision/v1", "gate": <win2_v1>, ...}
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from pairaudit.core.artifacts import (
+    ArtifactError,
+    _atomic_write,
+    check_schema,
+    provenance,
+    read_json,
+    sha256_file,
+    write_json,
+)
+from pairaudit.core.contracts import (
+    ARMS,
+    BOUNDARY_GATE_SCHEMA,
+    DIVERGENCE_SCHEMA,
+    LAUNCH_SCHEMA,
+    MANIFEST_SCHEMA,
+    PAIRED_SCHEMA,
+    PHASE_SCHEMA,
+    PREFLIGHT_SCHEMA,
+    SPEED_DECISION_SCHEMA,
+)
+from pairaudit.core.jsonlog import read_log
+from pairaudit.diagnostics import greedy
+from pairaudit.promotion import calibration as calib
+from pairaudit.promotion.decision import boundary_evidence, decide, speed_evidence
+from pairaudit.promotion.figures import (
+    load_item_outcomes,
+    plot_control_archive,
+    plot_divergence,
+    plot_not_run,
+    plot_paired,
+    plot_speed,
+)
+from pairaudit.promotion.ledger import append_ledger, earlier_decisions, ledger_entry
+from pairaudit.promotion.render import (
+    boundary_markdown,
+    calibration_markdown,
+    ledger_markdown,
+    markdown_html,
+    render_markdown,
+    speed_markdown,
+    summary_rst,
+)
+from pairaudit.serving import failures
+
+LATER_SCHEMAS = {
+    "divergence": DIVERGENCE_SCHEMA,
+    "boundary": BOUNDARY_GATE_SCHEMA,
+    "speed": SPEED_DECISION_SCHEMA,
+    "answers": PHASE_SCHEMA,
+}
+
+
+def manifest(paths: Sequence[str | os.PathLike]) -> dict:
+    """sha256 and size of every artifact, sorted by path (duplicates listed once)."""
+    arts = [{"path": p, "sha256": sha256_file(p), "bytes": os.path.getsize(p)}
+            for p in sorted({str(p) for p in paths})]
+    return {"schema": MANIFEST_SCHEMA, "artifacts": arts}
+
+
+def _load_keyed(paths: Sequence[str | os.PathLike], schema: str, key: str) -> dict[str, dict]:
+    """Read artifacts, check their schema, key them by a field; a duplicate key is an error."""
+    out: dict[str, dict] = {}
+    for p in paths:
+        doc = check_schema(read_json(p), schema, p)
+        k = doc.get(key)
+        if not isinstance(k, str) or not k:
+            raise ArtifactError(f"{p}: no {key!r}")
+        if k in out:
+            raise ArtifactError(f"{p}: a second artifact for {key} {k!r}")
+        out[k] = doc
+    return out
+
+
+def _load_later(later: Mapping[str, Any] | None) -> tuple[dict, list[str], dict]:
+    """Later-stage artifacts -> decide() keywords, the paths read, and the documents themselves."""
+    later = dict(later or {})
+    unknown = set(later) - set(LATER_SCHEMAS)
+    if unknown:
+        raise ValueError(f"unknown later stages {sorted(unknown)} (known: {sorted(LATER_SCHEMAS)})")
+    kw: dict[str, Any] = {}
+    paths: list[str] = []
+    docs: dict[str, Any] = {}
+    if later.get("divergence"):
+        docs["divergence"] = _load_keyed(later["divergence"], LATER_SCHEMAS["divergence"], "dataset")
+        kw["divergence"] = {ds: d.get("grid_tie") for ds, d in docs["divergence"].items()}
+        # The artifact's own items and divergence records say what was compared.
+        kw["divergence_counts"] = {ds: greedy.comparison_counts(d["items"], d["divergences"])
+                                   for ds, d in docs["divergence"].items()
+                                   if isinstance(d.get("items"), list) and isinstance(d.get("divergences"), list)}
+        # Determinism is evaluated per dataset inside the divergence stage.
+        kw["determinism"] = {ds: d.get("determinism") for ds, d in docs["divergence"].items()}
+        paths += [str(p) for p in later["divergence"]]
+    bracket_failure = None
+    for stage in ("boundary", "speed"):
+        if later.get(stage):
+            p = later[stage]
+            docs[stage] = check_schema(read_json(p), LATER_SCHEMAS[stage], p)
+            kw[stage] = docs[stage].get("gate")
+            paths.append(str(p))
+            if stage == "speed":
+                bracket_failure = docs[stage].get("failure")
+            if docs[stage].get("not_run"):  # its gate says why; there is nothing to draw
+                del docs[stage]
+    if later.get("answers"):
+        # each arm's answers phase: a server that failed under the audit is evidence (failures.py);
+        # so is one that failed under the speed bracket, where its answers phase did not
+        docs["answers"] = _load_keyed(later["answers"], LATER_SCHEMAS["answers"], "arm")
+        per_arm = {arm: (docs["answers"].get(arm) or {}).get("failure") for arm in ARMS}
+        if bracket_failure and per_arm.get(bracket_failure.get("arm")) is None:
+            per_arm[bracket_failure["arm"]] = bracket_failure
+        kw["servers"] = failures.server_failure_v1(per_arm)
+        paths += [str(p) for p in later["answers"]]
+    return kw, paths, docs
+
+
+def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Sequence[str | os.PathLike],
+                    preflight_paths: Sequence[str | os.PathLike], out_decision: str | os.PathLike,
+                    out_report: str | os.PathLike, out_manifest: str | os.PathLike,
+                    out_plot: str | os.PathLike, *, later: Mapping[str, Any] | None = None,
+                    out_html: str | os.PathLike | None = None, out_summary: str | os.PathLike | None = None,
+                    out_divergence_plot: str | os.PathLike | None = None,
+                    out_boundary: str | os.PathLike | None = None,
+                    out_speed_plot: str | os.PathLike | None = None,
+                    out_archive_plot: str | os.PathLike | None = None,
+                    score_paths: Sequence[str | os.PathLike] = (),
+                    ledger_path: str | os.PathLike | None = None, audit: str | None = None,
+                    config: Any = None, calibration: bool = False,
+                    calibrations_path: str | os.PathLike | None = None,
+                    out_calibration: str | os.PathLike | None = None) -> None:
+    """Read every input, decide, and write decision.json, the reports, the figures and the manifest.
+
+    The manifest is written after every other output and lists every input
+    plus those outputs (it cannot hash itself). The ledger line is appended
+    last, once the decision is complete; the earlier ledger lines for the
+    same candidate spec are listed in the report. A stage that did not run
+    (no artifact in ``later``) gets a figure and a section saying so.
+
+    ``calibrations_path`` (results/calibrations.jsonl) is read as the ledger
+    is, at decision time: the latest calibration of the same control spec on
+    the same host is cited as ``calibration_ref``. ``calibration`` (an A/A
+    run, pairaudit/calibration.py) also writes its summary to
+    ``out_calibration``, shows it in the reports, and appends it to the log
+    after the ledger line.
+    """
+    if calibration and not out_calibration:
+        raise ValueError("a calibration decision needs out_calibration for its summary")
+    paired = _load_keyed(paired_paths, PAIRED_SCHEMA, "dataset")
+    launch = _load_keyed(launch_paths, LAUNCH_SCHEMA, "arm")
+    preflight = _load_keyed(preflight_paths, PREFLIGHT_SCHEMA, "arm")
+    later_kw, later_paths, later_docs = _load_later(later)
+    archive: list[dict] = []
+    speed = later_docs.get("speed")
+    archive_path = ((speed or {}).get("archive") or {}).get("path")
+    if archive_path and Path(archive_path).exists():
+        archive = read_log(archive_path)
+        later_paths.append(str(archive_path))  # hashed as read now: other audits keep appending to it
+    items = load_item_outcomes(paired, score_paths) if score_paths else None
+    inputs = [str(p) for p in (*paired_paths, *launch_paths, *preflight_paths, *score_paths)] + later_paths
+
+    decision = decide(paired, launch, preflight, calibration=calibration, **later_kw)
+    decision["evidence"] = {"boundary_cases": boundary_evidence(later_docs.get("boundary")),
+                            "speed": speed_evidence(speed)}
+    decision["provenance"] = provenance(inputs, params={"rule": "promotion-v1", "calibration": calibration,
+                                                        "datasets": sorted(paired), "arms": list(ARMS)})
+    ref = calib.lookup(calibrations_path, launch["control"])
+    decision["calibration_ref"] = None if ref is None else ref.to_json()
+    summary = None
+    if calibration:
+        summary = calib.summarize(decision, audit=audit,
+                                  of_audit=((config or {}).get("calibration") or {}).get("of"),
+                                  speed_doc=speed, divergence_docs=later_docs.get("divergence"))
+    spec = (launch.get("candidate") or {}).get("spec_sha256")
+    earlier = earlier_decisions(read_log(ledger_path), spec) if ledger_path else []
+
+    outputs = [str(out_decision), str(out_report), str(out_plot)]
+    plot_paired(paired, out_plot, items)
+    if out_divergence_plot:
+        if later_docs.get("divergence"):
+            plot_divergence(later_docs["divergence"], out_divergence_plot)
+        else:
+            plot_not_run(out_divergence_plot, "Greedy divergence", "the divergence stage produced no artifact")
+        outputs.append(str(out_divergence_plot))
+    if out_speed_plot:
+        if speed:
+            plot_speed(speed, out_speed_plot)
+        else:
+            plot_not_run(out_speed_plot, "Speed bracket", "no speed/decision.json: the speed gate is not evaluated")
+        outputs.append(str(out_speed_plot))
+    if out_archive_plot:
+        if speed:
+            plot_control_archive(speed, archive, out_archive_plot)
+        else:
+            plot_not_run(out_archive_plot, "Control archive", "the speed stage has not run, so no control start "
+                                                              "was archived for this audit")
+        outputs.append(str(out_archive_plot))
+    write_json(out_decision, decision)
+    if summary is not None:
+        write_json(out_calibration, summary)
+        outputs.append(str(out_calibration))
+    md = render_markdown(decision, paired, launch, preflight, calibration_summary=summary)
+    md += "\n" + "\n".join(calibration_markdown(summary) + ([""] if summary else [])
+                           + boundary_markdown(later_docs.get("boundary")) + [""] + speed_markdown(speed) + [""]
+                           + ledger_markdown(earlier, spec)) + "\n"
+    _atomic_write(Path(out_report), md)
+    title = f"pairaudit decision ({audit or 'audit'}): {decision['decision']}"
+    if out_html:
+        _atomic_write(Path(out_html), markdown_html(md, title=title, verdict=decision["decision"]))
+        outputs.append(str(out_html))
+    if out_boundary:
+        _atomic_write(Path(out_boundary), markdown_html("\n".join(boundary_markdown(later_docs.get("boundary"))),
+                                                        title="Boundary cases"))
+        outputs.append(str(out_boundary))
+    if out_summary:
+        _atomic_write(Path(out_summary), summary_rst(decision, earlier, summary))
+        outputs.append(str(out_summary))
+    write_json(out_manifest, manifest([*inputs, *outputs]))
+    if ledger_path:
+        append_ledger(ledger_path, ledger_entry(decision, launch, audit=audit, config=config,
+                                                decision_path=str(out_decision)))
+    if summary is not None and calibrations_path:
+        calib.append(calibrations_path, calib.CalibrationEntry(
+            time=decision["provenance"].get("created_at"), audit=audit, of_audit=summary["of_audit"],
+            control_spec_sha256=summary["control_spec_sha256"], host=summary["host"],
+            host_sha256=summary["host_sha256"], decision=summary["decision"], headline=summary["headline"],
+            flagged=summary["flagged"], summary_path=str(out_calibration), summary_sha256=sha256_file(out_calibration),
+            decision_path=str(out_decision), decision_sha256=sha256_file(out_decision)))

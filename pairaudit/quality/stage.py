@@ -1,0 +1,76 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+from pairaudit import gates
+from pairaudit.core import artifacts, contracts
+from pairaudit.core.contracts import ARMS, PAIRED_SCHEMA, SAMPLED_SCHEMA, SCORES_SCHEMA
+from pairaudit.quality import scoring, stats
+
+
+def score_stage(*, dataset_path: str, sampled_path: str, out_path: str, sandbox_limits: dict,
+                workers: int = 2) -> dict:
+    dataset = artifacts.check_schema(artifacts.read_json(dataset_path), contracts.DATASET_SCHEMA, dataset_path)
+    header, records = artifacts.read_jsonl(sampled_path)
+    artifacts.check_schema(header, SAMPLED_SCHEMA, sampled_path)
+    artifacts.check_consumed(header, [dataset_path], where=sampled_path)
+    scored = scoring.score_records(dataset, records, sandbox_limits=sandbox_limits, workers=workers,
+                                   max_model_len=header.get("max_model_len"))
+    out_header = {
+        "schema": SCORES_SCHEMA,
+        "dataset": dataset["name"],
+        "arm": header["arm"],
+        "format": dataset["format"],
+        "n": len(scored),
+        "correct": sum(1 for r in scored if r["correct"]),
+        "arm_failed": header.get("arm_failed"),
+        "provenance": artifacts.provenance([dataset_path, sampled_path], {"sandbox": sandbox_limits}),
+    }
+    artifacts.write_jsonl(out_path, out_header, scored)
+    return out_header
+
+
+def paired_stage(*, dataset_path: str, sampled_paths: dict, score_paths: dict, out_path: str,
+                 quality_params: dict) -> dict:
+    """Pair the arms item by item and apply quality-v1; nothing is adjusted."""
+    dataset = artifacts.read_json(dataset_path)
+    sampled, scores, headers = {}, {}, {}
+    for arm in ARMS:
+        s_header, sampled[arm] = artifacts.read_jsonl(sampled_paths[arm])
+        c_header, scores[arm] = artifacts.read_jsonl(score_paths[arm])
+        headers[arm] = c_header
+        artifacts.check_schema(c_header, SCORES_SCHEMA, score_paths[arm])
+        artifacts.check_consumed(c_header, [dataset_path, sampled_paths[arm]], where=score_paths[arm])
+        artifacts.check_consumed(s_header, [dataset_path], where=sampled_paths[arm])
+        if s_header.get("arm") != arm or c_header.get("arm") != arm:
+            raise artifacts.ArtifactError(f"{sampled_paths[arm]}: holds arm {s_header.get('arm')!r}, expected {arm}")
+    failed = {arm: headers[arm]["arm_failed"] for arm in ARMS if headers[arm].get("arm_failed")}
+    if failed:
+        # pair what both arms answered before a server failed; the quality rule cannot judge a part
+        common = set.intersection(*({r["index"] for r in scores[arm]} for arm in ARMS))
+        for arm in ARMS:
+            scores[arm] = [r for r in scores[arm] if r["index"] in common]
+            sampled[arm] = [r for r in sampled[arm] if r["index"] in common]
+    table = stats.paired_table(scores["control"], scores["candidate"], sampled["control"], sampled["candidate"])
+    by_index = {arm: {r["index"]: bool(r["correct"]) for r in scores[arm]} for arm in ARMS}
+    order = table["indices"]
+    quality = gates.quality_v1(table, **quality_params)
+    if failed:
+        quality = {**quality, "verdict": "INCONCLUSIVE", "stage_verdict": quality["verdict"],
+                   "reasons": [f"not comparable: the {arm} server failed ({why})" for arm, why in failed.items()]
+                   + [f"only the {len(order)} items both arms answered are paired"]}
+    doc = {
+        "schema": PAIRED_SCHEMA,
+        "dataset": dataset["name"],
+        "format": dataset["format"],
+        "arm_failed": failed or None,
+        "table": table,
+        "quality": quality,
+        # no items (an arm's server failed before answering any): nothing to resample
+        "bootstrap": stats.paired_bootstrap_ci([by_index["control"][i] for i in order],
+                                               [by_index["candidate"][i] for i in order]) if order else None,
+        "provenance": artifacts.provenance(
+            [dataset_path, *sampled_paths.values(), *score_paths.values()], {"quality": quality_params}),
+    }
+    artifacts.write_json(out_path, doc)
+    return doc

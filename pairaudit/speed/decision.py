@@ -1,0 +1,150 @@
+"""The speed gate: win2-v2 (default) or win2-v1 over the bracket's series, with the stage's deviations.
+
+``speed.rule`` selects the registered rule: win2-v2 (gates.win2_v2, the
+default; docs/speed.md) decides over all deciding cells at once against an
+interval that keeps the start-to-start noise, and says INCONCLUSIVE when the
+window is too noisy to decide at the bar; win2-v1 (gates.win2_v1, kept
+unchanged and selectable, reported as a deviation) pairs by repeat per cell.
+
+The gate's fields: the ``gate`` and ``win2`` entries of the speed decision
+(:mod:`pairaudit.speed.bracket`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping, Sequence
+
+from pairaudit import gates
+from pairaudit.speed.clock import clock_findings
+from pairaudit.speed.metrics import LOWER_IS_BETTER, START_ROLES, series_for
+
+RULES = ("win2-v2", "win2-v1")
+
+
+def combine(cell_verdicts: Mapping[str, Mapping[str, Any]], decision_cells: Sequence[str], *,
+            informational: bool, clock: Mapping[str, Any] | None = None) -> dict:
+    """The speed gate over the decision cells' win2-v1 results (see module docstring)."""
+    verdicts = {c: cell_verdicts[c]["verdict"] for c in cell_verdicts}
+    dec = [verdicts[c] for c in decision_cells]
+    if "LOSS" in dec:
+        verdict = "LOSS"
+    elif "INCONCLUSIVE" in dec or not dec:
+        verdict = "INCONCLUSIVE"
+    elif all(v == "WIN" for v in dec):
+        verdict = "WIN"
+    else:
+        verdict = "NO_WIN"
+    reasons = [f"{c} ({'decides' if c in decision_cells else 'reported only'}): {verdicts[c]}; "
+               + "; ".join(cell_verdicts[c]["reasons"][:2]) for c in cell_verdicts]
+    if informational:
+        reasons.append("speed is informational (config speed.informational): only a LOSS gates the decision")
+    first = cell_verdicts[decision_cells[0]] if decision_cells else {}
+    return {"rule": "win2-v1", "verdict": verdict, "reasons": reasons, "params": first.get("params", {}),
+            "deviations": first.get("deviations", {}), "informational": bool(informational),
+            "decision_cells": list(decision_cells), "cells": verdicts,
+            "clock_check": None if clock is None else clock.get("verdict")}
+
+
+def _rule_deviations(rule: str, res: Mapping[str, Any]) -> list[dict]:
+    devs = [{"gate": "speed", "what": f"rule.{k}", "detail": f"{rule} {k}={v['used']!r} instead of the "
+             f"registered {v['registered']!r}"} for k, v in (res.get("deviations") or {}).items()]
+    if rule != RULES[0]:
+        devs.append({"gate": "speed", "what": "rule", "detail": f"speed.rule {rule} instead of the default "
+                     f"{RULES[0]} (win2-v1 does not bound its false WIN/LOSS under start-level noise)"})
+    return devs
+
+
+def _decide_v1(series: Mapping[str, Mapping], cfg: Mapping[str, Any], clock: Mapping[str, Any],
+               archive_pct: Mapping[str, float | None], incon: list[str]) -> tuple[dict, dict]:
+    metrics = [cfg["primary"], *cfg["guards"], *cfg["reported"]]
+    caps = [json.dumps(c, sort_keys=True) for c in clock["caps"]]
+    win2 = {}
+    for c in cfg["cells"]:
+        name, s = c["name"], series[c["name"]]
+        missing = sorted({m for m, reps in s.items() for tr in reps for x in tr if x is None})
+        if missing:
+            win2[name] = {"rule": "win2-v1", "verdict": "INCONCLUSIVE", "params": {}, "deviations": {},
+                          "reasons": [f"metric(s) {missing} have no value in some repeat (0 rounds or 0 "
+                                      "decode seconds): nothing to compare"]}
+            continue
+        res = gates.win2_v1(s, primary=cfg["primary"], guards=cfg["guards"], reported=cfg["reported"],
+                            win_pct=cfg["win_pct"], clock_caps=caps,
+                            lower_is_better=[m for m in metrics if m in LOWER_IS_BETTER],
+                            throttled=bool(clock["throttled"]), archive_spread_pct=archive_pct.get(name))
+        # win2-v1 itself sees cap mismatches and throttling; the rest is the stage's.
+        own = [r for r in incon if not r.startswith("throttling was flagged")]
+        if own:
+            res["verdict"] = "INCONCLUSIVE"
+            res["reasons"][:0] = own
+        if clock["mismatch"]:
+            res["reasons"].insert(0, f"starts differ in clock cap facts {clock['mismatch']}")
+        win2[name] = res
+    gate = combine(win2, [c["name"] for c in cfg["cells"] if c["decide"]],
+                   informational=cfg["informational"], clock=clock)
+    return win2, gate
+
+
+def _decide_v2(series: Mapping[str, Mapping], cfg: Mapping[str, Any], clock: Mapping[str, Any],
+               archive_pct: Mapping[str, float | None], incon: list[str]) -> tuple[dict, dict]:
+    metrics = [cfg["primary"], *cfg["guards"], *cfg["reported"]]
+    deciding = [c["name"] for c in cfg["cells"] if c["decide"]]
+    missing = {name: sorted({m for m, reps in series[name].items() for tr in reps for x in tr if x is None})
+               for name in series}
+    usable = [n for n in series if not missing[n]]
+    kw = dict(primary=cfg["primary"], guards=cfg["guards"], reported=cfg["reported"],
+              lower_is_better=[m for m in metrics if m in LOWER_IS_BETTER], win_pct=cfg["win_pct"],
+              start_noise_pct=cfg["start_noise_pct"])
+    blocked = [n for n in deciding if missing[n]]
+    if blocked or not usable:
+        res = {"rule": "win2-v2", "verdict": "INCONCLUSIVE", "params": {}, "deviations": {}, "cells": {},
+               "noise": None, "rates": None,
+               "reasons": [f"{n}: metric(s) {missing[n]} have no value in some repeat (0 rounds or 0 decode "
+                           "seconds): nothing to compare" for n in blocked]}
+    else:
+        res = gates.win2_v2({n: series[n] for n in usable}, decide=deciding, **kw)
+    if clock["mismatch"]:
+        incon = [f"starts differ in clock cap facts {clock['mismatch']}", *incon]
+    if incon:
+        res["verdict"] = "INCONCLUSIVE"
+        res["reasons"][:0] = incon
+    per_cell = dict(res.get("cells") or {})
+    for n in series:
+        if missing[n]:
+            per_cell[n] = {"decides": n in deciding, "verdict": "INCONCLUSIVE",
+                           "reasons": [f"metric(s) {missing[n]} have no value in some repeat"]}
+        per_cell[n]["archive_spread_pct"] = archive_pct.get(n)
+    win2 = {n: {"rule": "win2-v2", **per_cell[n]} for n in series}
+    reasons = list(res["reasons"])
+    if cfg["informational"]:
+        reasons.append("speed is informational (config speed.informational): only a LOSS gates the decision")
+    gate = {"rule": "win2-v2", "verdict": res["verdict"], "reasons": reasons, "params": res.get("params", {}),
+            "deviations": res.get("deviations", {}), "informational": bool(cfg["informational"]),
+            "decision_cells": deciding, "cells": {n: win2[n].get("verdict") for n in win2},
+            "clock_check": clock.get("verdict"),
+            **{k: res.get(k) for k in ("noise", "rates", "needed", "pooled_gain_pct", "half_width_pct",
+                                       "lower_bound_pct", "loss_tests", "repeats", "reported")}}
+    return win2, gate
+
+
+def decide(results: Mapping[str, Mapping[str, Any]], cfg: Mapping[str, Any], clock: Mapping[str, Any],
+           archive_pct: Mapping[str, float | None] | None = None) -> tuple[dict, dict, dict]:
+    """(win2 per cell, series per cell, gate) from ``results[start][cell]["pooled"]`` under ``cfg["rule"]``.
+
+    Clock findings (``clock_findings``) make the gate INCONCLUSIVE under either
+    rule; the gate carries ``stage_deviations`` (list of {gate, what,
+    detail}): an accepted unverifiable clock, a non-default rule, rule
+    parameters off their registered values.
+    """
+    metrics = [cfg["primary"], *cfg["guards"], *cfg["reported"]]
+    rule = cfg.get("rule", RULES[0])
+    series = {c["name"]: series_for({st: results[st][c["name"]] for st, _, _ in START_ROLES}, metrics)
+              for c in cfg["cells"]}
+    incon, devs = clock_findings(clock, cfg)
+    fn = _decide_v2 if rule == "win2-v2" else _decide_v1
+    win2, gate = fn(series, cfg, clock, archive_pct or {}, incon)
+    rule_res = gate if rule == "win2-v2" else next((w for w in win2.values() if w.get("deviations")), {})
+    gate["stage_deviations"] = devs + _rule_deviations(rule, rule_res)
+    for d in devs:
+        gate["reasons"].append(f"deviation: {d['detail']}")
+    return win2, series, gate

@@ -1,0 +1,232 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from pairaudit.core import artifacts, contracts
+from pairaudit.core.artifacts import utc_now
+from pairaudit.core.progress import Progress
+from pairaudit.serving import failures, launch
+from pairaudit.serving.client import ServerError, tail_lines
+from pairaudit.speed.archive import append_archive, archive_line, archive_spread, config_hash, read_archive
+from pairaudit.speed.bracket import (
+    SCHEMA,
+    STREAMS_SCHEMA,
+    BracketFailure,
+    log,
+    resolve_config,
+    run_start,
+    send_together,
+)
+from pairaudit.speed.clock import clock_check, clock_facts, host_facts
+from pairaudit.speed.decision import decide
+from pairaudit.speed.metrics import (
+    LOWER_IS_BETTER,
+    START_ROLES,
+    finite_json,
+)
+from pairaudit.speed.workload import build_prompts
+
+
+def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str, str], arm_cfgs: Mapping[str, Any],
+                speed_cfg: Mapping[str, Any] | None, audit: str, out_path: str, streams_path: str,
+                archive_path: str, server_logs: Mapping[str, str], starts_log: str | None = None) -> dict:
+    """Run the OFF/ON/OFF bracket and write decision.json + streams.jsonl (module docstring)."""
+    cfg = resolve_config(speed_cfg)
+    receipts, specs = {}, {}
+    failed = {arm: artifacts.read_json(preflight_paths[arm]) for arm in ("control", "candidate")}
+    failed = {arm: pf for arm, pf in failed.items() if pf.get("verdict") != "PASS"}
+    if failed:
+        # a server that failed its rehearsal is evidence of the servers gate; no bracket is measured
+        why = "; ".join(f"the {arm} preflight is {pf.get('verdict')} at probe {pf.get('failed_probe')!r}"
+                        for arm, pf in failed.items())
+        prov = artifacts.provenance([*launch_paths.values(), *preflight_paths.values()], {"speed": cfg})
+        artifacts.write_jsonl(streams_path, {"schema": STREAMS_SCHEMA, "audit": audit, "provenance": prov}, [])
+        doc = {"schema": SCHEMA, "audit": audit, "not_run": why, "params": cfg, "provenance": prov,
+               "gate": {"rule": cfg["rule"], "verdict": "INCONCLUSIVE", "reasons": [f"not run: {why}"]}}
+        artifacts.write_json(out_path, doc)
+        return doc
+    for arm in ("control", "candidate"):
+        receipts[arm] = artifacts.check_schema(artifacts.read_json(launch_paths[arm]), contracts.LAUNCH_SCHEMA,
+                                               launch_paths[arm])
+        specs[arm] = launch.resolve_spec(arm, arm_cfgs[arm])
+    model = specs["control"]["served_model_name"]
+    if specs["candidate"]["served_model_name"] != model:
+        raise RuntimeError("speed: the arms serve different model names "
+                           f"({model!r} vs {specs['candidate']['served_model_name']!r}); one prompt set cannot fit both")
+    hashes = {c["name"]: config_hash(c, cfg, specs["control"]) for c in cfg["cells"]}
+    prior = read_archive(archive_path)
+    prior_spread = {c["name"]: archive_spread(prior, c["name"], hashes[c["name"]], cfg["primary"])
+                    for c in cfg["cells"]}
+    n_waves = 3 * cfg["repeats"] * cfg["waves"] * len(cfg["cells"])
+    progress = Progress(n_waves, "speed waves")
+    starts, results, records, prompts, appended = [], {}, [], None, 0
+    for start, role, arm in START_ROLES:
+        rec = {"start": start, "role": role, "arm": arm, **host_facts(), "clock": clock_facts(),
+               "started_at": utc_now("milliseconds"), "stopped_at": None}
+        log.info("speed %s: %s arm, fresh server", start, arm)
+        try:
+            facts, recs = _measure_start(start, arm, specs[arm], receipts[arm], rec, cfg=cfg, model=model,
+                                         prompts=prompts, results=results, progress=progress,
+                                         server_log=server_logs[start], starts_log=starts_log)
+        except (BracketFailure, ServerError) as exc:
+            # A server that fails under the bracket is evidence, and what it measured before stays.
+            return _failed_bracket(exc, start=start, arm=arm, rec=rec, starts=starts, records=records, specs=specs,
+                                   receipts=receipts, cfg=cfg, audit=audit, out_path=out_path,
+                                   streams_path=streams_path, server_logs=server_logs, starts_log=starts_log,
+                                   inputs=[*launch_paths.values(), *preflight_paths.values()])
+        prompts = prompts or facts.pop("prompts")
+        records += recs
+        starts.append(rec)
+        if arm == "control":
+            appended += append_archive(archive_path, [
+                archive_line(audit=audit, start=start, cell=c, chash=hashes[c["name"]],
+                              pooled=results[start][c["name"]]["pooled"], clock=rec["clock"], host=rec["host"])
+                for c in cfg["cells"]])
+    return _decided_bracket(cfg=cfg, audit=audit, starts=starts, results=results, records=records, prompts=prompts,
+                            hashes=hashes, prior_spread=prior_spread, archive_path=archive_path, appended=appended,
+                            inputs=[*launch_paths.values(), *preflight_paths.values()], out_path=out_path,
+                            streams_path=streams_path)
+
+
+def _measure_start(start: str, arm: str, spec: dict, receipt: dict, rec: dict, *, cfg: Mapping[str, Any], model: str,
+                   prompts: Mapping[str, Any] | None, results: dict, progress: Progress, server_log: str,
+                   starts_log: str | None) -> tuple[dict, list[dict]]:
+    """One fresh start: its measurements into ``results[start]``, its facts into ``rec``.
+
+    Returns the server's facts (with the bracket's ``prompts`` when they were built here) and the stream records.
+    """
+    with launch.Server(spec, log_path=server_log, receipt=receipt, timeout_s=cfg["request_timeout_s"]) as srv:
+        launch.log_start_event(starts_log, event="ready", phase="speed", spec=spec, receipt=receipt,
+                               facts=srv.facts())
+        if prompts is None:
+            # built once, on the first start, from that server's own tokenizer
+            prompts = build_prompts(srv.endpoint, model, cfg["cells"], cfg["repeats"], cfg["waves"], cfg["base_seed"])
+        results[start], recs = run_start(srv.endpoint, model=model, cfg=cfg, prompts=prompts, start=start,
+                                         arm=arm, progress=progress)
+        # Read while the server still holds its clocks: a GPU's throttle
+        # reasons clear soon after the load stops.
+        rec["clock_after"] = clock_facts()
+        srv.assert_alive()
+        facts = dict(srv.facts())
+    rec["stopped_at"] = utc_now("milliseconds")
+    launch.log_start_event(starts_log, event="stopped", phase="speed", spec=spec, receipt=receipt,
+                           facts={"stop": facts.get("stop"), "pid": facts.get("pid")})
+    rec["server"] = {k: facts.get(k) for k in ("pid", "url", "ready_s", "identity_check", "stop")}
+    rec["warmup"] = next({k: r[k] for k in ("error", "ttft_s", "e2el_s")} for r in recs if r["cell"] == "warmup")
+    facts["prompts"] = prompts
+    return facts, recs
+
+
+def _start_failure(exc: BaseException, *, start: str, arm: str, server_log: str) -> failures.FailureRecord:
+    if isinstance(exc, BracketFailure):
+        return {"arm": arm, "stage": "speed", "what": exc.what, "kind": exc.kind, "status": exc.status,
+                "request": {"method": "POST", "path": "/v1/completions", "bodies": exc.requests},
+                "error": exc.error, "error_body": exc.error_body, "log_tail": tail_lines(server_log, 40),
+                "at": utc_now("milliseconds")}
+    # The server did not come up, or died: its own log is the evidence.
+    return {"arm": arm, "stage": "speed", "what": f"{start} server start", "kind": failures.DEAD, "status": None,
+            "request": None, "error": str(exc).split("\n")[0], "error_body": None,
+            "log_tail": tail_lines(server_log, 40), "at": utc_now("milliseconds")}
+
+
+def _confirm_failure(exc: BaseException, spec: dict, receipt: dict, *, cfg: Mapping[str, Any], server_log: str,
+                     starts_log: str | None) -> dict:
+    """The failed start's work once more on a fresh start of the same server (stored beside the first failure)."""
+    conf: dict = {"at": utc_now("milliseconds"), "kind": None, "status": None, "error": None, "error_body": None}
+    try:
+        with launch.Server(spec, log_path=server_log, receipt=receipt, timeout_s=cfg["request_timeout_s"]) as srv:
+            launch.log_start_event(starts_log, event="ready", phase="speed-confirm", spec=spec, receipt=receipt,
+                                   facts=srv.facts())
+            bodies = exc.requests if isinstance(exc, BracketFailure) else []
+            bad = [s for s in (send_together(srv.endpoint, bodies, timeout_s=cfg["request_timeout_s"])
+                               if bodies else []) if s.get("error") is not None]
+            alive = srv.proc is None or srv.proc.poll() is None
+            if bad or not alive:
+                first = bad[0] if bad else {}
+                conf.update(kind=failures.classify(first.get("status"), server_alive=alive),
+                            status=first.get("status"), error=first.get("error") or "the server process exited",
+                            error_body=first.get("body"))
+            else:
+                conf.update(kind="answered", status=200)
+            conf["log_tail"] = srv.log_tail(40)
+    except ServerError as err:
+        conf.update(kind=failures.DEAD, error=str(err).split("\n")[0], log_tail=str(err)[-4000:])
+    log.warning("speed: confirmation on a fresh start: %s", conf["kind"])
+    return conf
+
+
+def _failed_bracket(exc: BaseException, *, start: str, arm: str, rec: dict, starts: list, records: list,
+                    specs: Mapping[str, dict], receipts: Mapping[str, dict], cfg: Mapping[str, Any], audit: str,
+                    out_path: str, streams_path: str, server_logs: Mapping[str, str], starts_log: str | None,
+                    inputs: Sequence[str]) -> dict:
+    """decision.json for a bracket a server broke: the failure (and its confirmation), what was measured before."""
+    failure = _start_failure(exc, start=start, arm=arm, server_log=server_logs[start])
+    log.warning("speed %s (%s arm) failed: %s", start, arm, failures.summary(failure))
+    if arm == "candidate" and failures.is_server_failure(failure["kind"]):
+        failure["confirmation"] = _confirm_failure(exc, specs[arm], receipts[arm], cfg=cfg,
+                                                   server_log=f"{server_logs[start]}.confirm",
+                                                   starts_log=starts_log)
+    rec.update(stopped_at=utc_now("milliseconds"), failure=failure)
+    why = f"the {arm} server failed at {failure['what']}: {failures.summary(failure)}"
+    prov = artifacts.provenance(inputs, {"speed": cfg})
+    artifacts.write_jsonl(streams_path, {"schema": STREAMS_SCHEMA, "audit": audit, "provenance": prov}, records)
+    doc = {"schema": SCHEMA, "audit": audit, "not_run": why, "failure": failure, "starts": [*starts, rec],
+           "params": cfg, "provenance": prov, "streams": str(streams_path),
+           "gate": {"rule": cfg["rule"], "verdict": "INCONCLUSIVE",
+                    "reasons": [f"not measured: {why} (the servers gate decides what the failure means)"]}}
+    artifacts.write_json(out_path, doc)
+    return doc
+
+
+def _decided_bracket(*, cfg: Mapping[str, Any], audit: str, starts: list, results: dict, records: list,
+                     prompts: Mapping[str, Any], hashes: Mapping[str, str], prior_spread: Mapping[str, Any],
+                     archive_path: str, appended: int, inputs: Sequence[str], out_path: str,
+                     streams_path: str) -> dict:
+    hosts = sorted({s["host"] for s in starts})
+    clock = clock_check([s["clock"] for s in starts], cfg["expected_clock_cap"],
+                        after=[s["clock_after"] for s in starts], starts=[s["start"] for s in starts])
+    if len(hosts) > 1:  # cannot happen in one process; kept so a future split cannot pass silently
+        clock["mismatch"].append("host")
+        clock["verdict"] = "DIFFERENT"
+    now = read_archive(archive_path)
+    spread = {}
+    for c in cfg["cells"]:
+        name = c["name"]
+        pooled = {st: results[st][name]["pooled"] for st, _, _ in START_ROLES}
+        win_spread = []
+        for r in range(cfg["repeats"]):
+            a, b = pooled["s1"][r][cfg["primary"]], pooled["s3"][r][cfg["primary"]]
+            win_spread.append(100.0 * abs(a - b) / abs((a + b) / 2) if a is not None and b is not None and a + b
+                              else None)
+        incl = archive_spread(now, name, hashes[name], cfg["primary"])
+        spread[name] = {"metric": cfg["primary"], "win_pct": cfg["win_pct"], "window_pct": win_spread,
+                        "window_max_pct": max((x for x in win_spread if x is not None), default=None),
+                        "archive_pct": prior_spread[name]["range_pct"], "archive_n": prior_spread[name]["n"],
+                        "archive_cv_pct": prior_spread[name]["cv_pct"],
+                        "archive_with_window_pct": incl["range_pct"], "archive_with_window_n": incl["n"],
+                        "config_hash": hashes[name]}
+    win2, series, gate = decide(results, cfg, clock, {n: s["archive_with_window_pct"] for n, s in spread.items()})
+    prov = artifacts.provenance(inputs, {"speed": cfg})
+    artifacts.write_jsonl(streams_path, {"schema": STREAMS_SCHEMA, "audit": audit, "provenance": prov}, records)
+    doc = finite_json({
+        "schema": SCHEMA, "audit": audit, "gate": gate, "win2": win2,
+        "bar": {"win_pct": cfg["win_pct"], "primary": cfg["primary"], "guards": cfg["guards"],
+                "reported": cfg["reported"], "lower_is_better": sorted(LOWER_IS_BETTER)},
+        "starts": starts, "hosts": hosts, "clock_check": clock,
+        "cells": [{**c, "prompt_tokens": len(prompts[c["name"]][(0, 0, 0)])} for c in cfg["cells"]],
+        "pooled": {c["name"]: {st: results[st][c["name"]]["pooled"] for st, _, _ in START_ROLES}
+                   for c in cfg["cells"]},
+        "series": series,
+        "deviations": gate["stage_deviations"],
+        "bench_serve": {c["name"]: {st: results[st][c["name"]]["bench_serve"] for st, _, _ in START_ROLES}
+                        for c in cfg["cells"]},
+        "spread": spread,
+        "archive": {"path": str(archive_path), "appended": appended},
+        "streams": str(streams_path),
+        "params": cfg, "provenance": prov,
+    })
+    artifacts.write_json(out_path, doc)
+    log.info("speed verdict %s: %s", gate["verdict"], "; ".join(gate["reasons"][:len(cfg["cells"])]))
+    return doc
