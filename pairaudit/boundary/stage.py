@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from pairaudit import gates
-from pairaudit.boundary.cases import GATE_SCHEMA, SCHEMA
 from pairaudit.core import artifacts
-from pairaudit.core.contracts import ARMS
+from pairaudit.core.contracts import ARMS, BOUNDARY_GATE_SCHEMA, BOUNDARY_SCHEMA
 
 SIDE_KEYS = ("text", "finish_reason", "correct", "extracted", "prompt_tokens", "max_tokens", "usage_prompt_tokens",
              "ttft_s", "input_tokens_per_s", "status", "error", "error_body", "clamped", "config_error")
@@ -37,9 +36,9 @@ def boundary_gate_stage(*, arm_paths: Mapping[str, str], launch_paths: Mapping[s
     """boundary-v1 over both arms' cases, with every case side by side."""
     docs = {}
     for arm in ARMS:
-        docs[arm] = artifacts.check_schema(artifacts.read_json(arm_paths[arm]), SCHEMA, arm_paths[arm])
+        docs[arm] = artifacts.check_schema(artifacts.read_json(arm_paths[arm]), BOUNDARY_SCHEMA, arm_paths[arm])
         artifacts.check_consumed(docs[arm], [launch_paths[arm]], where=arm_paths[arm])
-    doc = {"schema": GATE_SCHEMA, "gate": gates.boundary_v1(rule_cases(docs)),
+    doc = {"schema": BOUNDARY_GATE_SCHEMA, "gate": gates.boundary_v1(rule_cases(docs)),
            "max_model_len": {arm: docs[arm]["max_model_len"] for arm in ARMS},
            "cases": side_by_side(docs), "first_long": {arm: docs[arm]["first_long"] for arm in ARMS},
            "provenance": artifacts.provenance([*arm_paths.values()], {})}

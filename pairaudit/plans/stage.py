@@ -5,14 +5,14 @@ from __future__ import annotations
 from pairaudit.boundary import cases as boundary
 from pairaudit.core import artifacts
 from pairaudit.core.artifacts import sha256_json
-from pairaudit.core.contracts import BOUNDARY_PLAN_SCHEMA, DATASET_SCHEMA, REQUESTS_SCHEMA
-from pairaudit.plans.requests import SPEC_SCHEMA, body_sha256, request_body
+from pairaudit.core.contracts import ARM_SPEC_SCHEMA, BOUNDARY_PLAN_SCHEMA, DATASET_SCHEMA, REQUESTS_SCHEMA
+from pairaudit.plans.requests import body_sha256, request_body
 from pairaudit.serving import launch
 
 
 def arm_spec_stage(*, arm: str, arm_cfg: dict, out_path: str) -> dict:
     spec = launch.resolve_spec(arm, arm_cfg)
-    doc = {"schema": SPEC_SCHEMA, "arm": arm, "spec": spec,
+    doc = {"schema": ARM_SPEC_SCHEMA, "arm": arm, "spec": spec,
            "spec_sha256": sha256_json(launch.identity_fields(spec)),  # as the launch receipt hashes it
            "provenance": artifacts.provenance([], {"arm_config": arm_cfg})}
     artifacts.write_json(out_path, doc)
@@ -21,7 +21,7 @@ def arm_spec_stage(*, arm: str, arm_cfg: dict, out_path: str) -> dict:
 
 def requests_stage(*, dataset_path: str, spec_path: str, sampling: dict, audit: str, out_path: str) -> dict:
     dataset = artifacts.check_schema(artifacts.read_json(dataset_path), DATASET_SCHEMA, dataset_path)
-    spec = artifacts.check_schema(artifacts.read_json(spec_path), SPEC_SCHEMA, spec_path)
+    spec = artifacts.check_schema(artifacts.read_json(spec_path), ARM_SPEC_SCHEMA, spec_path)
     model = spec["spec"]["served_model_name"]
     items = []
     for it in dataset["items"]:

@@ -6,13 +6,12 @@ from typing import Any, Mapping, Sequence
 
 from pairaudit.core import artifacts, contracts
 from pairaudit.core.artifacts import utc_now
+from pairaudit.core.contracts import SPEED_DECISION_SCHEMA, SPEED_STREAMS_SCHEMA
 from pairaudit.core.progress import Progress
 from pairaudit.serving import failures, launch
 from pairaudit.serving.client import ServerError, tail_lines
 from pairaudit.speed.archive import append_archive, archive_line, archive_spread, config_hash, read_archive
 from pairaudit.speed.bracket import (
-    SCHEMA,
-    STREAMS_SCHEMA,
     BracketFailure,
     log,
     resolve_config,
@@ -42,8 +41,8 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
         why = "; ".join(f"the {arm} preflight is {pf.get('verdict')} at probe {pf.get('failed_probe')!r}"
                         for arm, pf in failed.items())
         prov = artifacts.provenance([*launch_paths.values(), *preflight_paths.values()], {"speed": cfg})
-        artifacts.write_jsonl(streams_path, {"schema": STREAMS_SCHEMA, "audit": audit, "provenance": prov}, [])
-        doc = {"schema": SCHEMA, "audit": audit, "not_run": why, "params": cfg, "provenance": prov,
+        artifacts.write_jsonl(streams_path, {"schema": SPEED_STREAMS_SCHEMA, "audit": audit, "provenance": prov}, [])
+        doc = {"schema": SPEED_DECISION_SCHEMA, "audit": audit, "not_run": why, "params": cfg, "provenance": prov,
                "gate": {"rule": cfg["rule"], "verdict": "INCONCLUSIVE", "reasons": [f"not run: {why}"]}}
         artifacts.write_json(out_path, doc)
         return doc
@@ -171,8 +170,8 @@ def _failed_bracket(exc: BaseException, *, start: str, arm: str, rec: dict, star
     rec.update(stopped_at=utc_now("milliseconds"), failure=failure)
     why = f"the {arm} server failed at {failure['what']}: {failures.summary(failure)}"
     prov = artifacts.provenance(inputs, {"speed": cfg})
-    artifacts.write_jsonl(streams_path, {"schema": STREAMS_SCHEMA, "audit": audit, "provenance": prov}, records)
-    doc = {"schema": SCHEMA, "audit": audit, "not_run": why, "failure": failure, "starts": [*starts, rec],
+    artifacts.write_jsonl(streams_path, {"schema": SPEED_STREAMS_SCHEMA, "audit": audit, "provenance": prov}, records)
+    doc = {"schema": SPEED_DECISION_SCHEMA, "audit": audit, "not_run": why, "failure": failure, "starts": [*starts, rec],
            "params": cfg, "provenance": prov, "streams": str(streams_path),
            "gate": {"rule": cfg["rule"], "verdict": "INCONCLUSIVE",
                     "reasons": [f"not measured: {why} (the servers gate decides what the failure means)"]}}
@@ -209,9 +208,9 @@ def _decided_bracket(*, cfg: Mapping[str, Any], audit: str, starts: list, result
                         "config_hash": hashes[name]}
     win2, series, gate = decide(results, cfg, clock, {n: s["archive_with_window_pct"] for n, s in spread.items()})
     prov = artifacts.provenance(inputs, {"speed": cfg})
-    artifacts.write_jsonl(streams_path, {"schema": STREAMS_SCHEMA, "audit": audit, "provenance": prov}, records)
+    artifacts.write_jsonl(streams_path, {"schema": SPEED_STREAMS_SCHEMA, "audit": audit, "provenance": prov}, records)
     doc = finite_json({
-        "schema": SCHEMA, "audit": audit, "gate": gate, "win2": win2,
+        "schema": SPEED_DECISION_SCHEMA, "audit": audit, "gate": gate, "win2": win2,
         "bar": {"win_pct": cfg["win_pct"], "primary": cfg["primary"], "guards": cfg["guards"],
                 "reported": cfg["reported"], "lower_is_better": sorted(LOWER_IS_BETTER)},
         "starts": starts, "hosts": hosts, "clock_check": clock,
