@@ -64,7 +64,8 @@ Artifacts
                    "candidate"|"control_after", arm: "control"|"candidate",
                    host (socket.gethostname()), slurm_job_id,
                    slurmd_nodename (null when unset), clock: clock facts
-                   (below) taken before the server starts, clock_after: the
+                   (speedclock.clock_facts; the GPUs of the arm's
+                   CUDA_VISIBLE_DEVICES) taken before the server starts, clock_after: the
                    same after its last wave, before it stops, started_at, stopped_at,
                    warmup: {error, ttft_s, e2el_s}, server: {pid, url,
                    ready_s, identity_check, stop}}]
@@ -72,9 +73,13 @@ Artifacts
     deviations:    gate.stage_deviations (for decision.json)
     clock_check:   {cap_keys, caps: [cap facts per start], caps_after,
                    mismatch: [keys that differ], expected, off_expected:
-                   [keys], throttled: [keys], within_start: [{start,
-                   changed, before, after}], unverifiable: [{start, gaps}],
+                   [keys], within_start: [{start, changed, before, after}],
+                   slowdowns: [{start, gpu, uuid, reason, us, source,
+                   detail}], power_cap: [{start, gpu, uuid, power_limit_w,
+                   sw_power_cap_us, sync_boost_us, seen_active}], gpu_ids:
+                   {start: [uuid]}, notes, unverifiable: [{start, gaps}],
                    verdict: "OK"|"DIFFERENT"|"UNVERIFIABLE"}
+                   (pairaudit.speedclock, pairaudit.speedgpu)
     cells:         [cell config as run (name, prompt, input_len,
                    concurrency, decide, prompt_tokens)]
     pooled:        {cell: {start: [per repeat: {requests,
@@ -130,8 +135,9 @@ from .client import Endpoint, ServerError, clamping, metrics_delta, tail_lines
 from .contracts import SPEED_DECISION_SCHEMA, SPEED_STREAMS_SCHEMA
 from .progress import Progress
 from .speedarchive import append_archive, archive_line, archive_spread, config_hash, read_archive
-from .speedclock import CAP_KEYS, clock_check, clock_facts, host_facts
+from .speedclock import clock_check, clock_facts, expected_cap_errors, host_facts
 from .speeddecision import RULES, decide
+from .speedgpu import server_visible_devices
 from .speedmetrics import COUNTERS, LOWER_IS_BETTER, METRICS, START_ROLES, bench_serve_table, finite_json, pool_repeat
 from .speedworkload import PROMPT_KINDS, build_prompts, request_body, stream_seed
 
@@ -199,10 +205,9 @@ def resolve_config(cfg: Mapping[str, Any] | None) -> dict:
     roles = [out["primary"], *out["guards"], *out["reported"]]
     if len(set(roles)) != len(roles):
         raise SpeedConfigError(f"speed: a metric has more than one role among primary/guards/reported: {roles}")
-    ecc = out["expected_clock_cap"]
-    if ecc is not None and not isinstance(ecc, dict):
-        raise SpeedConfigError("speed.expected_clock_cap: must be a mapping of cap fact -> value "
-                               f"(facts: {', '.join(CAP_KEYS)}, gpu<i>.<field>), or null")
+    bad_cap = expected_cap_errors(out["expected_clock_cap"])
+    if bad_cap:
+        raise SpeedConfigError(f"speed.expected_clock_cap: {'; '.join(bad_cap)}")
     cells = out["cells"]
     if not isinstance(cells, list) or not cells:
         raise SpeedConfigError("speed.cells: must be a non-empty list")
@@ -404,7 +409,7 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
     progress = Progress(n_waves, "speed waves")
     starts, results, records, prompts, appended = [], {}, [], None, 0
     for start, role, arm in START_ROLES:
-        rec = {"start": start, "role": role, "arm": arm, **host_facts(), "clock": clock_facts(),
+        rec = {"start": start, "role": role, "arm": arm, **host_facts(), "clock": clock_facts(server_visible_devices(specs[arm])),
                "started_at": utc_now("milliseconds"), "stopped_at": None}
         log.info("speed %s: %s arm, fresh server", start, arm)
         try:
@@ -446,9 +451,9 @@ def _measure_start(start: str, arm: str, spec: dict, receipt: dict, rec: dict, *
             prompts = build_prompts(srv.endpoint, model, cfg["cells"], cfg["repeats"], cfg["waves"], cfg["base_seed"])
         results[start], recs = run_start(srv.endpoint, model=model, cfg=cfg, prompts=prompts, start=start,
                                          arm=arm, progress=progress)
-        # Read while the server still holds its clocks: a GPU's throttle
-        # reasons clear soon after the load stops.
-        rec["clock_after"] = clock_facts()
+        # Read while the server still holds its GPUs: the active event
+        # reasons clear soon after the load stops (the counters do not).
+        rec["clock_after"] = clock_facts(server_visible_devices(spec))
         srv.assert_alive()
         facts = dict(srv.facts())
     rec["stopped_at"] = utc_now("milliseconds")
