@@ -20,6 +20,7 @@ from pairaudit.speed import archive as speedarchive
 from pairaudit.speed import bracket as speed
 from pairaudit.speed import clock as speedclock
 from pairaudit.speed import decision as speeddecision
+from pairaudit.speed import gpu as speedgpu
 from pairaudit.speed import metrics as speedmetrics
 from pairaudit.speed import stage as speed_stage
 
@@ -30,7 +31,22 @@ CFG = speed.resolve_config({"cells": CELLS, "repeats": 3, "rule": "win2-v1"})
 CFG_V2 = speed.resolve_config({"cells": CELLS, "repeats": 3})
 STARTS = ("s1", "s2", "s3")
 QUIET = {"governor": "performance", "scaling_max_freq_khz": 3000000, "cpu_mhz": 2990.0, "loadavg": [0.1, 0.1, 0.1],
-         "gpus": None}
+         "gpu": None}
+
+
+def gpu(mask: int = 0x0, app: int = 2300, power: float = 300.0, sm: int = 1980, **counters) -> dict:
+    """A one-GPU reading (speedgpu.GpuQuery) with these caps, active reasons and counters (us, default 0).
+
+    The readings of a real driver are parsed in tests/test_speedgpu.py; here only the check over them runs.
+    """
+    return {"exe": "nvidia-smi", "driver_version": "580.159.04", "cuda_visible_devices": None, "selected": None,
+            "reason_fields": "clocks_event_reasons", "not_reported": {}, "notes": [], "error": None,
+            "gpus": [{"index": 0, "uuid": "GPU-test", "temperature_c": 40,
+                      "clocks": {"clocks.current.sm": sm, "clocks.max.sm": 2300, "clocks.applications.graphics": app},
+                      "power": {"power.limit": power, "enforced.power.limit": power, "power.draw": 250.0},
+                      "active_mask": f"0x{mask:016X}",
+                      "active_reasons": [n for b, n in speedgpu.EVENT_BITS.items() if mask & b],
+                      "counters_us": {c: counters.get(c, 0) for c in speedgpu.COUNTERS}, "locked_clocks": None}]}
 
 
 def pooled(rate, apr=0.0, dtps=None, msr=None, ttft=0.1):
@@ -114,23 +130,40 @@ def test_clock_mismatch_is_inconclusive():
     assert speeddecision.decide(res, CFG, clock)[2]["verdict"] == "WIN"
 
 
-def test_clock_off_expected_cap_or_gpu_throttle_is_inconclusive():
+def test_clock_off_expected_cap_or_gpu_slowdown_is_inconclusive():
     res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
     clock = speedclock.clock_check([QUIET] * 3, {"governor": "schedutil"})
     assert clock["off_expected"] == ["governor"]
     assert speeddecision.decide(res, CFG, clock)[2]["verdict"] == "INCONCLUSIVE"
-    gpu = {"clocks.sm": "1980", "clocks.max.sm": "2300", "clocks.applications.graphics": "2300",
-           "power.limit": "300", "clocks_throttle_reasons.active": "0x0000000000000000"}
-    hot = {**gpu, "clocks_throttle_reasons.active": "0x0000000000000020"}  # SW thermal slowdown
-    ok = speedclock.clock_check([{**QUIET, "gpus": [gpu]}] * 3)
+    g = [{**QUIET, "gpu": gpu()}] * 3
+    ok = speedclock.clock_check(g, after=g)
     assert ok["verdict"] == "OK"
     assert speeddecision.decide(res, CFG, ok)[2]["verdict"] == "WIN"
-    clock = speedclock.clock_check([{**QUIET, "gpus": [gpu]}, {**QUIET, "gpus": [hot]}, {**QUIET, "gpus": [gpu]}])
-    assert "gpu0.throttled" in clock["throttled"]
-    assert speeddecision.decide(res, CFG, clock)[2]["verdict"] == "INCONCLUSIVE"
-    capped = {**gpu, "clocks.applications.graphics": "2150"}
-    clock = speedclock.clock_check([{**QUIET, "gpus": [gpu]}, {**QUIET, "gpus": [capped]}, {**QUIET, "gpus": [gpu]}])
+    # s2's GPU spent 0.5 s in SW thermal slowdown (its counter grew; the reason was active after it)
+    hot = {**QUIET, "gpu": gpu(0x20, sw_thermal_slowdown=500000)}
+    clock = speedclock.clock_check(g, after=[g[0], hot, g[2]])
+    assert [(s["start"], s["reason"], s["us"]) for s in clock["slowdowns"]] == [("s2", "sw_thermal_slowdown", 500000)]
+    win2, _, gate = speeddecision.decide(res, CFG, clock)
+    assert gate["verdict"] == "INCONCLUSIVE" and win2["short-c1"]["throttled"] is True
+    capped = {**QUIET, "gpu": gpu(app=2150)}
+    clock = speedclock.clock_check([g[0], capped, g[2]])
     assert clock["mismatch"] == ["gpu0.clocks.applications.graphics"]
+
+
+def test_a_gpu_at_its_power_limit_is_not_a_slowdown():
+    """0x4 (SW power cap) is what every loaded GPU at its power limit shows: recorded, never refused.
+
+    The check before this one took any reason but idle and application clocks as throttling, so a
+    working GPU made the gate INCONCLUSIVE.
+    """
+    res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
+    before = [{**QUIET, "gpu": gpu(0x1)}] * 3
+    after = [{**QUIET, "gpu": gpu(0x4, sm=1500, sw_power_cap=20_000_000 + i)} for i in range(3)]
+    clock = speedclock.clock_check(before, after=after)
+    assert clock["verdict"] == "OK" and clock["slowdowns"] == []
+    assert [p["sw_power_cap_us"] for p in clock["power_cap"]] == [20_000_000, 20_000_001, 20_000_002]
+    for cfg in (CFG, CFG_V2):
+        assert speeddecision.decide(res, cfg, clock)[2]["verdict"] == "WIN"
 
 
 def test_primary_loss_rejects_and_missing_values_are_inconclusive():
@@ -160,8 +193,6 @@ def test_informational_gate_only_rejects_on_loss():
 # ------------------------------------------------------- win2-v2 through the stage, clock facts
 
 NO_CLOCK = {**QUIET, "governor": None, "scaling_max_freq_khz": None}   # a VM: no cpufreq, no GPU
-GPU = {"clocks.sm": "1980", "clocks.max.sm": "2300", "clocks.applications.graphics": "2300",
-       "power.limit": "300", "clocks_throttle_reasons.active": "0x0000000000000000"}
 
 
 def test_default_rule_is_win2_v2_and_decides_over_the_deciding_cells():
@@ -207,8 +238,9 @@ def test_no_clock_facts_is_inconclusive_unless_accepted_as_a_deviation(cfg):
 
 
 def test_a_failing_nvidia_smi_is_unverifiable_and_gpu_facts_alone_verify():
-    assert speedclock.clock_gaps({**NO_CLOCK, "gpus": [GPU]}) == []
-    assert speedclock.clock_gaps({**QUIET, "gpus": [{"error": "nvidia-smi exit 9: boom"}]}) == ["gpu0: nvidia-smi exit 9: boom"]
+    assert speedclock.clock_gaps({**NO_CLOCK, "gpu": gpu()}) == []
+    failed = {**gpu(), "gpus": [], "error": "nvidia-smi exit 9: boom"}
+    assert speedclock.clock_gaps({**QUIET, "gpu": failed}) == ["gpu: nvidia-smi exit 9: boom"]
     assert speedclock.clock_gaps(NO_CLOCK) and speedclock.clock_gaps(QUIET) == []
 
 
@@ -224,22 +256,20 @@ def test_clocks_that_change_inside_a_start_are_inconclusive(cfg):
         assert clock["within_start"][0]["start"] == "s2"
         _, _, gate = speeddecision.decide(res, cfg, clock)
         assert gate["verdict"] == "INCONCLUSIVE"
-    # a GPU throttle reason that appears only after the work (SW thermal slowdown)
-    hot = {**GPU, "clocks_throttle_reasons.active": "0x0000000000000020"}
-    g = [{**QUIET, "gpus": [GPU]}] * 3
-    clock = speedclock.clock_check(g, after=[g[0], g[1], {**QUIET, "gpus": [hot]}])
-    assert clock["within_start"] == [{"start": "s3", "changed": ["gpu0.throttled"], "before": {"gpu0.throttled": False},
-                                      "after": {"gpu0.throttled": True}}]
-    assert "gpu0.throttled" in clock["throttled"]
+    # a GPU slowdown inside s3 only (HW thermal: its counter grew over the start)
+    g = [{**QUIET, "gpu": gpu()}] * 3
+    clock = speedclock.clock_check(g, after=[g[0], g[1], {**QUIET, "gpu": gpu(0x40, hw_thermal_slowdown=70000)}])
+    assert clock["within_start"] == [] and clock["verdict"] == "DIFFERENT"
+    assert [(s["start"], s["reason"], s["us"], s["source"]) for s in clock["slowdowns"]] == [
+        ("s3", "hw_thermal_slowdown", 70000, "counter")]
     assert speeddecision.decide(res, cfg, clock)[2]["verdict"] == "INCONCLUSIVE"
     # the GPU's application clock moved during s1
-    capped = {**GPU, "clocks.applications.graphics": "2100"}
-    clock = speedclock.clock_check(g, after=[{**QUIET, "gpus": [capped]}, g[1], g[2]])
+    clock = speedclock.clock_check(g, after=[{**QUIET, "gpu": gpu(app=2100)}, g[1], g[2]])
     assert clock["within_start"][0]["changed"] == ["gpu0.clocks.applications.graphics"]
     assert speeddecision.decide(res, cfg, clock)[2]["verdict"] == "INCONCLUSIVE"
     # current MHz and load move all the time: not a change of the clock caps
-    clock = speedclock.clock_check(g, after=[{**QUIET, "gpus": [{**GPU, "clocks.sm": "2250"}], "cpu_mhz": 1700.0,
-                                         "loadavg": [4.0, 3.0, 2.0]}] * 3)
+    clock = speedclock.clock_check(g, after=[{**QUIET, "gpu": gpu(sm=2250), "cpu_mhz": 1700.0,
+                                              "loadavg": [4.0, 3.0, 2.0]}] * 3)
     assert clock["verdict"] == "OK" and speeddecision.decide(res, cfg, clock)[2]["verdict"] == "WIN"
 
 
@@ -399,22 +429,16 @@ def test_config_hash_follows_cell_and_control_not_candidate():
 
 # ------------------------------------------------------- clock facts, config
 
-def test_clock_facts_here_and_nvidia_smi_parsing(tmp_path):
+def test_clock_facts_here_and_a_failing_nvidia_smi(tmp_path):
     f = speedclock.clock_facts()
     assert f["cpu_count"] == os.cpu_count() and len(f["loadavg"]) == 3
     assert set(speedclock.cap_facts(f)) >= {"governor", "scaling_max_freq_khz"}
-    fake = tmp_path / "nvidia-smi"
-    fake.write_text("#!/bin/sh\necho '1980, 2300, 2300, 0x0000000000000000, 300.00'\n"
-                    "echo '1410, 2300, 2300, 0x0000000000000004, 300.00'\n")
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    gpus = speedclock.gpu_facts(str(fake))
-    assert gpus[0]["clocks.sm"] == "1980" and gpus[1]["clocks_throttle_reasons.active"] == "0x0000000000000004"
-    cap = speedclock.cap_facts({**QUIET, "gpus": gpus})
-    assert cap["gpu0.throttled"] is False and cap["gpu1.throttled"] is True  # 0x4 = SW power cap
+    # nvidia-smi's own output is parsed on known answers in tests/test_speedgpu.py
     broken = tmp_path / "broken-smi"
     broken.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
     broken.chmod(broken.stat().st_mode | stat.S_IEXEC)
-    assert "exit 9" in speedclock.gpu_facts(str(broken))[0]["error"]
+    err = speedclock.clock_facts(exe=str(broken))["gpu"]["error"]
+    assert "exit 9" in err and "NVIDIA-SMI has failed" in err and "driver unknown" in err
 
 
 @pytest.mark.parametrize("bad, where", [

@@ -1,20 +1,20 @@
 """Promotion decision: the gates from every stage's stored rule result, and promotion-v1 over them.
 
 Pure functions on plain JSON-able dicts. The decision itself is
-``gates.promotion_v1`` over a fixed set of gates; this module only collects
+``promotion_v1`` over a fixed set of gates; this module only collects
 the gates and keeps the evidence beside them. It never adjusts a score.
 
 Gates (``gates_from`` + ``preflight_gates``), in this order::
 
-    quality:<dataset>      gates.quality_v1 (stored in paired/<dataset>.json)
-    grid_tie               gates.grid_tie_audit over every dataset's grid_tie_v1
+    quality:<dataset>      quality_v1 (stored in paired/<dataset>.json)
+    grid_tie               grid_tie_audit over every dataset's grid_tie_v1
                            record (divergence stage): one gate, because the
                            registered cap counts divergent prompts over the audit
-    determinism:<dataset>  gates.determinism_v1  (divergence stage; or one
+    determinism:<dataset>  determinism_v1  (divergence stage; or one
                            gate "determinism" when a single result is given)
-    boundary               gates.boundary_v1     (boundary_gate stage; a PASS
+    boundary               boundary_v1     (boundary_gate stage; a PASS
                            without the max_model_len - 16 case counts INCONCLUSIVE)
-    speed                  gates.win2_v1         (speed_decision stage)
+    speed                  win2_v1         (speed_decision stage)
     preflight:<arm>        the preflight stage's PASS/FAIL, see below
 
 A gate whose stage is not built or did not run is present with value None:
@@ -44,7 +44,14 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from pairaudit import gates
+from pairaudit.gates import (
+    NO_CHANGE,
+    boundary_missing_cases,
+    grid_tie_audit,
+    mde_reason,
+    promotion_v1,
+    quality_v1,
+)
 from pairaudit.core.contracts import ARMS, DECISION_SCHEMA
 
 # Which registered rule each later gate must carry: a win2 result handed in
@@ -84,7 +91,7 @@ def check_quality(name: str, doc: Mapping[str, Any]) -> dict:
     if not isinstance(q, Mapping) or not isinstance(table, Mapping):
         raise ValueError(f"paired {name}: needs both 'table' and 'quality'")
     _check_rule("quality", f"quality:{name}", q)
-    again = gates.quality_v1(table, **(q.get("params") or {}))
+    again = quality_v1(table, **(q.get("params") or {}))
     # after a server failure the paired stage keeps the rule's own verdict as stage_verdict
     stored = {**q, "verdict": q.get("stage_verdict", q.get("verdict"))} if doc.get("arm_failed") else q
     for key in ("verdict", "control_only", "candidate_only"):
@@ -95,7 +102,7 @@ def check_quality(name: str, doc: Mapping[str, Any]) -> dict:
     if out.get("mde") is None:
         # A paired doc made before the detectable-loss field: the same rule states it now.
         out["mde"] = again["mde"]
-        out["reasons"] = list(out.get("reasons") or []) + [gates.mde_reason(again["mde"])]
+        out["reasons"] = list(out.get("reasons") or []) + [mde_reason(again["mde"])]
     return out
 
 
@@ -116,7 +123,7 @@ def _per_dataset(kind: str, given: Any, datasets: Sequence[str]) -> dict[str, An
 
 def grid_tie_gate(divergence: Mapping[str, Any] | None, datasets: Sequence[str], *,
                   counts: Mapping[str, Mapping[str, Any]] | None = None) -> dict | None:
-    """The one audit-wide grid-tie gate from the per-dataset records (gates.grid_tie_audit).
+    """The one audit-wide grid-tie gate from the per-dataset records (grid_tie_audit).
 
     None (not evaluated) when no dataset has a record; a dataset without one
     makes the audit's grid-tie INCONCLUSIVE, naming it. The per-dataset
@@ -125,7 +132,7 @@ def grid_tie_gate(divergence: Mapping[str, Any] | None, datasets: Sequence[str],
     per = {k.split(":", 1)[1]: v for k, v in _per_dataset("grid_tie", divergence, datasets).items()}
     if all(v is None for v in per.values()):
         return None
-    return gates.grid_tie_audit(per, counts=counts)
+    return grid_tie_audit(per, counts=counts)
 
 
 def boundary_gate(res: Mapping[str, Any] | None) -> dict | None:
@@ -139,7 +146,7 @@ def boundary_gate(res: Mapping[str, Any] | None) -> dict | None:
     _check_rule("boundary", "boundary", res)
     if res is None:
         return None
-    missing = gates.boundary_missing_cases(res)
+    missing = boundary_missing_cases(res)
     if not missing:
         return dict(res)
     out = {**res, "missing_cases": missing, "stage_verdict": res.get("verdict")}
@@ -339,7 +346,7 @@ def decision_deviations(gates: Mapping[str, Mapping[str, Any] | None], *, calibr
                     "detail": "decided in A/A calibration mode: identical arms are decided by their gates (what "
                               "they flag is false-alarm evidence), not made INCONCLUSIVE"})
     elif no_change:
-        out.append({"gate": "promotion", "what": gates.NO_CHANGE,
+        out.append({"gate": "promotion", "what": NO_CHANGE,
                     "detail": "identical arms: the decision is INCONCLUSIVE whatever the gates say"})
     return out
 
@@ -383,7 +390,7 @@ def decide(paired: Mapping[str, Mapping[str, Any]], launch: Mapping[str, Mapping
     gates.update(preflight_gates(preflight))
     arms = {a: _arm_summary(launch[a], preflight.get(a)) for a in ARMS}
     same = identical_arms(arms)
-    prom = gates.promotion_v1(gates, identical_arms=same and not calibration)
+    prom = promotion_v1(gates, identical_arms=same and not calibration)
 
     gate_docs: dict[str, dict | None] = {}
     for name, res in gates.items():

@@ -64,7 +64,8 @@ Artifacts
                    "candidate"|"control_after", arm: "control"|"candidate",
                    host (socket.gethostname()), slurm_job_id,
                    slurmd_nodename (null when unset), clock: clock facts
-                   (below) taken before the server starts, clock_after: the
+                   (speedclock.clock_facts; the GPUs of the arm's
+                   CUDA_VISIBLE_DEVICES) taken before the server starts, clock_after: the
                    same after its last wave, before it stops, started_at, stopped_at,
                    warmup: {error, ttft_s, e2el_s}, server: {pid, url,
                    ready_s, identity_check, stop}}]
@@ -72,9 +73,13 @@ Artifacts
     deviations:    gate.stage_deviations (for decision.json)
     clock_check:   {cap_keys, caps: [cap facts per start], caps_after,
                    mismatch: [keys that differ], expected, off_expected:
-                   [keys], throttled: [keys], within_start: [{start,
-                   changed, before, after}], unverifiable: [{start, gaps}],
+                   [keys], within_start: [{start, changed, before, after}],
+                   slowdowns: [{start, gpu, uuid, reason, us, source,
+                   detail}], power_cap: [{start, gpu, uuid, power_limit_w,
+                   sw_power_cap_us, sync_boost_us, seen_active}], gpu_ids:
+                   {start: [uuid]}, notes, unverifiable: [{start, gaps}],
                    verdict: "OK"|"DIFFERENT"|"UNVERIFIABLE"}
+                   (pairaudit.speed.clock, pairaudit.speed.gpu)
     cells:         [cell config as run (name, prompt, input_len,
                    concurrency, decide, prompt_tokens)]
     pooled:        {cell: {start: [per repeat: {requests,
@@ -129,7 +134,7 @@ from pairaudit.core.artifacts import utc_now
 from pairaudit.core.progress import Progress
 from pairaudit.serving import failures
 from pairaudit.serving.client import Endpoint, clamping, metrics_delta
-from pairaudit.speed.clock import CAP_KEYS
+from pairaudit.speed.clock import expected_cap_errors
 from pairaudit.speed.decision import RULES
 from pairaudit.speed.metrics import (
     COUNTERS,
@@ -201,10 +206,9 @@ def resolve_config(cfg: Mapping[str, Any] | None) -> dict:
     roles = [out["primary"], *out["guards"], *out["reported"]]
     if len(set(roles)) != len(roles):
         raise SpeedConfigError(f"speed: a metric has more than one role among primary/guards/reported: {roles}")
-    ecc = out["expected_clock_cap"]
-    if ecc is not None and not isinstance(ecc, dict):
-        raise SpeedConfigError("speed.expected_clock_cap: must be a mapping of cap fact -> value "
-                               f"(facts: {', '.join(CAP_KEYS)}, gpu<i>.<field>), or null")
+    bad_cap = expected_cap_errors(out["expected_clock_cap"])
+    if bad_cap:
+        raise SpeedConfigError(f"speed.expected_clock_cap: {'; '.join(bad_cap)}")
     cells = out["cells"]
     if not isinstance(cells, list) or not cells:
         raise SpeedConfigError("speed.cells: must be a non-empty list")

@@ -71,12 +71,12 @@ def _decide_v1(series: Mapping[str, Mapping], cfg: Mapping[str, Any], clock: Map
         res = gates.win2_v1(s, primary=cfg["primary"], guards=cfg["guards"], reported=cfg["reported"],
                             win_pct=cfg["win_pct"], clock_caps=caps,
                             lower_is_better=[m for m in metrics if m in LOWER_IS_BETTER],
-                            throttled=bool(clock["throttled"]), archive_spread_pct=archive_pct.get(name))
-        # win2-v1 itself sees cap mismatches and throttling; the rest is the stage's.
-        own = [r for r in incon if not r.startswith("throttling was flagged")]
-        if own:
+                            throttled=bool(clock.get("slowdowns")), archive_spread_pct=archive_pct.get(name))
+        # win2-v1 itself sees cap mismatches and that a GPU slowed down; which slowdown, for how
+        # many microseconds, and the rest of the clock findings are the stage's.
+        if incon:
             res["verdict"] = "INCONCLUSIVE"
-            res["reasons"][:0] = own
+            res["reasons"][:0] = incon
         if clock["mismatch"]:
             res["reasons"].insert(0, f"starts differ in clock cap facts {clock['mismatch']}")
         win2[name] = res

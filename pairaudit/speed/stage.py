@@ -20,6 +20,7 @@ from pairaudit.speed.bracket import (
 )
 from pairaudit.speed.clock import clock_check, clock_facts, host_facts
 from pairaudit.speed.decision import decide
+from pairaudit.speed.gpu import server_visible_devices
 from pairaudit.speed.metrics import (
     LOWER_IS_BETTER,
     START_ROLES,
@@ -62,7 +63,7 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
     progress = Progress(n_waves, "speed waves")
     starts, results, records, prompts, appended = [], {}, [], None, 0
     for start, role, arm in START_ROLES:
-        rec = {"start": start, "role": role, "arm": arm, **host_facts(), "clock": clock_facts(),
+        rec = {"start": start, "role": role, "arm": arm, **host_facts(), "clock": clock_facts(server_visible_devices(specs[arm])),
                "started_at": utc_now("milliseconds"), "stopped_at": None}
         log.info("speed %s: %s arm, fresh server", start, arm)
         try:
@@ -104,9 +105,9 @@ def _measure_start(start: str, arm: str, spec: dict, receipt: dict, rec: dict, *
             prompts = build_prompts(srv.endpoint, model, cfg["cells"], cfg["repeats"], cfg["waves"], cfg["base_seed"])
         results[start], recs = run_start(srv.endpoint, model=model, cfg=cfg, prompts=prompts, start=start,
                                          arm=arm, progress=progress)
-        # Read while the server still holds its clocks: a GPU's throttle
-        # reasons clear soon after the load stops.
-        rec["clock_after"] = clock_facts()
+        # Read while the server still holds its GPUs: the active event
+        # reasons clear soon after the load stops (the counters do not).
+        rec["clock_after"] = clock_facts(server_visible_devices(spec))
         srv.assert_alive()
         facts = dict(srv.facts())
     rec["stopped_at"] = utc_now("milliseconds")
