@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from test_sandbox import start_listener
 
-from pairaudit.quality import sandbox
+from pairaudit.quality import sandbox, scoring, split
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMITS = {"timeout_s": 3, "cpu_s": 2, "memory_mb": 256, "fsize_mb": 8, "nproc": 32}
@@ -230,7 +230,7 @@ def hostile_ok():
     "read_project_results": "PATHS = [RESULTS_FILE, CANARY_DIR + '/keep.txt']\n" + READ_SECRET,
     "read_project_source": """
 def hostile_ok():
-    return "def run_tests" in open(ROOT + "/pairaudit/sandbox.py").read()
+    return "def run_tests" in open(ROOT + "/pairaudit/quality/sandbox.py").read()
 """,
     "symlink_and_proc_root_tricks": """
 import os
@@ -752,3 +752,289 @@ def test_death_by_signal_is_reported_and_not_passed(signum):
     res = sandbox.run_tests(f"import os\nos.kill(os.getpid(), {int(signum)})\n", ["assert True"], **LIMITS)
     assert res["status"] == "failed"
     assert res["signal"] == signal.Signals(signum).name
+
+
+# ---------------------------------------------------------------- the split path
+#
+# Forgeries of the in-sandbox harness's verdict, each written to do its best
+# against whichever harness runs it. The test is MBPP-shaped (a literal
+# expectation), so it splits: on the split path the expected value never
+# enters the sandbox and the comparison is made on the host. Each forgery
+# passes the in-sandbox harness (the control: the attack is real) and fails on
+# the split path.
+
+ANSWER = "answer-7919-only-the-test-knows"
+
+# Scans every frame up the stack (locals and code constants) and every object
+# the collector tracks for the expected answer; on the split path there is none.
+_FIND_ANSWER = """
+import gc, sys
+def _strings(obj, depth=0):
+    if isinstance(obj, str):
+        yield obj
+    elif depth < 3 and isinstance(obj, (list, tuple, set, frozenset)):
+        for x in obj:
+            yield from _strings(x, depth + 1)
+    elif depth < 3 and isinstance(obj, dict):
+        for k, v in list(obj.items()):
+            yield from _strings(k, depth + 1)
+            yield from _strings(v, depth + 1)
+    elif hasattr(obj, "co_consts"):
+        yield from _strings(obj.co_consts, depth + 1)
+def find_answer():
+    f = sys._getframe()
+    while f is not None:
+        for s in list(_strings(f.f_code)) + list(_strings(dict(f.f_locals))):
+            if s.startswith("answer-") and s != "answer-":
+                return s
+        f = f.f_back
+    for o in gc.get_objects():
+        for s in _strings(o):
+            if s.startswith("answer-") and s != "answer-":
+                return s
+    return None
+"""
+
+SPLIT_FORGERIES = {
+    # The harness's nonce and report descriptor are locals of its frame: write
+    # a passing report and exit before the harness writes its own. On the
+    # split path there is no nonce and no report to forge.
+    "nonce_by_frame_introspection": """
+import os, sys
+f = sys._getframe()
+while f is not None:
+    loc = f.f_locals
+    if loc.get("nonce") and "rfd" in loc:
+        os.write(loc["rfd"], (loc["nonce"] + " " + repr({"stage": "tests", "error": None,
+                 "total": len(loc["tests"]), "failed": []}) + "\\n").encode())
+        os._exit(0)
+    f = f.f_back
+def hostile_ok():
+    return None
+""",
+    # The same through the collector: the harness's closures hold them.
+    "nonce_through_the_garbage_collector": """
+import gc, os
+cells = {}
+for o in gc.get_objects():
+    if type(o).__name__ == "function" and o.__closure__:
+        for name, cell in zip(o.__code__.co_freevars, o.__closure__):
+            try:
+                cells.setdefault(name, cell.cell_contents)
+            except ValueError:
+                pass
+if cells.get("nonce") and "rfd" in cells:
+    os.write(cells["rfd"], (cells["nonce"] + " " + repr({"stage": "tests", "error": None, "total": 1,
+             "failed": []}) + "\\n").encode())
+    os._exit(0)
+def hostile_ok():
+    return None
+""",
+    "eq_always_true": """
+class AlwaysEqual:
+    def __eq__(self, other):
+        return True
+    __hash__ = object.__hash__
+    def __repr__(self):
+        return repr("answer-7919-only-the-test-knows")
+def hostile_ok():
+    return AlwaysEqual()
+""",
+    # The tested function reads its caller's frame: in-sandbox, the test's code
+    # object, whose constants hold the expected value.
+    "tests_read_from_the_harness_frame": _FIND_ANSWER + """
+def hostile_ok():
+    return find_answer()
+""",
+    # ctypes rewrites str's comparison slot in interpreter memory
+    # (PyTypeObject.tp_richcompare, 64-bit CPython 3.8-3.12) so that a sentinel
+    # equals every string: no knowledge of the expected value needed.
+    "ctypes_rewrites_interpreter_memory": """
+import ctypes
+SENTINEL = "forged-by-ctypes"
+CMP = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.py_object, ctypes.py_object, ctypes.c_int)
+slot = ctypes.c_void_p.from_address(id(str) + 200)
+orig = CMP(slot.value)
+def cmp(a, b, op):
+    if op == 2 and (a is SENTINEL or b is SENTINEL):
+        return True
+    return orig(a, b, op)
+keep = CMP(cmp)
+slot.value = ctypes.cast(keep, ctypes.c_void_p).value
+def hostile_ok():
+    return SENTINEL
+""",
+    # The tested function patches what the next test uses while it runs (after
+    # the harness restored every module).
+    "patch_while_running": """
+import sys
+def hostile_ok():
+    sys.modules["math"].isclose = lambda *a, **k: True
+    return 0
+""",
+}
+SPLIT_FORGERY_TESTS = {"patch_while_running": ["assert hostile_ok() is not None",
+                                               "assert math.isclose(hostile_ok(), 1.0)"]}
+
+
+def _mbpp_item(tests: list[str]) -> dict:
+    return {"index": 0, "id": "hostile", "format": "mbpp", "question": "",
+            "reference": {"tests": tests, "test_imports": ["import math"], "code": "",
+                          "function_name": "hostile_ok"}}
+
+
+@pytest.mark.parametrize("name", sorted(SPLIT_FORGERIES))
+def test_the_forgery_passes_the_in_sandbox_harness(name):
+    """Control: judged inside the sandbox, each forgery scores as correct."""
+    item = _mbpp_item(SPLIT_FORGERY_TESTS.get(name, [f"assert hostile_ok() == {ANSWER!r}"]))
+    rec = scoring.score_item(item, SPLIT_FORGERIES[name], judge="in_sandbox", sandbox_limits=LIMITS)
+    assert rec["judged_by"] == "in_sandbox"
+    assert rec["correct"] is True, rec["reason"]
+
+
+@pytest.mark.parametrize("mechanism", ["auto", "fallback"])
+@pytest.mark.parametrize("name", sorted(SPLIT_FORGERIES))
+def test_the_forgery_fails_on_the_split_path(name, mechanism, monkeypatch):
+    # the verdict is the host's under either mechanism
+    monkeypatch.setenv(sandbox.MECHANISM_ENV, mechanism)
+    item = _mbpp_item(SPLIT_FORGERY_TESTS.get(name, [f"assert hostile_ok() == {ANSWER!r}"]))
+    rec = scoring.score_item(item, SPLIT_FORGERIES[name], sandbox_limits=LIMITS)
+    assert rec["judged_by"] == "split"
+    assert rec["sandbox"]["mechanism"] == ("fallback" if mechanism == "fallback" else rec["sandbox"]["mechanism"])
+    assert rec["correct"] is False, rec["reason"]
+
+
+# Attacks on the split path's own channel and reader. Each program knows the
+# right answers (as if it had read the dataset) but its functions return
+# wrong ones: only a forged reply could make it pass.
+SPLIT_CHANNEL_ATTACKS = {
+    # replies written ahead for every call, with guessed tokens, to every descriptor
+    "replies_written_ahead": """
+import os
+for fd in range(3, 256):
+    for seq, value in enumerate(KNOWN):
+        body = ("%d %s value\\n%r" % (seq, "0" * 16, value)).encode()
+        try:
+            os.write(fd, str(len(body)).encode() + b"\\n" + body)
+        except OSError:
+            pass
+def f(x):
+    return -1
+""",
+    # reply lines on stdout, where a program's own output goes
+    "replies_printed": """
+for seq, value in enumerate(KNOWN):
+    body = "%d %s value\\n%r" % (seq, "0" * 16, value)
+    print(len(body.encode()))
+    print(body)
+def f(x):
+    return -1
+""",
+    # from inside call 0: the real token of call 0 (from the harness's frame),
+    # a right answer for it, then guessed replies for the calls not sent yet,
+    # then an exit before the harness can write anything
+    "later_replies_from_inside_a_call": """
+import os, sys
+def f(x):
+    fr = sys._getframe(1)
+    while fr is not None and "token" not in fr.f_locals:
+        fr = fr.f_back
+    loc = fr.f_locals
+    frame = loc["frame"]
+    frame(loc["seq"], loc["token"], "value", repr(KNOWN[0]))
+    for seq in range(1, len(KNOWN)):
+        frame(str(seq), loc["token"], "value", repr(KNOWN[seq]))
+    os._exit(0)
+""",
+    "oversized_frame_header": """
+import os
+def f(x):
+    for fd in range(3, 64):
+        try:
+            os.write(fd, b"99999999999999999999\\n")
+        except OSError:
+            pass
+    return -1
+""",
+    "lying_subclasses_of_plain_types": """
+class S(str):
+    def __eq__(self, other):
+        return True
+    __hash__ = str.__hash__
+    def __repr__(self):
+        return repr(KNOWN[0])
+class L(list):
+    def __iter__(self):
+        return iter(KNOWN[1])
+    def __eq__(self, other):
+        return True
+class I(int):
+    def __eq__(self, other):
+        return True
+    __hash__ = int.__hash__
+def f(x):
+    return [S("wrong"), L([0]), I(-1)][x]
+""",
+    "a_plain_value_wrapping_a_liar": """
+class AlwaysEqual:
+    def __eq__(self, other):
+        return True
+def f(x):
+    return [[AlwaysEqual()], {"k": AlwaysEqual()}, (1, AlwaysEqual())][x]
+""",
+    "deep_and_huge_results": """
+def f(x):
+    if x == 0:
+        v = []
+        for _ in range(100000):
+            v = [v]
+        return v
+    if x == 1:
+        return "y" * 50_000_000
+    return {i: i for i in range(1_000_000)}
+""",
+    "exit_inside_a_call": "import os\ndef f(x):\n    os._exit(0)\n",
+}
+SPLIT_KNOWN = ["right-0", [1, 2, 3], 42]
+SPLIT_CHANNEL_TESTS = [f"assert f({i}) == {v!r}" for i, v in enumerate(SPLIT_KNOWN)]
+
+
+@pytest.mark.parametrize("name", sorted(SPLIT_CHANNEL_ATTACKS))
+def test_the_split_paths_channel_and_reader_hold(name):
+    code = f"KNOWN = {SPLIT_KNOWN!r}\n" + SPLIT_CHANNEL_ATTACKS[name]
+    item = _mbpp_item(SPLIT_CHANNEL_TESTS) | {"id": name}
+    item["reference"]["function_name"] = "f"
+    rec = scoring.score_item(item, code, sandbox_limits=LIMITS)
+    assert rec["judged_by"] == "split"
+    assert rec["correct"] is False, rec["reason"]
+    assert rec["tests_failed"] in (None, 1, 2, 3)
+    # the control: the same program with honest functions passes the split path
+    honest = f"KNOWN = {SPLIT_KNOWN!r}\ndef f(x):\n    return KNOWN[x]\n"
+    assert scoring.score_item(item, honest, sandbox_limits=LIMITS)["correct"] is True
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_hostile_program_fails_on_the_split_path_and_is_contained(name, host, monkeypatch):
+    """Every hostile program again, judged outside the sandbox (the primary mechanism here)."""
+    monkeypatch.setenv("PAIRAUDIT_HOSTILE_SECRET", host["secret"])
+    mark = "pairaudit-hostile-" + uuid.uuid4().hex
+    chosen = sandbox.choose("auto")
+    if chosen["mechanism"] != "bwrap" and (name in NEEDS_MOUNTNS or name == "many_files_fill_the_disk"):
+        pytest.skip("the fallback does not hide the file system (docs/sandbox.md)")
+    watched = [host["home"], host["canary_dir"], host["results_file"]]
+    before = _snapshot(watched)
+    tests = TESTS.get(name, ["assert hostile_ok()"])
+    item = _mbpp_item(tests) | {"id": name}
+    rec = scoring.score_item(item, _program(name, host, mark), sandbox_limits=LIMITS)
+    time.sleep(0.2)
+    if any(isinstance(split.plan_mbpp([t], ["import math"]), split.NotSplit) for t in tests):
+        assert rec["judged_by"] == "in_sandbox"
+    else:
+        assert rec["judged_by"] == "split"
+    assert rec["correct"] is False, rec["reason"]
+    assert rec["sandbox"]["wall_s"] <= LIMITS["timeout_s"] + WALL_SLACK_S
+    assert _snapshot(watched) == before
+    assert host["accepted"] == []
+    assert host["victim"].poll() is None, "a host process was killed"
+    assert _procs_with(mark) == []
+    assert _uid_procs(rec["sandbox"]["uid"]) == []

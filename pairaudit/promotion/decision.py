@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from pairaudit.core.contracts import ARMS, DECISION_SCHEMA
 from pairaudit.gates import (
     NO_CHANGE,
     boundary_missing_cases,
@@ -52,7 +53,6 @@ from pairaudit.gates import (
     promotion_v1,
     quality_v1,
 )
-from pairaudit.core.contracts import ARMS, DECISION_SCHEMA
 
 # Which registered rule each later gate must carry: a win2 result handed in
 # as "boundary" would otherwise be judged by the wrong vocabulary.

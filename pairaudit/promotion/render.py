@@ -400,6 +400,20 @@ def render_markdown(decision: Mapping[str, Any], paired: Mapping[str, Mapping[st
     return "\n".join(out)
 
 
+def code_judging_markdown(counts: Mapping[str, Mapping[str, Mapping[str, int]]]) -> list[str]:
+    """Code answers per dataset and arm, by where they were judged (``quality.split.judged_counts``)."""
+    if not counts:
+        return []
+    out = ["## Code answers: where they were judged", "",
+           _row(["Dataset", "arm", "outside the sandbox (split)", "inside the sandbox"]), _row(["---"] * 4)]
+    for ds in sorted(counts):
+        for arm in ARMS:
+            if arm in counts[ds]:
+                out.append(_row([_cell(ds), arm, counts[ds][arm]["split"], counts[ds][arm]["in_sandbox"]]))
+    return out + ["", "A test that splits runs only its call in the sandbox and is compared here; a score judged "
+                      "inside the sandbox is one the program could forge (docs/sandbox.md).", ""]
+
+
 def boundary_markdown(doc: Mapping[str, Any] | None) -> list[str]:
     """Boundary cases side by side (control | candidate), from the boundary gate artifact.
 

@@ -64,12 +64,14 @@ from pairaudit.promotion.ledger import append_ledger, earlier_decisions, ledger_
 from pairaudit.promotion.render import (
     boundary_markdown,
     calibration_markdown,
+    code_judging_markdown,
     ledger_markdown,
     markdown_html,
     render_markdown,
     speed_markdown,
     summary_rst,
 )
+from pairaudit.quality.split import judged_counts
 from pairaudit.serving import failures
 
 LATER_SCHEMAS = {
@@ -185,6 +187,7 @@ def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Seq
         archive = read_log(archive_path)
         later_paths.append(str(archive_path))  # hashed as read now: other audits keep appending to it
     items = load_item_outcomes(paired, score_paths) if score_paths else None
+    judged = judged_counts(score_paths) if score_paths else {}
     inputs = [str(p) for p in (*paired_paths, *launch_paths, *preflight_paths, *score_paths)] + later_paths
 
     decision = decide(paired, launch, preflight, calibration=calibration, **later_kw)
@@ -229,6 +232,7 @@ def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Seq
         outputs.append(str(out_calibration))
     md = render_markdown(decision, paired, launch, preflight, calibration_summary=summary)
     md += "\n" + "\n".join(calibration_markdown(summary) + ([""] if summary else [])
+                           + code_judging_markdown(judged)
                            + boundary_markdown(later_docs.get("boundary")) + [""] + speed_markdown(speed) + [""]
                            + ledger_markdown(earlier, spec)) + "\n"
     _atomic_write(Path(out_report), md)

@@ -61,6 +61,12 @@ finalizer that a test's own objects trigger), or rewriting
 interpreter memory with ctypes. Such a program is still contained; its score
 is what cannot be trusted.
 
+``run_calls`` (the split path, ``pairaudit/quality/split.py``) closes those:
+the same harness runs the program, then evaluates call expressions the host
+sends one at a time and answers each with its result as plain data (or
+"not_plain" / "raised"); no test, expectation or nonce is in the sandbox, and
+the host compares. Its result adds ``"calls": [CallResult, ...]``.
+
 Result record (plain dict)::
 
     {"status": "passed" | "failed" | "timeout" | "error",
@@ -101,7 +107,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Literal, TypedDict
 
 TAIL_CHARS = 4000
 MECHANISMS = ("auto", "bwrap", "fallback")
@@ -149,13 +157,19 @@ def _pa_main():
 
     sys.addaudithook(_refuse_hooks)
     import gc
-    _write, _exit, _repr, _exec, _compile = os.write, os._exit, repr, exec, compile
+    _write, _exit, _repr, _exec, _eval, _compile = os.write, os._exit, repr, exec, eval, compile
     _settrace, _setprofile, _modules = sys.settrace, sys.setprofile, sys.modules
     _BaseException, _type, _str, _dict, _list, _len = BaseException, type, str, dict, list, len
     _join = str.join
     _listdir = os.listdir
     rfd, nonce, imports = job["result_fd"], job["nonce"], "\n".join(job["imports"])
     code, tests, keep = job["code"], job["tests"], set(job["keep"])
+    # "calls" mode (the split path, pairaudit/quality/split.py): no tests and no
+    # nonce are here; the host sends one call expression at a time on cmd_fd
+    # and judges each reply itself.
+    calls_mode = job["mode"] == "calls"
+    cfd, alias, plain_caps = job.get("cmd_fd"), job.get("alias") or {}, job.get("plain_caps")
+    call_imports = "\n".join(job.get("call_imports") or [])
     job = None
 
     def fmt(exc):
@@ -167,9 +181,21 @@ def _pa_main():
         except _BaseException:
             return "unprintable exception"
 
+    def send(data):
+        while data:
+            data = data[_write(rfd, data):]
+
+    def frame(seq, token, kind, text):
+        # One reply of the calls protocol: "<length>\n<seq> <token> <kind>\n<text>".
+        body = _join("", [_str(seq), " ", token, " ", kind, "\n", text]).encode("utf-8", "backslashreplace")
+        send(_str(_len(body)).encode("ascii") + b"\n" + body)
+
     def report(doc):
         try:
-            _write(rfd, (nonce + " " + _repr(doc) + "\n").encode("utf-8"))
+            if calls_mode:
+                frame(-1, "-", "solution", _repr(doc))
+            else:
+                send((nonce + " " + _repr(doc) + "\n").encode("utf-8"))
         except _BaseException:
             _exit(1)
         for stream in (sys.__stdout__, sys.__stderr__):
@@ -178,9 +204,98 @@ def _pa_main():
             except _BaseException:
                 pass
 
+    # The calls protocol's encoder: a call's result becomes plain data (the
+    # built-in literal types, checked by exact type, recursively) or is refused.
+    # A subclass of a plain type (a namedtuple, a Counter, a str subclass) is
+    # read through its base type's own C methods, which return an exact copy of
+    # the stored data, so none of the program's methods (__eq__, __iter__,
+    # __repr__ ...) runs and what is compared outside is the data itself.
+    # Everything it uses is bound here, before the program exists.
+    _int, _float, _complex, _bytes, _bool, _tuple, _set, _frozenset, _slice = (
+        int, float, complex, bytes, bool, tuple, set, frozenset, slice)
+    _issubclass, _none, _read = issubclass, None, os.read
+    _type_name = _type.__dict__["__name__"].__get__
+    _as_int, _as_float, _as_complex, _as_str = _int.__int__, _float.__float__, _complex.__pos__, _str.__str__
+    _bytes_at, _tuple_at, _list_copy, _dict_items = _bytes.__getitem__, _tuple.__getitem__, _list.copy, _dict.items
+    _set_iter, _frozenset_iter = _set.__iter__, _frozenset.__iter__
+    _caps = plain_caps or {"depth": 0, "nodes": 0, "chars": 0}
+
+    class _NotPlain(Exception):
+        pass
+
+    def type_name(obj):
+        try:
+            return _as_str(_type_name(_type(obj)))[:100]
+        except _BaseException:
+            return "?"
+
+    def plain(x, depth, budget):
+        # budget: [values left, characters of strings and bytes left]; both
+        # stop a large result early, before it is copied or repr'd
+        t = _type(x)
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _NotPlain("more than " + _str(_caps["nodes"]) + " values")
+        # identity only: "t in (...)" would ask the program's metaclass __eq__
+        if (x is _none or t is _int or t is _float or t is _str or t is _bool or t is _bytes
+                or t is _complex):
+            if t is _str or t is _bytes:
+                budget[1] -= _len(x)
+                if budget[1] < 0:
+                    raise _NotPlain("more than " + _str(_caps["chars"]) + " characters")
+            return x
+        if depth >= _caps["depth"]:
+            raise _NotPlain("nested deeper than " + _str(_caps["depth"]))
+        d = depth + 1
+        if t is _list:
+            return [plain(e, d, budget) for e in x]
+        if t is _tuple:
+            return _tuple([plain(e, d, budget) for e in x])
+        if t is _dict:
+            return {plain(k, d, budget): plain(v, d, budget) for k, v in _dict_items(x)}
+        if t is _set:
+            return _set([plain(e, d, budget) for e in x])
+        if t is _frozenset:
+            return _frozenset([plain(e, d, budget) for e in x])
+        if _issubclass(t, _int):
+            return _as_int(x)
+        if _issubclass(t, _float):
+            return _as_float(x)
+        if _issubclass(t, _complex):
+            return _as_complex(x)
+        if _issubclass(t, _str):
+            return _as_str(x)
+        if _issubclass(t, _bytes):
+            return _bytes_at(x, _slice(None))
+        if _issubclass(t, _list):
+            return [plain(e, d, budget) for e in _list_copy(x)]
+        if _issubclass(t, _tuple):
+            return _tuple([plain(e, d, budget) for e in _tuple_at(x, _slice(None))])
+        if _issubclass(t, _dict):
+            return {plain(k, d, budget): plain(v, d, budget) for k, v in _dict_items(x)}
+        if _issubclass(t, _frozenset):
+            return _frozenset([plain(e, d, budget) for e in _frozenset_iter(x)])
+        if _issubclass(t, _set):
+            return _set([plain(e, d, budget) for e in _set_iter(x)])
+        raise _NotPlain("holds a " + type_name(x) if depth else None)
+
+    def encode(value):
+        """(kind, text): ("value", repr of the plain copy) or ("not_plain", what it is)."""
+        try:
+            text = _repr(plain(value, 0, [_caps["nodes"], _caps["chars"]]))
+        except _NotPlain as exc:
+            why = exc.args[0]
+            return "not_plain", type_name(value) + (" (" + why + ")" if why else "")
+        except _BaseException as exc:
+            return "not_plain", type_name(value) + " (" + type_name(exc) + " while reading it)"
+        if _len(text) > _caps["chars"]:
+            return "not_plain", type_name(value) + " (more than " + _str(_caps["chars"]) + " characters)"
+        return "value", text
+
     # Everything the harness will run after the model's code is compiled now,
     # before that code exists: nothing can read the tests' text as they compile.
     imports_code = _compile(imports, "<imports>", "exec")
+    call_imports_code = _compile(call_imports, "<call imports>", "exec")
     test_codes = []
     for src in tests:
         try:
@@ -246,6 +361,53 @@ def _pa_main():
            if k in keep or k not in clean_builtins or v is clean_builtins[k]}
     tns["__builtins__"] = _dict(clean_builtins)
     _exec(imports_code, tns)
+    if calls_mode:
+        _exec(call_imports_code, tns)
+        for name, target in alias.items():
+            if target in tns:
+                tns[name] = tns[target]
+        pending = [b""]
+
+        def take(n):
+            while _len(pending[0]) < n:
+                chunk = _read(cfd, 1 << 16)
+                if not chunk:
+                    return None
+                pending[0] += chunk
+            out, pending[0] = pending[0][:n], pending[0][n:]
+            return out
+
+        while True:
+            # One request at a time, "<length>\n<seq> <token>\n<expression>";
+            # the host closes the pipe after the last reply.
+            head = b""
+            while not head.endswith(b"\n"):
+                c = take(1)
+                if c is None:
+                    _exit(0)
+                head += c
+            body = take(_int(head))
+            if body is None:
+                _exit(0)
+            ident, src = body.decode("utf-8").split("\n", 1)
+            seq, token = ident.split(" ")
+            try:
+                call_code = _compile(src, "<call>", "eval")
+            except _BaseException as exc:
+                frame(seq, token, "raised", type_name(exc))
+                continue
+            _settrace(None)
+            _setprofile(None)
+            try:
+                value = _eval(call_code, tns)
+            except _BaseException as exc:
+                graveyard.append(exc)
+                frame(seq, token, "raised", type_name(exc))
+                continue
+            # Kept referenced: a finalizer of the result runs no code before we exit.
+            graveyard.append(value)
+            kind, text = encode(value)
+            frame(seq, token, kind, text)
     failed = []
     for src, test_code, compile_error in test_codes:
         _settrace(None)
@@ -671,7 +833,8 @@ def _verified_report(raw: bytes, nonce: str) -> dict | None:
 
 def _run(job: dict, *, mechanism: str, layers: tuple[str, ...], python: str, timeout_s: float,
          cpu_s: int, memory_mb: int, fsize_mb: int, nproc: int, nofile: int, env_extra: dict | None,
-         fallback_reason: str | None, tail_chars: int = TAIL_CHARS) -> dict:
+         fallback_reason: str | None, tail_chars: int = TAIL_CHARS,
+         converse: Callable[[int, int, float], Any] | None = None) -> dict:
     limits = {"timeout_s": timeout_s, "cpu_s": cpu_s, "memory_mb": memory_mb,
               "fsize_mb": fsize_mb, "nproc": nproc, "nofile": nofile}
     isolation = ["rlimits", "tmpdir", "scrubbed-env"] + list(layers)
@@ -692,6 +855,8 @@ def _run(job: dict, *, mechanism: str, layers: tuple[str, ...], python: str, tim
     job_fd = os.memfd_create("pairaudit-job", os.MFD_CLOEXEC)   # pass_fds opens it to the child alone
     res_r, res_w = os.pipe()
     info_r, info_w = os.pipe()
+    # calls mode: the host's requests travel on a pipe of their own (read end to the harness)
+    cmd_r, cmd_w = os.pipe() if job["mode"] == "calls" else (-1, -1)
     seccomp_fd = -1
     extra_fds: tuple[int, ...] = ()
     if mechanism == "bwrap":
@@ -719,6 +884,10 @@ def _run(job: dict, *, mechanism: str, layers: tuple[str, ...], python: str, tim
         full_job = {"mode": job["mode"], "code": job["code"], "tests": job.get("tests", []),
                     "imports": job.get("imports", []), "keep": job.get("keep", []),
                     "nonce": nonce, "result_fd": res_w, "rlimits": harness_limits, "uid": harness_uid}
+        if job["mode"] == "calls":
+            # no nonce: nothing in the sandbox decides a verdict on this path
+            full_job.update(nonce="", cmd_fd=cmd_r, call_imports=job.get("call_imports", []),
+                            alias=job.get("alias", {}), plain_caps=job["plain_caps"])
         # marshal, not json: the harness starts faster without importing json
         # (the interpreter is this one, or one of the same major.minor).
         os.write(job_fd, marshal.dumps(full_job))
@@ -736,7 +905,7 @@ def _run(job: dict, *, mechanism: str, layers: tuple[str, ...], python: str, tim
             popen_env, cwd = {}, "/"
         else:
             cfg = {"rlimits": rlimits, "uid": uid, "gid": uid, "python": python, "argv": argv,
-                   "close": [job_fd, res_w], "mark": _SIGNAL_MARK}
+                   "close": [fd for fd in (job_fd, res_w, cmd_r) if fd >= 0], "mark": _SIGNAL_MARK}
             cmd = _unshare_prefix(layers) + [python, "-I", "-S", "-c", _LAUNCHER, json.dumps(cfg)]
             popen_env, cwd = env, work
         out_path, err_path = io_dir / "stdout", io_dir / "stderr"
@@ -746,7 +915,8 @@ def _run(job: dict, *, mechanism: str, layers: tuple[str, ...], python: str, tim
                 proc = subprocess.Popen(cmd, cwd=cwd, env=popen_env, stdin=subprocess.DEVNULL,
                                         stdout=out, stderr=err, start_new_session=True,
                                         close_fds=True,
-                                        pass_fds=(job_fd, res_w) + extra_fds)
+                                        pass_fds=(job_fd, res_w) + extra_fds
+                                        + ((cmd_r,) if cmd_r >= 0 else ()))
             except OSError as exc:
                 return {**base, "status": "error", "returncode": None, "signal": None,
                         "timeout_kind": None, "wall_s": round(time.monotonic() - t0, 4),
@@ -755,8 +925,20 @@ def _run(job: dict, *, mechanism: str, layers: tuple[str, ...], python: str, tim
             os.close(res_w)
             os.close(info_w)
             res_w = info_w = -1
+            conversation = None
+            wait_s = timeout_s
+            if cmd_r >= 0:
+                os.close(cmd_r)
+                cmd_r = -1
+                conversation = converse(res_r, cmd_w, t0 + timeout_s) if converse else None
+                os.close(cmd_w)   # EOF: the harness exits after the last reply
+                cmd_w = -1
+                # What is left of the wall limit (a moment at least, for a harness
+                # whose last reply came just before it; the verdict does not
+                # depend on how the process ends once every call was answered).
+                wait_s = max(0.05, t0 + timeout_s - time.monotonic())
             try:
-                rc = _wait(proc, timeout_s)
+                rc = _wait(proc, wait_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
                 rc = None
@@ -797,6 +979,8 @@ def _run(job: dict, *, mechanism: str, layers: tuple[str, ...], python: str, tim
         out = {**base, "status": status, "returncode": rc, "signal": sig, "timeout_kind": timeout_kind,
                "wall_s": round(wall, 4), "stdout_tail": stdout_tail, "stderr_tail": stderr_tail,
                "stdout_bytes": out_bytes, "stderr_bytes": err_bytes, "error": None}
+        if job["mode"] == "calls":
+            out["calls"] = conversation
         if job["mode"] == "tests":
             verified = (report is not None and report.get("stage") == "tests"
                         and report.get("total") == len(job["tests"])
@@ -816,7 +1000,7 @@ def _run(job: dict, *, mechanism: str, layers: tuple[str, ...], python: str, tim
             except ProcessLookupError:
                 pass
             proc.wait()
-        for fd in (job_fd, res_r, res_w, info_r, info_w, seccomp_fd):
+        for fd in (job_fd, res_r, res_w, info_r, info_w, seccomp_fd, cmd_r, cmd_w):
             if fd >= 0:
                 os.close(fd)
         if uid is not None and "pidns" not in layers:
@@ -830,7 +1014,7 @@ def _run(job: dict, *, mechanism: str, layers: tuple[str, ...], python: str, tim
 
 
 def _dispatch(job: dict, *, timeout_s, cpu_s, memory_mb, fsize_mb, nproc, nofile, env_extra,
-              isolate_network, python, tail_chars, mechanism) -> dict:
+              isolate_network, python, tail_chars, mechanism, converse=None) -> dict:
     chosen = choose(mechanism, python)
     limits = {"timeout_s": timeout_s, "cpu_s": cpu_s, "memory_mb": memory_mb, "fsize_mb": fsize_mb,
               "nproc": nproc, "nofile": nofile}
@@ -850,7 +1034,7 @@ def _dispatch(job: dict, *, timeout_s, cpu_s, memory_mb, fsize_mb, nproc, nofile
         layers = tuple(layer for layer in layers if layer != "netns")
         chosen = {**chosen, "python": probe_isolation(python)[0]}
     return _run(job, mechanism=mech, layers=layers, python=chosen["python"], env_extra=env_extra,
-                fallback_reason=reason, tail_chars=tail_chars, **limits)
+                fallback_reason=reason, tail_chars=tail_chars, converse=converse, **limits)
 
 
 def run_python(program: str, *, timeout_s: float = 10, cpu_s: int = 10, memory_mb: int = 512,
@@ -886,3 +1070,168 @@ def run_tests(code: str, tests: list[str], *, imports: list[str] | None = None,
     return _dispatch(job, timeout_s=timeout_s, cpu_s=cpu_s, memory_mb=memory_mb, fsize_mb=fsize_mb,
                      nproc=nproc, nofile=nofile, env_extra=env_extra, isolate_network=True,
                      python=python, tail_chars=tail_chars, mechanism=mechanism)
+
+
+# ---------------------------------------------------------------- calls (the split path)
+
+# Caps on one call's result as plain data: nesting depth, number of values,
+# characters of its repr (and of its strings and bytes, counted before the
+# repr is made). A result past them is "not plain" (a test's expectation is
+# never that large). The host refuses any reply frame longer than the
+# character cap plus a header.
+PLAIN_CAPS = {"depth": 64, "nodes": 20_000, "chars": 200_000}
+_FRAME_OVERHEAD = 256
+
+
+class CallResult(TypedDict):
+    """What the sandbox answered for one call expression (``run_calls``); judged by ``quality.split``.
+
+    ``kind``: "value" (``text`` is the repr of the result as plain data),
+    "not_plain" (``text`` names its type and why), "raised" (``text`` is the
+    exception's type name), or, decided here on the host, "not_run" (the
+    program died, timed out, its code raised, or the channel broke first;
+    ``text`` says which) and "protocol" (a reply that does not answer this
+    call: something other than the harness wrote to the results channel).
+    """
+    seq: int
+    kind: Literal["value", "not_plain", "raised", "not_run", "protocol"]
+    text: str
+
+
+class _Frames:
+    """Length-prefixed frames (``<length>\\n<body>``) read from the results pipe before a deadline."""
+
+    def __init__(self, fd: int, max_body: int):
+        self.fd, self.max_body, self.buf = fd, max_body, b""
+        os.set_blocking(fd, False)
+
+    def _fill(self, deadline: float) -> str | None:
+        """Read more bytes; None, or why nothing more can come ("eof", "timeout")."""
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+            return "timeout"
+        try:
+            chunk = os.read(self.fd, 1 << 16)
+        except BlockingIOError:
+            return None
+        if not chunk:
+            return "eof"
+        self.buf += chunk
+        return None
+
+    def next(self, deadline: float) -> tuple[str, bytes]:
+        """("frame", body), or ("eof" | "timeout" | "bad", why as bytes)."""
+        while b"\n" not in self.buf:
+            if len(self.buf) > 12:
+                return "bad", b"a frame header that is not a length"
+            why = self._fill(deadline)
+            if why:
+                return why, b""
+        head, _, rest = self.buf.partition(b"\n")
+        if not head.isdigit() or len(head) > 12 or int(head) > self.max_body:
+            return "bad", b"a frame header that is not a length within the cap"
+        n = int(head)
+        while len(rest) < n:
+            self.buf = head + b"\n" + rest
+            why = self._fill(deadline)
+            if why:
+                return why, b""
+            head, _, rest = self.buf.partition(b"\n")
+        self.buf = rest[n:]
+        return "frame", rest[:n]
+
+
+def _send_all(fd: int, data: bytes, deadline: float) -> None:
+    """Write all of ``data`` to a non-blocking pipe before ``deadline``; raises TimeoutError or OSError."""
+    while data:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([], [fd], [], left)[1]:
+            raise TimeoutError("the program did not take the request in time")
+        try:
+            data = data[os.write(fd, data):]
+        except BlockingIOError:
+            continue
+
+
+def _solution_error(text: str) -> str:
+    try:
+        doc = ast.literal_eval(text)
+        return str(doc.get("error"))[:300]
+    except (ValueError, SyntaxError, TypeError, AttributeError, MemoryError, RecursionError):
+        return "(unreadable)"
+
+
+def _converse_calls(calls: list[str], res_r: int, cmd_w: int, deadline: float) -> list[CallResult]:
+    """Send each call expression alone, read exactly its reply, and stop at the first that does not come.
+
+    Call ``i`` goes out only after reply ``i-1`` came back, with a fresh random
+    token the reply must echo, so no reply for a call can be written before
+    that call was sent: records written ahead (to a guessed descriptor, or by
+    the program's top-level code) fail the check, and so does a second reply
+    to the same call. After a failed check nothing more is read or sent: the
+    rest of the calls are "not_run". The program's stdout and stderr are
+    files of their own and never read here.
+    """
+    os.set_blocking(cmd_w, False)
+    frames = _Frames(res_r, PLAIN_CAPS["chars"] + _FRAME_OVERHEAD)
+    out: list[CallResult] = []
+    stop: str | None = None
+    for seq, src in enumerate(calls):
+        if stop is not None:
+            out.append({"seq": seq, "kind": "not_run", "text": stop})
+            continue
+        token = secrets.token_hex(8)
+        body = f"{seq} {token}\n{src}".encode("utf-8")
+        try:
+            _send_all(cmd_w, str(len(body)).encode("ascii") + b"\n" + body, deadline)
+        except (OSError, TimeoutError) as exc:
+            stop = f"the sandbox stopped taking calls ({type(exc).__name__})"
+            out.append({"seq": seq, "kind": "not_run", "text": stop})
+            continue
+        what, raw = frames.next(deadline)
+        if what != "frame":
+            stop = {"eof": "the program ended before it answered", "timeout": "the wall-time limit ran out",
+                    "bad": "the results channel broke: " + raw.decode()}[what]
+            out.append({"seq": seq, "kind": "not_run" if what != "bad" else "protocol", "text": stop})
+            continue
+        head, _, text_b = raw.partition(b"\n")
+        parts = head.split(b" ")
+        try:
+            text = text_b.decode("utf-8")
+        except UnicodeDecodeError:
+            parts = []
+        if len(parts) == 3 and parts[:2] == [b"-1", b"-"] and parts[2] == b"solution":
+            stop = f"the code raised {_solution_error(text)}"
+            out.append({"seq": seq, "kind": "not_run", "text": stop})
+            continue
+        if (len(parts) != 3 or parts[0] != str(seq).encode() or parts[1] != token.encode()
+                or parts[2] not in (b"value", b"not_plain", b"raised")):
+            stop = f"a reply that does not answer call {seq} came on the results channel"
+            out.append({"seq": seq, "kind": "protocol", "text": stop})
+            continue
+        out.append({"seq": seq, "kind": parts[2].decode(), "text": text})  # type: ignore[typeddict-item]
+    return out
+
+
+def run_calls(code: str, calls: list[str], *, imports: list[str] | None = None,
+              call_imports: list[str] | None = None, keep: list[str] | None = None,
+              alias: dict[str, str] | None = None, timeout_s: float = 10, cpu_s: int = 10,
+              memory_mb: int = 512, fsize_mb: int = 16, nproc: int = 64, nofile: int = 64,
+              env_extra: dict | None = None, python: str | None = None,
+              tail_chars: int = TAIL_CHARS, mechanism: str | None = None) -> dict:
+    """Run ``code``, then evaluate each call expression in turn; the result's ``calls`` says what each returned.
+
+    The split path (``pairaudit/quality/split.py``): no test, expectation or
+    nonce enters the sandbox, only the program and the calls; the verdict is
+    the host's comparison of each ``CallResult``. ``imports`` run before the
+    code and again before the calls (as in ``run_tests``), ``call_imports``
+    only before the calls; ``keep`` as in ``run_tests``; ``alias`` binds
+    names for the calls (e.g. HumanEval's ``candidate`` -> the entry point).
+    The result's ``status`` is the process's; it decides nothing here.
+    """
+    job = {"mode": "calls", "code": code, "imports": list(imports or []), "keep": list(keep or []),
+           "call_imports": list(call_imports or []), "alias": dict(alias or {}), "plain_caps": dict(PLAIN_CAPS)}
+    return _dispatch(job, timeout_s=timeout_s, cpu_s=cpu_s, memory_mb=memory_mb, fsize_mb=fsize_mb,
+                     nproc=nproc, nofile=nofile, env_extra=env_extra, isolate_network=True,
+                     python=python, tail_chars=tail_chars, mechanism=mechanism,
+                     converse=functools.partial(_converse_calls, list(calls)))

@@ -27,9 +27,15 @@ Format extras:
   ``sandbox`` = the sandbox result without its output tails (the tails are
   folded into ``reason``/``first_failure``): it states which isolation ran
   (``mechanism`` "bwrap"/"fallback", ``fallback_reason``, ``isolation``) and
-  the harness's verified report (``harness``); ``stderr_tail`` (short). A
-  code answer is correct only when the harness's nonce-tagged report says
-  every test ran and passed -- never on exit code 0 alone.
+  the harness's verified report (``harness``); ``stderr_tail`` (short);
+  ``judged_by``: "split" when every test split into calls run in the
+  sandbox and expectations compared here (``pairaudit/quality/split.py``:
+  correct only when every call answered with plain data that satisfies its
+  expectation; ``split`` = {"assertions", "calls", "failed": [{"test",
+  "why"}], "incomplete"}), else "in_sandbox" (``split_refused`` says why it
+  did not split, null when the caller asked for that path): correct only
+  when the harness's nonce-tagged report says every test ran and passed --
+  never on exit code 0 alone.
 
 Score record of ``score_records`` (one per sampled record, same order): ``contracts.ScoreRecord``.
 """
@@ -43,7 +49,7 @@ from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal, InvalidOperation
 
 from pairaudit.core import defaults
-from pairaudit.quality import sandbox
+from pairaudit.quality import sandbox, split
 from pairaudit.serving.client import chat_message, clamping
 
 FORMATS = ("gsm8k", "math", "mbpp", "humaneval")
@@ -306,15 +312,56 @@ def _run_code_tests(code: str, tests: list[str], imports: list[str], keep: list[
     return limits, res, None, failed
 
 
-def score_mbpp(item: dict, text: str, *, sandbox_limits: dict | None = None) -> dict:
+def _plan(plan: split.SplitPlan | split.NotSplit, judge: str, item: dict) -> split.SplitPlan | str | None:
+    """The plan to judge outside the sandbox, or why the item runs in it (None: the caller asked so)."""
+    if judge not in split.JUDGES:
+        raise ValueError(f"judge {judge!r} is not one of {', '.join(split.JUDGES)}")
+    if judge == "in_sandbox":
+        return None
+    if isinstance(plan, split.NotSplit):
+        if judge == "split":
+            raise ValueError(f"item {item.get('id')!r} does not split: {plan.why}")
+        return plan.why
+    return plan
+
+
+def _split_record(code: str, plan: split.SplitPlan, imports: list[str], keep: list[str],
+                  sandbox_limits: dict | None) -> tuple[dict, str | None, list[dict]]:
+    """(record fields, why the calls did not all answer, failed assertions) of the split path."""
+    limits = {**defaults.section("scoring", "sandbox"), **(sandbox_limits or {})}
+    run = split.run_split(code, plan, imports=imports, keep=keep, limits=limits)
+    res = run["sandbox"]
+    fields = {"judged_by": "split", "sandbox": _slim(res), "stderr_tail": res["stderr_tail"][-1000:],
+              "split": {"assertions": run["assertions"], "calls": run["calls"], "failed": run["failed"][:5],
+                        "incomplete": run["incomplete"]}}
+    why = None
+    if run["incomplete"]:
+        why = _sandbox_reason(res, limits) or f"tests did not run to completion: {run['incomplete']}"
+    return fields, why, run["failed"]
+
+
+def score_mbpp(item: dict, text: str, *, sandbox_limits: dict | None = None, judge: str = "auto") -> dict:
     ref = item["reference"]
     code, source = extract_code(text)
     tests = list(ref["tests"])
     keep = [ref["function_name"]] if ref.get("function_name") else []
-    limits, res, why, failed = _run_code_tests(code, tests, list(ref.get("test_imports") or []), keep,
-                                               sandbox_limits)
-    out = {"extracted": code, "method": "sandbox", "code_source": source, "tests_total": len(tests),
-           "sandbox": _slim(res), "stderr_tail": res["stderr_tail"][-1000:]}
+    imports = list(ref.get("test_imports") or [])
+    out = {"extracted": code, "method": "sandbox", "code_source": source, "tests_total": len(tests)}
+    plan = _plan(split.plan_mbpp(tests, imports), judge, item)
+    if isinstance(plan, split.SplitPlan):
+        fields, why, sfailed = _split_record(code, plan, imports, keep, sandbox_limits)
+        out.update(fields)
+        if why:
+            return {**out, "correct": False, "tests_failed": None, "first_failure": why, "reason": why}
+        if not sfailed:
+            return {**out, "correct": True, "tests_failed": 0, "first_failure": None,
+                    "reason": f"{len(tests)}/{len(tests)} tests passed"}
+        first = f"{sfailed[0]['why']} in {sfailed[0]['test']!r}"
+        return {**out, "correct": False, "tests_failed": len(sfailed), "first_failure": first,
+                "reason": f"{len(sfailed)}/{len(tests)} tests failed: {first}"}
+    limits, res, why, failed = _run_code_tests(code, tests, imports, keep, sandbox_limits)
+    out.update({"judged_by": "in_sandbox", "split_refused": plan, "sandbox": _slim(res),
+                "stderr_tail": res["stderr_tail"][-1000:]})
     if why:
         return {**out, "correct": False, "tests_failed": None, "first_failure": why, "reason": why}
     if not failed:
@@ -339,13 +386,25 @@ def humaneval_program(item: dict, code: str) -> tuple[str, str, str]:
     return body, f"{ref['test']}\n\ncheck({entry})\n", layout
 
 
-def score_humaneval(item: dict, text: str, *, sandbox_limits: dict | None = None) -> dict:
+def score_humaneval(item: dict, text: str, *, sandbox_limits: dict | None = None, judge: str = "auto") -> dict:
     code, source = extract_code(text)
     entry = item["reference"]["entry_point"]
     body, test, layout = humaneval_program(item, code)
-    limits, res, why, failed = _run_code_tests(body, [test], [], [entry], sandbox_limits)
     out = {"extracted": code, "method": "sandbox", "code_source": source, "program_layout": layout,
-           "tests_total": 1, "sandbox": _slim(res), "stderr_tail": res["stderr_tail"][-1000:]}
+           "tests_total": 1}
+    plan = _plan(split.plan_humaneval(item["reference"]["test"], entry), judge, item)
+    if isinstance(plan, split.SplitPlan):
+        fields, why, sfailed = _split_record(body, plan, [], [entry], sandbox_limits)
+        out.update(fields)
+        if why:
+            return {**out, "correct": False, "first_failure": why, "reason": why}
+        if not sfailed:
+            return {**out, "correct": True, "first_failure": None, "reason": f"check({entry}) passed"}
+        err = f"{sfailed[0]['why']} in {sfailed[0]['test']!r}"
+        return {**out, "correct": False, "first_failure": err, "reason": f"check({entry}) failed: {err}"}
+    limits, res, why, failed = _run_code_tests(body, [test], [], [entry], sandbox_limits)
+    out.update({"judged_by": "in_sandbox", "split_refused": plan, "sandbox": _slim(res),
+                "stderr_tail": res["stderr_tail"][-1000:]})
     if why:
         return {**out, "correct": False, "first_failure": why, "reason": why}
     if not failed:
@@ -356,17 +415,22 @@ def score_humaneval(item: dict, text: str, *, sandbox_limits: dict | None = None
 
 # ---------------------------------------------------------------- dispatch
 
-def score_item(item: dict, text: str, *, sandbox_limits: dict | None = None) -> dict:
-    """Score ``text`` (the model's answer) for ``item``; see the module docstring for the record."""
+def score_item(item: dict, text: str, *, sandbox_limits: dict | None = None, judge: str = "auto") -> dict:
+    """Score ``text`` (the model's answer) for ``item``; see the module docstring for the record.
+
+    ``judge`` (code items only): "auto" judges outside the sandbox every item
+    whose tests split and the rest in it; "split" and "in_sandbox" force one
+    path ("split" is an error for an item that does not split).
+    """
     fmt = item.get("format")
     if fmt == "gsm8k":
         return score_gsm8k(item, text)
     if fmt == "math":
         return score_math(item, text)
     if fmt == "mbpp":
-        return score_mbpp(item, text, sandbox_limits=sandbox_limits)
+        return score_mbpp(item, text, sandbox_limits=sandbox_limits, judge=judge)
     if fmt == "humaneval":
-        return score_humaneval(item, text, sandbox_limits=sandbox_limits)
+        return score_humaneval(item, text, sandbox_limits=sandbox_limits, judge=judge)
     raise ValueError(f"item format {fmt!r} is not one of {', '.join(FORMATS)}")
 
 
