@@ -84,9 +84,10 @@ def _decoder(model, graphs: bool, metrics=None, max_num_seqs=8):
     return CudaDecoder(model, max_num_seqs=max_num_seqs, max_model_len=MAX_LEN, graphs=graphs, metrics=metrics)
 
 
-def _greedy(model, decoder, prompts, steps=STEPS):
+def _greedy(model, decoder, prompts, steps=STEPS, forced=None):
     """Prefill each prompt (eager forward), then ``steps`` batched greedy decode steps through ``decoder``
-    (None: the model's general forward, as on a CPU). Per sequence: tokens, fp32 logits [steps, vocab]."""
+    (None: the model's general forward, as on a CPU). Per sequence: tokens, fp32 logits [steps, vocab].
+    ``forced``: per sequence the tokens to feed instead of the argmax (teacher forcing)."""
     from pairaudit.refserver.model import Segment
 
     caches = [decoder.new_cache() if decoder else model.new_cache(len(p) + steps) for p in prompts]
@@ -98,6 +99,8 @@ def _greedy(model, decoder, prompts, steps=STEPS):
     tokens, rows = [[] for _ in prompts], [[] for _ in prompts]
     for _ in range(steps):
         nxt = logits.argmax(-1).tolist()
+        if forced is not None:
+            nxt = [f[len(tokens[i])] for i, f in enumerate(forced)]
         for i, t in enumerate(nxt):
             tokens[i].append(t)
             rows[i].append(logits[i])
@@ -218,13 +221,14 @@ def test_sdpa_backend_switch_runs_that_kernel(ckpt, backend, expect, refuse):
 
 
 def test_sdpa_backends_agree_to_rounding_and_differ_in_bits(ckpt):
-    out = {}
-    for backend in ("math", "efficient", "flash"):
+    out, forced = {}, None
+    for backend in ("math", "efficient", "flash"):  # all fed the math run's tokens: only the kernel differs
         model = _model(ckpt, dtype=torch.bfloat16, sdpa_backend=backend)
-        out[backend] = _greedy(model, _decoder(model, graphs=True), ckpt[2][:2], steps=8)[1]
+        tokens, out[backend] = _greedy(model, _decoder(model, graphs=True), ckpt[2][:2], steps=8, forced=forced)
+        forced = forced or tokens
     for backend in ("efficient", "flash"):
         diffs = [(a - b).abs().max().item() for a, b in zip(out[backend], out["math"])]
-        assert max(diffs) < 0.5, (backend, diffs)
+        assert max(diffs) < 1.0, (backend, diffs)  # bf16 rounding through 30 layers; a wrong mask is >> 1
     assert any(not torch.equal(a, b) for a, b in zip(out["flash"], out["math"]))
 
 
@@ -262,11 +266,12 @@ def test_bf16_head_gives_real_bf16_logits(ckpt, fp32):
 
 @pytest.mark.parametrize("switch", ["attn_bf16", "mlp_bf16", "rmsnorm_bf16", "lm_head_bf16"])
 def test_numeric_switches_move_cuda_logits_deterministically(ckpt, fp32, switch):
-    base = _greedy(fp32, _decoder(fp32, graphs=True), ckpt[2][:2], steps=6)[1]
+    tokens, base = _greedy(fp32, _decoder(fp32, graphs=True), ckpt[2][:2], steps=6)
     model = _model(ckpt, **{switch: True})
     decoder = _decoder(model, graphs=True)
-    a = _greedy(model, decoder, ckpt[2][:2], steps=6)[1]
-    b = _greedy(model, decoder, ckpt[2][:2], steps=6)[1]
+    # fed the reference run's tokens: a flipped argmax would compare different contexts
+    a = _greedy(model, decoder, ckpt[2][:2], steps=6, forced=tokens)[1]
+    b = _greedy(model, decoder, ckpt[2][:2], steps=6, forced=tokens)[1]
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     diff = max((x - y).abs().max().item() for x, y in zip(a, base))
     assert 0 < diff < 5, diff
