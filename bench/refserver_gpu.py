@@ -62,7 +62,8 @@ class Server:
         self.log = tempfile.NamedTemporaryFile("w+", prefix=f"bench-gpu-{name}-", suffix=".log", delete=False)
         argv = [sys.executable, "-m", "pairaudit.refserver", "--port", str(self.port), *args]
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": str(REPO), **env}, cwd=REPO,
+        self.proc = subprocess.Popen(argv, env={**os.environ, **env,
+                                     "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}, cwd=REPO,
                                      stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         while time.monotonic() - t0 < timeout:
             if self.proc.poll() is not None:
