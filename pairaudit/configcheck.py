@@ -6,7 +6,8 @@ The schema covers shapes and enums; this covers what needs code or files:
 
 * every arm resolves (:func:`pairaudit.serving.launch.resolve_spec`: command
   placeholders, env values, ...), and a reference-server arm's switches parse
-  (:mod:`pairaudit.refserver.switches`) and its ``max_model_len`` fits the
+  and suit the ``--device``/``--dtype`` its command names
+  (:mod:`pairaudit.refserver.switches`), and its ``max_model_len`` fits the
   model's context;
 * every dataset entry: unique names, the template, the source (a local file
   exists and matches its ``sha256`` pin, a package ships its file, a hub file
@@ -155,8 +156,10 @@ def check_arms(config: Mapping[str, Any], result: CheckResult) -> dict[str, dict
         if note:
             result.notes.append(f"arms.{arm}.command: {note}")
         if is_refserver(spec):
-            for p in ref_switches.check_env(spec["env"]):
-                result.problems.append(f"arms.{arm}.env.{p}")
+            # the switches' values, and their fit to the --device/--dtype the command names
+            for p in ref_switches.check_arm(spec["env"], [str(a) for a in spec.get("command") or []]):
+                where = "command: " if p.startswith("--") else "env."
+                result.problems.append(f"arms.{arm}.{where}{p}")
             mdir = model_dir(spec)
             if mdir is not None and spec["max_model_len"]:
                 try:

@@ -10,7 +10,9 @@ Scheduling (one engine loop in the main thread; HTTP handler threads only enqueu
   and sequences still in prefill contribute a chunk of their prompt from what
   budget is left (chunked prefill, as vLLM does), so a long prompt never stalls
   the decodes already in flight for more than one chunk.
-* One forward runs the whole batch; each sequence is then sampled on its own
+* One forward runs the whole batch (on a GPU, a step where every sequence
+  decodes one token goes to the decoder of :mod:`.cuda` instead, which replays
+  it from a CUDA graph); each sequence is then sampled on its own
   rows with its own seeded generator, so what it gets does not depend on who
   it was batched with -- up to the numerics of the batch shape (a 1-row matmul
   and an N-row matmul round differently on a CPU, just as on a GPU).
@@ -105,8 +107,11 @@ class Engine:
         metrics: Metrics,
         max_num_seqs: int = 8,
         max_num_batched_tokens: int = 512,
+        decoder=None,
     ):
         self.model = model
+        # on a GPU: the KV slots and the (graphed) decode step, a cuda.CudaDecoder; None on a CPU
+        self.decoder = decoder
         self.tok = tokenizer
         self.max_model_len = max_model_len
         self.switches = switches
@@ -169,6 +174,7 @@ class Engine:
             except Exception as exc:  # a bug must fail the requests, not hang them
                 for req in self.running:
                     req.error = f"engine error: {type(exc).__name__}: {exc}"
+                    self._release(req)
                     req.events.put("done")
                 self.running = []
             self.metrics.set_queue(len(self.running), self.waiting.qsize())
@@ -182,11 +188,23 @@ class Engine:
             self._start(req)
 
     def _start(self, req: Request) -> None:
-        req.cache = KVCache(self.model.cfg, capacity=min(self.max_model_len, len(req.prompt) + 64))
+        if self.decoder is not None:
+            req.cache = self.decoder.new_cache()
+        else:
+            req.cache = self.model.new_cache(min(self.max_model_len, len(req.prompt) + 64))
         req.scheduled_time = time.monotonic()
         self.running.append(req)
 
+    def _release(self, req: Request) -> None:
+        """Give a request's KV cache back (a GPU slot is reused by the next request)."""
+        if self.decoder is not None:
+            self.decoder.free(req.cache)
+        req.cache = None
+
     def _step(self) -> None:
+        for req in self.running:
+            if req.aborted:
+                self._release(req)
         self.running = [r for r in self.running if not r.aborted]
         budget = self.budget
         plan: list[tuple[Request, list[int], str]] = []  # (req, new tokens, kind)
@@ -205,22 +223,27 @@ class Engine:
         tokens = torch.tensor([t for _, toks, _ in plan for t in toks], dtype=torch.long)
         segments = [Segment(req.cache, req.computed, len(toks)) for req, toks, _ in plan]
         step_start = time.monotonic()
-        hidden = self.model.forward(tokens, segments)
-        self.metrics.inc("pairaudit:engine_steps_total")
-        rows, off = [], 0
-        for req, toks, kind in plan:
-            n = len(toks)
-            if kind == "decode":
-                rows.append(list(range(off, off + n)))
-            else:
-                last = req.computed + n == len(req.prompt)
-                want = list(range(off, off + n)) if req.prompt_logprobs is not None else []
-                if last and (not want or want[-1] != off + n - 1):
-                    want.append(off + n - 1)
-                rows.append(want)
-            off += n
-        flat = [r for rs in rows for r in rs]
-        logits = self.model.logits(hidden[flat]) if flat else None
+        if self.decoder is not None and all(kind == "decode" and len(toks) == 1 for _, toks, kind in plan):
+            logits = self.decoder.decode([toks[0] for _, toks, _ in plan], segments)
+            self.metrics.inc("pairaudit:engine_steps_total")
+            rows = [[i] for i in range(len(plan))]
+        else:
+            hidden = self.model.forward(tokens, segments)
+            self.metrics.inc("pairaudit:engine_steps_total")
+            rows, off = [], 0
+            for req, toks, kind in plan:
+                n = len(toks)
+                if kind == "decode":
+                    rows.append(list(range(off, off + n)))
+                else:
+                    last = req.computed + n == len(req.prompt)
+                    want = list(range(off, off + n)) if req.prompt_logprobs is not None else []
+                    if last and (not want or want[-1] != off + n - 1):
+                        want.append(off + n - 1)
+                    rows.append(want)
+                off += n
+            flat = [r for rs in rows for r in rs]
+            logits = self.model.logits(hidden[flat]) if flat else None
         now = time.monotonic()
         self.metrics.observe("vllm:inter_token_latency_seconds", now - step_start)
         pos = 0
@@ -405,7 +428,7 @@ class Engine:
 
     def _finish(self, req: Request) -> None:
         req.finish_time = time.monotonic()
-        req.cache = None
+        self._release(req)
         m = self.metrics
         if req.error is None:
             m.finish(req.finish_reason)

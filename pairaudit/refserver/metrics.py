@@ -15,6 +15,9 @@ COUNTERS = {
     "vllm:spec_decode_num_accepted_tokens_total": "Number of accepted tokens.",
     # not a vLLM metric: lets a test see that concurrent requests shared forwards
     "pairaudit:engine_steps_total": "Number of engine steps (one batched forward each).",
+    # not vLLM metrics either: whether decode steps really ran from CUDA graphs (0 on a CPU)
+    "pairaudit:decode_graph_replays_total": "Number of decode steps replayed from a captured CUDA graph.",
+    "pairaudit:decode_graph_captures_total": "Number of decode-step shapes captured in a CUDA graph.",
 }
 HISTOGRAMS = {
     "vllm:time_to_first_token_seconds": "Histogram of time to first token in seconds.",

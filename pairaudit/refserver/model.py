@@ -27,6 +27,16 @@ dispatch-bound; see docs/reference-server-performance.md):
   same as negating half of the input.
 * The KV cache is position-major (``[capacity, kv_heads, head_dim]``) so a
   step's keys and values are written with one contiguous copy per sequence.
+
+Devices, dtypes and switches (:mod:`.numerics`): the same forward runs on a
+CUDA device and in bfloat16 or float16 (weights, activations and KV cache in
+that dtype, every projection ``F.linear`` against ``[out, in]``).  The numeric
+switches each change one place -- attention, MLP projections, RMSNorm, LM head,
+the SDPA backend -- and with all of them at their rollback values a CPU fp32
+model runs exactly the operations listed above.  On CUDA, decode steps take a
+separate batched path (:mod:`.cuda`) that CUDA graphs can capture; the forward
+here serves prefill chunks, speculative verify rows and steps that mix them
+with decodes.
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ import inspect
 import json
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -44,6 +54,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from pairaudit.core.artifacts import atomic_file
+from pairaudit.refserver.numerics import BF16, CastLinear, Numerics, rms_norm_bf16
 from pairaudit.serving.modelstore import cache_root
 
 log = logging.getLogger("refserver")
@@ -84,12 +95,13 @@ class LlamaConfig:
 class KVCache:
     """One sequence's keys and values, position-major, grown geometrically as it lengthens."""
 
-    def __init__(self, cfg: LlamaConfig, capacity: int = 256):
+    def __init__(self, cfg: LlamaConfig, capacity: int = 256, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu"):
         self.cfg = cfg
         self.length = 0
         shape = (capacity, cfg.kv_heads, cfg.head_dim)
-        self.k = [torch.empty(shape) for _ in range(cfg.layers)]
-        self.v = [torch.empty(shape) for _ in range(cfg.layers)]
+        self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(cfg.layers)]
+        self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(cfg.layers)]
 
     @property
     def capacity(self) -> int:
@@ -101,7 +113,7 @@ class KVCache:
         cap = max(total, 2 * self.capacity)
         for store in (self.k, self.v):
             for i, old in enumerate(store):
-                new = torch.empty((cap, *old.shape[1:]))
+                new = torch.empty((cap, *old.shape[1:]), dtype=old.dtype, device=old.device)
                 new[: self.length] = old[: self.length]
                 store[i] = new
 
@@ -118,22 +130,24 @@ class Segment:
 class Linear:
     """A weight ``[out, in]`` kept in the layout each batch shape multiplies fastest.
 
-    fp32: ``[in, out]`` for one row, ``W @ x.T`` for several.  bfloat16 (the
-    BF16 head): ``F.linear`` against ``[out, in]`` at every batch shape -- on a
-    CPU without bf16 instructions the ``[in, out]`` product falls to a slow
-    path (measured on the 49152 x 576 head, AVX2: 423 ms per row against 6 ms).
+    fp32 on a CPU: ``[in, out]`` for one row, ``W @ x.T`` for several.
+    bfloat16 / float16 (the BF16 head, a reduced-precision model): ``F.linear``
+    against ``[out, in]`` at every batch shape -- on a CPU without bf16
+    instructions the ``[in, out]`` product falls to a slow path (measured on
+    the 49152 x 576 head, AVX2: 423 ms per row against 6 ms).  On a GPU every
+    dtype goes to cuBLAS through ``F.linear``.
     """
 
     def __init__(self, weight: torch.Tensor, transposed: torch.Tensor | None = None):
         self.w = weight.contiguous()  # [out, in]: W @ x.T for several rows
-        self.bf16 = weight.dtype == torch.bfloat16
-        if self.bf16:
+        self.direct = weight.dtype != torch.float32 or weight.device.type != "cpu"
+        if self.direct:
             self.wt = None
         else:  # [in, out]: x @ W.T for one row
             self.wt = weight.t().contiguous() if transposed is None else transposed
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.bf16:
+        if self.direct:
             return F.linear(x, self.w)
         if x.shape[0] == 1:
             return x @ self.wt
@@ -231,18 +245,47 @@ def load_layout(path: Path, cfg: LlamaConfig, cache: Path | None = None) -> dict
 
 
 class LlamaModel:
-    def __init__(self, path: Path, *, lm_head_bf16: bool = False, layout_cache: Path | None = None):
+    def __init__(self, path: Path, *, lm_head_bf16: bool = False, layout_cache: Path | None = None,
+                 numerics: Numerics | None = None, device: torch.device | str = "cpu"):
+        num = numerics or Numerics()
+        if lm_head_bf16 and not num.lm_head_bf16:
+            num = replace(num, lm_head_bf16=True)
+        self.num = num
+        self.device = dev = torch.device(device)
+        self.gpu_attention = dev.type != "cpu"  # every attention through SDPA with GPU-runnable masks
         self.cfg = cfg = LlamaConfig.from_dir(path)
         t = load_layout(path, cfg, layout_cache)
-        self.embed = t["embed"]
+        dt = num.dtype
+        cpu = dev.type == "cpu"
+
+        def put(w: torch.Tensor, dtype: torch.dtype = dt) -> torch.Tensor:
+            return w.to(device=dev, dtype=dtype)  # the tensor itself where nothing changes (CPU fp32)
+
+        def linear(name: str, i: int, dtype: torch.dtype) -> Linear:
+            if cpu and dtype == torch.float32:  # the CPU reference: both product layouts, mapped as kept
+                return Linear(t[name][i], t[name + ".t"][i])
+            return Linear(put(t[name][i], dtype))
+
+        norm_dtype = BF16 if num.rmsnorm_bf16 else dt
+        self.embed = put(t["embed"])
         self.layers: list[_Layer] = []
         for i in range(cfg.layers):
-            lin = {name: Linear(t[name][i], t[name + ".t"][i]) for name in _LINEARS}
-            self.layers.append(_Layer(in_norm=t["in_norm"][i], post_norm=t["post_norm"][i], **lin))
-        self.norm = t["norm"]
-        head = t.get("head", self.embed)
-        self.lm_head_bf16 = lm_head_bf16
-        self.head = Linear(head.to(torch.bfloat16)) if lm_head_bf16 else Linear(head, t["head.t"])
+            lin = {name: linear(name, i, dt) for name in ("qkv", "o")}
+            for name in ("gate_up", "down"):
+                # the MLP switch: bf16 weights and inputs, the output back in the model dtype
+                lin[name] = (CastLinear(linear(name, i, BF16), BF16) if num.mlp_dtype != dt
+                             else linear(name, i, dt))
+            self.layers.append(_Layer(in_norm=put(t["in_norm"][i], norm_dtype),
+                                      post_norm=put(t["post_norm"][i], norm_dtype), **lin))
+        self.norm = put(t["norm"], norm_dtype)
+        self.lm_head_bf16 = num.lm_head_bf16
+        head_dtype = num.head_dtype
+        if cpu and head_dtype == torch.float32:
+            self.head = Linear(t.get("head", t["embed"]), t["head.t"])
+        elif "head" not in t and head_dtype == dt:  # tied, same dtype: the embedding's own storage
+            self.head = Linear(self.embed)
+        else:
+            self.head = Linear(put(t.get("head", t["embed"]), head_dtype))
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
         # rotary tables for every position, computed as transformers does (positions * inv_freq, then cos/sin)
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim))
@@ -253,9 +296,86 @@ class LlamaModel:
         self.cos = emb.cos()
         # rotate_half(x) * sin == roll(x, half) * (sin with its first half negated), bit for bit
         self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+        if not (cpu and dt == torch.float32):  # computed in fp32, then in the model's dtype (as transformers does)
+            self.cos, self.sin_signed = put(self.cos), put(self.sin_signed)
+
+    def new_cache(self, capacity: int) -> KVCache:
+        """A growable KV cache for one sequence in the model's dtype, on its device."""
+        return KVCache(self.cfg, capacity, dtype=self.num.dtype, device=self.device)
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.num.rmsnorm_bf16:
+            return rms_norm_bf16(x, weight, self.cfg.eps)
         return F.rms_norm(x, (x.shape[-1],), weight, self.cfg.eps)
+
+    def _mlp(self, x: torch.Tensor, layer: _Layer) -> torch.Tensor:
+        gu = layer.gate_up(self._rms(x, layer.post_norm))
+        inter = gu.shape[-1] // 2
+        return layer.down(F.silu(gu[:, :inter]) * gu[:, inter:])
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """Attention of one sequence's new rows ``q`` [n, heads, hd] over its cached ``k``/``v`` [end, kv, hd].
+
+        Returns [n, heads * hd] in the attention's dtype (the model's, or
+        bfloat16 under the attention switch).
+        """
+        cfg = self.cfg
+        heads, kvh, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
+        n, qd = q.shape[0], heads * hd
+        ad = self.num.attn_dtype
+        if ad != q.dtype:
+            q, k, v = q.to(ad), k.to(ad), v.to(ad)
+        if self.gpu_attention:
+            return self._attend_gpu(q, k, v, start)
+        if n == 1 and self.num.sdpa_backend == "auto":
+            # [kv, group, hd] @ [kv, hd, L] -> softmax -> @ [kv, L, hd]
+            qs = q[0].view(kvh, heads // kvh, hd)
+            scores = torch.bmm(qs, k.permute(1, 2, 0)).mul_(self.scale)
+            o = torch.bmm(scores.softmax(-1), v.transpose(0, 1))
+            return o.view(1, qd)
+        if n == 1:  # the same grouping, through the SDPA backend the switch names
+            o = F.scaled_dot_product_attention(q[0].view(1, kvh, heads // kvh, hd), k.transpose(0, 1).unsqueeze(0),
+                                               v.transpose(0, 1).unsqueeze(0), scale=self.scale)
+            return o.view(1, qd)
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0),
+            k.transpose(0, 1).unsqueeze(0),
+            v.transpose(0, 1).unsqueeze(0),
+            attn_mask=mask,
+            is_causal=mask is None,
+            enable_gqa=True,
+        )
+        return o[0].transpose(0, 1).reshape(n, qd)
+
+    def _attend_gpu(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+        """``_attend`` on a GPU: every shape through SDPA, masks every backend can run.
+
+        A chunk after the start of the sequence needs a causal mask aligned to
+        the bottom right (row i sees keys up to start + i); ``causal_lower_right``
+        is that mask in a form flash and memory-efficient attention accept
+        (a boolean mask would rule flash out).  KV heads are repeated for the
+        query heads rather than left to ``enable_gqa``, which not every backend
+        takes.
+        """
+        from torch.nn.attention.bias import causal_lower_right
+
+        cfg = self.cfg
+        heads, kvh, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
+        n, group = q.shape[0], heads // kvh
+        if n == 1:  # one row: the query heads of each KV group become its query rows, no mask
+            o = F.scaled_dot_product_attention(q[0].view(1, kvh, group, hd), k.transpose(0, 1).unsqueeze(0),
+                                               v.transpose(0, 1).unsqueeze(0), scale=self.scale)
+            return o.reshape(1, heads * hd)
+        kk = k.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
+        vv = v.transpose(0, 1).repeat_interleave(group, dim=0).unsqueeze(0)
+        qq = q.transpose(0, 1).unsqueeze(0)
+        if start == 0:
+            o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, scale=self.scale)
+        else:
+            o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=causal_lower_right(n, start + n),
+                                               scale=self.scale)
+        return o[0].transpose(0, 1).reshape(n, heads * hd)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
@@ -269,11 +389,14 @@ class LlamaModel:
         heads, kvh, hd = cfg.heads, cfg.kv_heads, cfg.head_dim
         qd, kd = heads * hd, kvh * hd
         half = hd // 2
+        cpu = self.device.type == "cpu"
         if len(segments) == 1:
             s = segments[0]
             positions = slice(s.start, s.start + s.n)
         else:
             positions = torch.cat([torch.arange(s.start, s.start + s.n) for s in segments])
+            if not cpu:
+                positions = positions.to(self.device)
         cos = self.cos[positions][:, None, :]
         sin = self.sin_signed[positions][:, None, :]
         plan = []  # per segment: (row slice, cache end, causal mask or None)
@@ -282,49 +405,39 @@ class LlamaModel:
             s.cache.reserve(s.start + s.n)
             end = s.start + s.n
             mask = None
-            if s.n > 1 and s.start > 0:
+            if cpu and s.n > 1 and s.start > 0:  # (a GPU builds its own mask: _attend_gpu)
                 mask = torch.arange(end)[None, :] <= torch.arange(s.start, end)[:, None]
             plan.append((s, off, off + s.n, end, mask))
             off += s.n
         T = off
-        x = self.embed[tokens]
-        for li, layer in enumerate(self.layers):
-            qkv = layer.qkv(self._rms(x, layer.in_norm))
-            qk = qkv[:, : qd + kd].view(T, heads + kvh, hd)
-            qk = qk * cos + qk.roll(half, -1) * sin
-            q, k = qk[:, :heads], qk[:, heads:]
-            v = qkv[:, qd + kd :].view(T, kvh, hd)
-            outs = []
-            for s, a, b, end, mask in plan:
-                kc, vc = s.cache.k[li], s.cache.v[li]
-                kc[s.start : end] = k[a:b]
-                vc[s.start : end] = v[a:b]
-                if s.n == 1:
-                    # [kv, group, hd] @ [kv, hd, L] -> softmax -> @ [kv, L, hd]
-                    qs = q[a].view(kvh, heads // kvh, hd)
-                    scores = torch.bmm(qs, kc[:end].permute(1, 2, 0)).mul_(self.scale)
-                    o = torch.bmm(scores.softmax(-1), vc[:end].transpose(0, 1))
-                    outs.append(o.view(1, qd))
-                else:
-                    o = F.scaled_dot_product_attention(
-                        q[a:b].transpose(0, 1).unsqueeze(0),
-                        kc[:end].transpose(0, 1).unsqueeze(0),
-                        vc[:end].transpose(0, 1).unsqueeze(0),
-                        attn_mask=mask,
-                        is_causal=mask is None,
-                        enable_gqa=True,
-                    )
-                    outs.append(o[0].transpose(0, 1).reshape(s.n, qd))
-            attn = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
-            x = x + layer.o(attn)
-            gu = layer.gate_up(self._rms(x, layer.post_norm))
-            inter = gu.shape[-1] // 2
-            x = x + layer.down(F.silu(gu[:, :inter]) * gu[:, inter:])
+        x = self.embed[tokens if cpu else tokens.to(self.device)]
+        with self.num.sdpa_context():
+            for li, layer in enumerate(self.layers):
+                qkv = layer.qkv(self._rms(x, layer.in_norm))
+                qk = qkv[:, : qd + kd].view(T, heads + kvh, hd)
+                qk = qk * cos + qk.roll(half, -1) * sin
+                q, k = qk[:, :heads], qk[:, heads:]
+                v = qkv[:, qd + kd :].view(T, kvh, hd)
+                outs = []
+                for s, a, b, end, mask in plan:
+                    kc, vc = s.cache.k[li], s.cache.v[li]
+                    kc[s.start : end] = k[a:b]
+                    vc[s.start : end] = v[a:b]
+                    outs.append(self._attend(q[a:b], kc[:end], vc[:end], s.start, mask))
+                attn = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+                if attn.dtype != x.dtype:  # attention ran in bf16 under its switch
+                    attn = attn.to(x.dtype)
+                x = x + layer.o(attn)
+                x = x + self._mlp(x, layer)
         return self._rms(x, self.norm)
 
     @torch.inference_mode()
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits on the model's device in the head's dtype (real bfloat16 values under the BF16 head)."""
+        dtype = self.num.head_dtype
+        return self.head(hidden if hidden.dtype == dtype else hidden.to(dtype))
+
+    @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """fp32 logits [rows, vocab]; on the BF16 grid when the head runs in bf16."""
-        if self.lm_head_bf16:
-            return self.head(hidden.to(torch.bfloat16)).float()
-        return self.head(hidden)
+        """fp32 logits [rows, vocab] on the CPU, where sampling runs; on the BF16 grid when the head runs in bf16."""
+        return self.head_logits(hidden).float().cpu()
