@@ -97,6 +97,9 @@ def _transport_error(exc: BaseException) -> str:
     return f"transport: {kind}: {exc}"
 
 
+POOL_CONNECTIONS = 128
+
+
 class Endpoint:
     """One server base URL plus the model name requests should carry."""
 
@@ -109,6 +112,14 @@ class Endpoint:
         # Never pick up proxies from the environment: audits talk to a known
         # host, and a corporate proxy answering instead would be a silent lie.
         self.session.trust_env = False
+        # One kept-alive connection per concurrent request: requests' default
+        # pool holds 10, so at concurrency 16 (a GPU audit) every extra
+        # connection was opened and thrown away again, with a warning per
+        # request (seen on an H200).  POOL_CONNECTIONS covers the phases'
+        # concurrency settings with room to spare.
+        adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=POOL_CONNECTIONS)
+        self.session.mount("http://", adapter)
+        self.session.mount("https://", adapter)
         if api_key:
             self.session.headers["Authorization"] = f"Bearer {api_key}"
 

