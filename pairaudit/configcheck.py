@@ -57,7 +57,7 @@ from pairaudit.core.contracts import ARMS
 from pairaudit.datasets import formats as datasets
 from pairaudit.promotion import calibration
 from pairaudit.refserver import switches as ref_switches
-from pairaudit.serving import launch
+from pairaudit.serving import gpupool, launch
 
 SERVER_SLOTS_ENV = "PAIRAUDIT_SERVER_SLOTS"
 AUDIT_ENV = "PAIRAUDIT_AUDIT"
@@ -151,8 +151,7 @@ def check_arms(config: Mapping[str, Any], result: CheckResult) -> dict[str, dict
             result.problems.append(str(exc))
             continue
         specs[arm] = spec
-        scheduled = {**spec, "gpus": cfg.get("gpus") or 0}  # the spec leaves scheduling out
-        note = bf16_emulation_note(scheduled)
+        note = bf16_emulation_note(spec)
         if note:
             result.notes.append(f"arms.{arm}.command: {note}")
         if is_refserver(spec):
@@ -352,6 +351,9 @@ def check_config(config: Mapping[str, Any], *, base_dir: str | os.PathLike,
     check_speed(config, specs, result)
     check_boundary(config, specs, result)
     result.problems += calibration.check(config)
+    gpu_problems, gpu_notes = gpupool.load_check(config, specs)  # the GPU pool and each arm's gpus
+    result.problems += gpu_problems
+    result.notes += gpu_notes
     return result
 
 
@@ -410,9 +412,10 @@ _LOADED: dict[int, bool] = {}
 def check_at_load(config: dict, workflow) -> CheckResult:
     """The Snakefile's one call: check the config and the audit's artifacts, fail naming every problem.
 
-    Also hands the invocation's ``server_slots`` and audit name to the jobs
-    (environment variables their ``launch.Server`` reads for the machine-wide
-    server slots, :mod:`pairaudit.serving.slots`).
+    Also hands the invocation's ``server_slots``, audit name and ``gpus``
+    section to the jobs (environment variables their ``launch.Server`` reads
+    for the machine-wide server slots, :mod:`pairaudit.serving.slots`, and
+    the GPU pool, :mod:`pairaudit.serving.gpupool`).
     """
     base = Path(workflow.basedir)
     # The main Snakefile checks first; a later call in the same process is the
@@ -443,6 +446,7 @@ def check_at_load(config: dict, workflow) -> CheckResult:
         from snakemake_interface_common.exceptions import WorkflowError
 
         raise WorkflowError(format_problems(result.problems))
+    gpupool.export_config(config)  # the host's GPU pool, for the jobs' servers (pairaudit.serving.gpupool)
     return result
 
 

@@ -317,7 +317,13 @@ def main(argv=None) -> int:
     ap.add_argument("--loading-s", type=float, default=0.0)
     ap.add_argument("--spawn-child-pidfile", default=None,
                     help="start a sleeping grandchild in our process group and write its pid here")
+    ap.add_argument("--record-env", default=None,
+                    help="append {pid, CUDA_VISIBLE_DEVICES (null: unset), CUDA_DEVICE_ORDER} to this file at start")
     a = ap.parse_args(argv)
+    if a.record_env:
+        with open(a.record_env, "a") as f:
+            f.write(json.dumps({"pid": os.getpid(), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                "CUDA_DEVICE_ORDER": os.environ.get("CUDA_DEVICE_ORDER")}) + "\n")
     print(f"fake server starting pid={os.getpid()} faults={a.fault}", file=sys.stderr, flush=True)
     if "die" in a.fault:
         print("fatal: could not load weights for fake-model (planted failure)", file=sys.stderr, flush=True)

@@ -14,7 +14,9 @@ launch mode: ``mode: launch``, ``command`` (list; placeholders ``{python}``,
 ``health_timeout_s`` (default 300), ``stop_grace_s`` (default 15), ``model``,
 ``served_model_name`` (id in /v1/models; default ``model``),
 ``max_model_len``, ``speculative`` (bool, default false), ``model_sha256``
-(optional pin, checked against /version's pairaudit block when present).
+(optional pin, checked against /version's pairaudit block when present),
+``gpus`` (default 0: no GPU asked; the GPUs its server takes from the host's
+GPU pool, ``pairaudit.serving.gpupool``, and a cluster job's request).
 
 attach mode: ``mode: attach``, ``url``, ``model``, optional
 ``served_model_name``, ``max_model_len`` (checked when given),
@@ -27,7 +29,9 @@ resolved except ``{port}``::
      "env": {str: str}, "host", "port": int, "url": str | None,
      "health_timeout_s": float, "stop_grace_s": float, "model": str,
      "served_model_name": str, "max_model_len": int | None,
-     "speculative": bool, "model_sha256": str | None}
+     "speculative": bool, "model_sha256": str | None, "gpus": int}
+
+``gpus`` is scheduling, outside the identity hash (like ``host`` and ``port``).
 
 ``{vllm_python}`` is the project's vLLM interpreter (``$PAIRAUDIT_VLLM_PYTHON``,
 else ``<repo>/.venv-vllm/bin/python``, installed by ``./install.sh --vllm``);
@@ -58,7 +62,8 @@ launch stage's record (``launch_record``) is the receipt plus ``"run"``: these::
 
     {"arm", "mode", "url", "pid": int | None, "port", "command" (with the real port), "log_path",
      "started_at", "ready_at", "ready_s", "health": HealthResult,
-     "identity_check": IdentityCheck, "stop": StopRecord | None}
+     "identity_check": IdentityCheck, "stop": StopRecord | None,
+     "gpus": gpupool.GpuFacts | None}        # the GPUs it ran on (None: attached)
 
 IdentityCheck (``check_identity``)::
 
@@ -95,12 +100,12 @@ from pairaudit.core import lifecycle
 from pairaudit.core.artifacts import sha256_json, utc_now
 from pairaudit.core.contracts import LAUNCH_SCHEMA, SERVER_START_SCHEMA
 from pairaudit.core.jsonlog import append_record
-from pairaudit.serving import slots
+from pairaudit.serving import gpupool, slots
 from pairaudit.serving.client import Endpoint, ServerError, tail_lines, wait_healthy
 
 # One line per server start and stop of an audit, whatever the phase: the
 # audit's log of what it cost to bring its servers up.
-_START_FACTS = ("url", "pid", "started_at", "ready_at", "ready_s", "stop")
+_START_FACTS = ("url", "pid", "started_at", "ready_at", "ready_s", "stop", "gpus")
 
 
 # Snakemake sets these to the job's threads in every job.  A launched server
@@ -214,7 +219,7 @@ def resolve_spec(arm_name: str, arm_cfg: dict) -> dict:
     spec: dict = {"arm": arm_name, "mode": mode, "command": None, "command_identity": None, "env": {},
                   "host": None, "port": None, "url": None, "health_timeout_s": float(hto),
                   "stop_grace_s": None, "model": model, "served_model_name": served,
-                  "max_model_len": mml, "speculative": spec_flag, "model_sha256": sha}
+                  "max_model_len": mml, "speculative": spec_flag, "model_sha256": sha, "gpus": 0}
 
     if mode == "attach":
         url = arm_cfg.get("url")
@@ -232,6 +237,9 @@ def resolve_spec(arm_name: str, arm_cfg: dict) -> dict:
     grace = arm_cfg.get("stop_grace_s", 15)
     if not _is_num(grace) or grace < 0:
         raise ConfigError(f"{p}.stop_grace_s: {grace!r} is not a non-negative number")
+    gpus = arm_cfg.get("gpus", 0)
+    if not _is_int(gpus) or gpus < 0:
+        raise ConfigError(f"{p}.gpus: {gpus!r} is not a non-negative integer (0 = no GPU asked)")
     env = arm_cfg.get("env") or {}
     if not isinstance(env, dict):
         raise ConfigError(f"{p}.env: must be a mapping of NAME: value")
@@ -256,7 +264,7 @@ def resolve_spec(arm_name: str, arm_cfg: dict) -> dict:
     spec["command"] = [_fill(str(a), values, f"{p}.command[{i}]") for i, a in enumerate(cmd)]
     symbolic = {**values, **{k: "{" + k + "}" for k in HOST_PLACEHOLDERS}}
     spec["command_identity"] = [_fill(str(a), symbolic, f"{p}.command[{i}]") for i, a in enumerate(cmd)]
-    spec.update(env=env_s, host=host, port=port, stop_grace_s=float(grace))
+    spec.update(env=env_s, host=host, port=port, stop_grace_s=float(grace), gpus=gpus)
     return spec
 
 
@@ -583,7 +591,7 @@ class Server:
     """
 
     def __init__(self, spec: dict, *, log_path=None, receipt: dict | None = None,
-                 timeout_s: float = 600, api_key: str | None = None):
+                 timeout_s: float = 600, api_key: str | None = None, gpus: gpupool.Reservation | None = None):
         if spec["mode"] == "launch" and log_path is None:
             raise ValueError("launch mode needs a log_path")
         self.spec = spec
@@ -593,13 +601,15 @@ class Server:
         self.endpoint: Endpoint | None = None
         self._timeout_s = timeout_s
         self._api_key = api_key
+        self._reserved_gpus = gpus  # GPUs the caller holds for several starts (a speed bracket), else None
+        self._gpus: gpupool.GpuLease | None = None
         self._log_file = None
         self._log_offset = 0
         self._started = False
         self._facts: dict = {"arm": spec["arm"], "mode": spec["mode"], "url": None, "pid": None,
                              "port": None, "command": None, "log_path": str(self.log_path) if self.log_path else None,
                              "started_at": None, "ready_at": None, "ready_s": None, "health": None,
-                             "identity_check": None, "stop": None}
+                             "identity_check": None, "stop": None, "gpus": None}
 
     # context manager
     def __enter__(self) -> "Server":
@@ -633,6 +643,9 @@ class Server:
                                  f"spec {have}); rerun the launch stage")
         try:
             if spec["mode"] == "launch":
+                # GPUs before the slot (one lock order: gpupool's docstring); CUDA_VISIBLE_DEVICES in _launch
+                self._gpus = gpupool.acquire_for(spec, self.log_path, held=self._reserved_gpus)
+                self._facts["gpus"] = self._gpus.facts if self._gpus else None
                 self._slot = slots.acquire_for(spec, self.log_path)  # machine-wide server slot (pairaudit/slots.py)
                 self._launch()
             else:
@@ -655,7 +668,7 @@ class Server:
         self._log_offset = self._log_file.tell()
         self._log_file.write(f"=== pairaudit launch arm={spec['arm']} at {utc_now('milliseconds')}: {cmd}\n".encode())
         self._log_file.flush()
-        env = {**server_environ(os.environ), **spec["env"]}
+        env = {**server_environ(os.environ), **(self._gpus.env() if self._gpus else {}), **spec["env"]}
         main_thread = threading.current_thread() is threading.main_thread()
         _install_handlers()
         self._facts["started_at"] = utc_now("milliseconds")
@@ -718,6 +731,7 @@ class Server:
         proc = self.proc
         if proc is None or self._facts["stop"] is not None:
             slots.release(getattr(self, "_slot", None))  # machine-wide server slot (pairaudit/slots.py)
+            gpupool.release(self._gpus)
             return self._facts["stop"]
         rec = {"stopped_at": None, "signal": None, "exit_code": None,
                "exited_before_stop": proc.poll() is not None}
@@ -754,6 +768,7 @@ class Server:
                 pass
             self._log_file = None
         slots.release(getattr(self, "_slot", None))  # machine-wide server slot, once the server is gone
+        gpupool.release(self._gpus)  # its GPUs too (a reservation's stay held by the reservation)
         return rec
 
 

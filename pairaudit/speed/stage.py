@@ -8,7 +8,7 @@ from pairaudit.core import artifacts, contracts
 from pairaudit.core.artifacts import utc_now
 from pairaudit.core.contracts import SPEED_DECISION_SCHEMA, SPEED_STREAMS_SCHEMA
 from pairaudit.core.progress import Progress
-from pairaudit.serving import failures, launch
+from pairaudit.serving import failures, gpupool, launch
 from pairaudit.serving.client import ServerError, tail_lines
 from pairaudit.speed.archive import append_archive, archive_line, archive_spread, config_hash, read_archive
 from pairaudit.speed.bracket import (
@@ -62,28 +62,33 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
     n_waves = 3 * cfg["repeats"] * cfg["waves"] * len(cfg["cells"])
     progress = Progress(n_waves, "speed waves")
     starts, results, records, prompts, appended = [], {}, [], None, 0
-    for start, role, arm in START_ROLES:
-        rec = {"start": start, "role": role, "arm": arm, **host_facts(), "clock": clock_facts(server_visible_devices(specs[arm])),
-               "started_at": utc_now("milliseconds"), "stopped_at": None}
-        log.info("speed %s: %s arm, fresh server", start, arm)
-        try:
-            facts, recs = _measure_start(start, arm, specs[arm], receipts[arm], rec, cfg=cfg, model=model,
-                                         prompts=prompts, results=results, progress=progress,
-                                         server_log=server_logs[start], starts_log=starts_log)
-        except (BracketFailure, ServerError) as exc:
-            # A server that fails under the bracket is evidence, and what it measured before stays.
-            return _failed_bracket(exc, start=start, arm=arm, rec=rec, starts=starts, records=records, specs=specs,
-                                   receipts=receipts, cfg=cfg, audit=audit, out_path=out_path,
-                                   streams_path=streams_path, server_logs=server_logs, starts_log=starts_log,
-                                   inputs=[*launch_paths.values(), *preflight_paths.values()])
-        prompts = prompts or facts.pop("prompts")
-        records += recs
-        starts.append(rec)
-        if arm == "control":
-            appended += append_archive(archive_path, [
-                archive_line(audit=audit, start=start, cell=c, chash=hashes[c["name"]],
-                              pooled=results[start][c["name"]]["pooled"], clock=rec["clock"], host=rec["host"])
-                for c in cfg["cells"]])
+    # The bracket's GPUs are taken once and held across its three starts, so every start runs on the
+    # same devices (each arm on the first `gpus` of them) and no other server takes them in between.
+    with gpupool.reserve([specs["control"], specs["candidate"]], {"arm": "speed bracket"}) as gpus:
+        for start, role, arm in START_ROLES:
+            # the clock facts read exactly the GPUs the server is started with
+            visible = server_visible_devices(specs[arm], gpus.server_environ(specs[arm]))
+            rec = {"start": start, "role": role, "arm": arm, **host_facts(), "clock": clock_facts(visible),
+                   "started_at": utc_now("milliseconds"), "stopped_at": None}
+            log.info("speed %s: %s arm, fresh server", start, arm)
+            try:
+                facts, recs = _measure_start(start, arm, specs[arm], receipts[arm], rec, cfg=cfg, model=model,
+                                             prompts=prompts, results=results, progress=progress,
+                                             server_log=server_logs[start], starts_log=starts_log, gpus=gpus)
+            except (BracketFailure, ServerError) as exc:
+                # A server that fails under the bracket is evidence, and what it measured before stays.
+                return _failed_bracket(exc, start=start, arm=arm, rec=rec, starts=starts, records=records,
+                                       specs=specs, receipts=receipts, cfg=cfg, audit=audit, out_path=out_path,
+                                       streams_path=streams_path, server_logs=server_logs, starts_log=starts_log,
+                                       inputs=[*launch_paths.values(), *preflight_paths.values()], gpus=gpus)
+            prompts = prompts or facts.pop("prompts")
+            records += recs
+            starts.append(rec)
+            if arm == "control":
+                appended += append_archive(archive_path, [
+                    archive_line(audit=audit, start=start, cell=c, chash=hashes[c["name"]],
+                                 pooled=results[start][c["name"]]["pooled"], clock=rec["clock"], host=rec["host"])
+                    for c in cfg["cells"]])
     return _decided_bracket(cfg=cfg, audit=audit, starts=starts, results=results, records=records, prompts=prompts,
                             hashes=hashes, prior_spread=prior_spread, archive_path=archive_path, appended=appended,
                             inputs=[*launch_paths.values(), *preflight_paths.values()], out_path=out_path,
@@ -92,12 +97,13 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
 
 def _measure_start(start: str, arm: str, spec: dict, receipt: dict, rec: dict, *, cfg: Mapping[str, Any], model: str,
                    prompts: Mapping[str, Any] | None, results: dict, progress: Progress, server_log: str,
-                   starts_log: str | None) -> tuple[dict, list[dict]]:
+                   starts_log: str | None, gpus: gpupool.Reservation | None = None) -> tuple[dict, list[dict]]:
     """One fresh start: its measurements into ``results[start]``, its facts into ``rec``.
 
     Returns the server's facts (with the bracket's ``prompts`` when they were built here) and the stream records.
     """
-    with launch.Server(spec, log_path=server_log, receipt=receipt, timeout_s=cfg["request_timeout_s"]) as srv:
+    with launch.Server(spec, log_path=server_log, receipt=receipt, timeout_s=cfg["request_timeout_s"],
+                       gpus=gpus) as srv:
         launch.log_start_event(starts_log, event="ready", phase="speed", spec=spec, receipt=receipt,
                                facts=srv.facts())
         if prompts is None:
@@ -107,13 +113,13 @@ def _measure_start(start: str, arm: str, spec: dict, receipt: dict, rec: dict, *
                                          arm=arm, progress=progress)
         # Read while the server still holds its GPUs: the active event
         # reasons clear soon after the load stops (the counters do not).
-        rec["clock_after"] = clock_facts(server_visible_devices(spec))
+        rec["clock_after"] = clock_facts(server_visible_devices(spec, gpupool.server_environ(srv.facts()["gpus"])))
         srv.assert_alive()
         facts = dict(srv.facts())
     rec["stopped_at"] = utc_now("milliseconds")
     launch.log_start_event(starts_log, event="stopped", phase="speed", spec=spec, receipt=receipt,
                            facts={"stop": facts.get("stop"), "pid": facts.get("pid")})
-    rec["server"] = {k: facts.get(k) for k in ("pid", "url", "ready_s", "identity_check", "stop")}
+    rec["server"] = {k: facts.get(k) for k in ("pid", "url", "ready_s", "identity_check", "stop", "gpus")}
     rec["warmup"] = next({k: r[k] for k in ("error", "ttft_s", "e2el_s")} for r in recs if r["cell"] == "warmup")
     facts["prompts"] = prompts
     return facts, recs
@@ -132,11 +138,12 @@ def _start_failure(exc: BaseException, *, start: str, arm: str, server_log: str)
 
 
 def _confirm_failure(exc: BaseException, spec: dict, receipt: dict, *, cfg: Mapping[str, Any], server_log: str,
-                     starts_log: str | None) -> dict:
+                     starts_log: str | None, gpus: gpupool.Reservation | None = None) -> dict:
     """The failed start's work once more on a fresh start of the same server (stored beside the first failure)."""
     conf: dict = {"at": utc_now("milliseconds"), "kind": None, "status": None, "error": None, "error_body": None}
     try:
-        with launch.Server(spec, log_path=server_log, receipt=receipt, timeout_s=cfg["request_timeout_s"]) as srv:
+        with launch.Server(spec, log_path=server_log, receipt=receipt, timeout_s=cfg["request_timeout_s"],
+                           gpus=gpus) as srv:
             launch.log_start_event(starts_log, event="ready", phase="speed-confirm", spec=spec, receipt=receipt,
                                    facts=srv.facts())
             bodies = exc.requests if isinstance(exc, BracketFailure) else []
@@ -160,14 +167,14 @@ def _confirm_failure(exc: BaseException, spec: dict, receipt: dict, *, cfg: Mapp
 def _failed_bracket(exc: BaseException, *, start: str, arm: str, rec: dict, starts: list, records: list,
                     specs: Mapping[str, dict], receipts: Mapping[str, dict], cfg: Mapping[str, Any], audit: str,
                     out_path: str, streams_path: str, server_logs: Mapping[str, str], starts_log: str | None,
-                    inputs: Sequence[str]) -> dict:
+                    inputs: Sequence[str], gpus: gpupool.Reservation | None = None) -> dict:
     """decision.json for a bracket a server broke: the failure (and its confirmation), what was measured before."""
     failure = _start_failure(exc, start=start, arm=arm, server_log=server_logs[start])
     log.warning("speed %s (%s arm) failed: %s", start, arm, failures.summary(failure))
     if arm == "candidate" and failures.is_server_failure(failure["kind"]):
         failure["confirmation"] = _confirm_failure(exc, specs[arm], receipts[arm], cfg=cfg,
                                                    server_log=f"{server_logs[start]}.confirm",
-                                                   starts_log=starts_log)
+                                                   starts_log=starts_log, gpus=gpus)
     rec.update(stopped_at=utc_now("milliseconds"), failure=failure)
     why = f"the {arm} server failed at {failure['what']}: {failures.summary(failure)}"
     prov = artifacts.provenance(inputs, {"speed": cfg})
