@@ -1,4 +1,7 @@
-"""TODO docstring."""
+"""The answers phase (one server start per arm: receipt, preflight, the sampled runs of every dataset, the boundary cases) and the assembly of one dataset's answers from the journal.
+
+The `answers` and `sampled` rules call these; ``pairaudit.serving.phase`` says why a phase, not a job, owns a server.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""TODO docstring."""
+"""The boundary gate: both arms' boundary cases side by side, judged by boundary-v1.
+
+The `boundary_gate` rule calls this; the cases themselves are asked in the answers phase (``boundary.cases``).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""Divergences between the arms' greedy runs and the teacher-forced probes at the first differing token.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""Which items the diagnostics phase runs greedily, and what each arm still has to ask.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""TODO docstring."""
+"""The diagnostics phase: greedy runs and determinism repeats of every dataset on both arms, then the divergence probes.
+
+The `diagnostics` rule calls ``diagnostics_phase``.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""TODO docstring."""
+"""What the phases will ask, written before any server starts: the arm specs, each dataset's request bodies, the boundary plan.
+
+The `arm_spec`, `requests` and `boundary_plan` rules call these.
+"""
 
 from __future__ import annotations
 

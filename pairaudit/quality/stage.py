@@ -1,4 +1,7 @@
-"""TODO docstring."""
+"""Scoring one arm's answers and pairing both arms per dataset (quality-v1), with no server.
+
+The `score` and `paired` rules call these.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""TODO docstring."""
+"""The speed phase: the OFF/ON/OFF bracket of three fresh starts, its clock facts, and its verdict.
+
+The `speed` rule calls ``speed_stage``; ``speed.bracket`` documents the artifacts.
+"""
 
 from __future__ import annotations
 
