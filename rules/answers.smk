@@ -46,7 +46,7 @@ if BOUNDARY_ON:
         log:
             f"{R}/logs/boundary/plan.log",
         conda:
-            "../envs/analysis.yaml"
+            "../envs/serving.yaml"
         params:
             boundary=config["boundary"],
             code=code("boundary_plan"),
