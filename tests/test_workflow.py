@@ -80,13 +80,10 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    config = yaml.safe_load(TINY.read_text())
-    project = make_project(tmp_path_factory.mktemp("wf") / "project", config)
-    snake(project, "promotion")
-    assert refserver_pids(project) == [], "a server outlived the workflow"
-    return project, config
+@pytest.fixture
+def tiny(tiny_audit):
+    """The tiny audit, run once per worker (conftest.tiny_audit; test_report_html.py renders its report)."""
+    return tiny_audit
 
 
 def test_identical_arms_give_identical_answers_and_pass(tiny):
