@@ -40,7 +40,7 @@ rule all:
 
 # A/A calibration: this workflow once more, as a module whose config runs the
 # control against a copy of itself as audit <audit>-calibration
-# (pairaudit/calibration.py).  A module, not a config rewritten when the target
+# (pairaudit/promotion/calibration.py).  A module, not a config rewritten when the target
 # is asked for: Snakemake parses the Snakefile before it knows the targets, and
 # a cluster job parses it again from the config alone.
 if not is_calibration(config):

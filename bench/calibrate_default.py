@@ -2,7 +2,7 @@
 
 For each arm (its env switches from the config), starts the reference server
 once, sends the exact request bodies the sampled stage sends
-(``pairaudit.answers.plan_requests.request_body``) for every dataset of the config under
+(``pairaudit.plans.requests.request_body``) for every dataset of the config under
 each base seed, scores the answers with ``pairaudit.quality.scoring`` and prints, per
 dataset, arm and seed: accuracy, natural finishes (finish_reason "stop") and
 the longest answer in tokens; then wall times. Seeds differ only in

@@ -1,7 +1,7 @@
 # The plans (no server): each arm's resolved spec, the request body of every
 # item per dataset and arm, the boundary settings.  They change only with
 # the config they come from, and carry the dependencies the answers phase's
-# `ancient` outputs do not (see pairaudit/plans.py).
+# `ancient` outputs do not (see pairaudit/plans/stage.py).
 
 
 rule arm_spec:
@@ -46,7 +46,7 @@ if BOUNDARY_ON:
         log:
             f"{R}/logs/boundary/plan.log",
         conda:
-            "../envs/analysis.yaml"
+            "../envs/serving.yaml"
         params:
             boundary=config["boundary"],
             code=code("boundary_plan"),

@@ -1,4 +1,4 @@
-"""Snakemake entry for rule answers: one arm's server for receipt, preflight, sampled runs and boundary (pairaudit.serving.phase)."""
+"""Snakemake entry for rule answers: one arm's server for receipt, preflight, sampled runs and boundary (pairaudit.answers.stage.answers_phase)."""
 
 import sys
 

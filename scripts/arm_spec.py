@@ -1,4 +1,4 @@
-"""Snakemake entry for rule arm_spec: the arm's resolved server spec and identity hash (pairaudit.plans.requests)."""
+"""Snakemake entry for rule arm_spec: the arm's resolved server spec and identity hash (pairaudit.plans.stage.arm_spec_stage)."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""Snakemake entry for rule boundary_gate: boundary-v1 over both arms, cases side by side (pairaudit.boundary.cases)."""
+"""Snakemake entry for rule boundary_gate: boundary-v1 over both arms, cases side by side (pairaudit.boundary.stage.boundary_gate_stage)."""
 
 import sys
 

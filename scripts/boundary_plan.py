@@ -1,4 +1,4 @@
-"""Snakemake entry for rule boundary_plan: the settings both arms' boundary cases are built from (pairaudit.plans.requests)."""
+"""Snakemake entry for rule boundary_plan: the settings both arms' boundary cases are built from (pairaudit.plans.stage.boundary_plan_stage)."""
 
 import sys
 

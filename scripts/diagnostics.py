@@ -1,4 +1,4 @@
-"""Snakemake entry for rule diagnostics: greedy runs, determinism and divergence probes of both arms (pairaudit.serving.phase)."""
+"""Snakemake entry for rule diagnostics: greedy runs, determinism and divergence probes of both arms (pairaudit.diagnostics.stage.diagnostics_phase)."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""Snakemake entry for rule paired: the paired table and quality-v1 of one dataset (pairaudit.datasets.stage)."""
+"""Snakemake entry for rule paired: the paired table and quality-v1 of one dataset (pairaudit.quality.stage.paired_stage)."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""Snakemake entry for rule requests: every item's request body for one dataset on one arm (pairaudit.plans.requests)."""
+"""Snakemake entry for rule requests: every item's request body for one dataset on one arm (pairaudit.plans.stage.requests_stage)."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""Snakemake entry for rule sampled: one dataset's answers on one arm, assembled from the journal (pairaudit.answers.sampled)."""
+"""Snakemake entry for rule sampled: one dataset's answers on one arm, assembled from the journal (pairaudit.answers.stage.assemble)."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""Snakemake entry for rule score: score one dataset on one arm (pairaudit.datasets.stage.score_stage)."""
+"""Snakemake entry for rule score: score one dataset on one arm (pairaudit.quality.stage.score_stage)."""
 
 import sys
 

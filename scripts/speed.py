@@ -1,4 +1,4 @@
-"""Snakemake entry for rule speed: the OFF/ON/OFF bracket under win2-v1 (pairaudit.speed.bracket)."""
+"""Snakemake entry for rule speed: the OFF/ON/OFF bracket under win2-v2 or win2-v1 (pairaudit.speed.stage.speed_stage)."""
 
 import sys
 

@@ -1,11 +1,47 @@
-"""Shared fixtures."""
+"""Shared fixtures, and how the suite shares two workers (pytest-xdist; docs/tests.md).
 
+``pyproject.toml`` runs the suite on two workers (``-n 2``). Every test gets a
+group here, and one worker runs a group's tests one after the other, so its
+module and session fixtures start once:
+
+- ``serial`` (marker ``serial``, and every ``cluster`` test): tests that own
+  the machine -- the Slurm cluster installs Debian packages, writes
+  /etc/slurm and starts daemons; the vLLM install test reruns install.sh,
+  which reinstalls the project into the venv every other test imports from.
+  They run after everything else, alone (the machine lock below);
+- ``vllm``: every real-vLLM test, around the session's vLLM pair;
+- ``tiny-audit``: test_workflow.py and test_report_html.py, around one run of
+  the tiny audit (``tiny_audit``);
+- otherwise the test's file, so a module fixture never starts twice.
+
+Groups are queued longest first (vLLM, then workflow, then server files, then
+the rest, larger groups first), so the two workers finish close together; the
+serial group last. The groups reach the scheduler through a file the workers
+write at collection (``GroupScheduling``): xdist's own ``--dist loadgroup``
+carries them in the test ids, which pytest 9.2 no longer lets a plugin change,
+so it silently schedules test by test there.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import tempfile
 import threading
+from pathlib import Path
 
 import fake_server
 import pytest
 
+from pairaudit.serving import slots
 from pairaudit.serving.client import Endpoint
+
+SERIAL = "serial"
+SHARED_DIR_ENV = "PAIRAUDIT_TESTS_SHARED_DIR"
+# Files whose tests share the tiny audit (one run of tests/data/tiny_config.yaml per worker).
+TINY_AUDIT_FILES = {"test_workflow.py", "test_report_html.py"}
 
 
 @pytest.fixture
@@ -24,13 +60,140 @@ def fake():
         s.shutdown()
         s.server_close()
 
-# Real vLLM servers (marker ``vllm``), started once per session for every module that asks.
+
+# Real vLLM servers (marker ``vllm``), started once per worker session for every module that asks;
+# the worker's reference servers, one per configuration (refserver_fixture.shared_server).
+from refserver_fixture import shared_server  # noqa: E402,F401
 from vllm_fixture import vllm_pair  # noqa: E402,F401
 
 
+@pytest.fixture(scope="session")
+def tiny_audit(tmp_path_factory):
+    """(project, config): the tiny audit of tests/data/tiny_config.yaml, run once per worker session.
+
+    test_workflow.py checks its artifacts and dry-runs changed configs against it; test_report_html.py
+    decides it once more and renders its report. Neither edits a config or reruns a stage of it.
+    """
+    import yaml
+    from test_workflow import TINY, make_project, refserver_pids, snake
+
+    config = yaml.safe_load(TINY.read_text())
+    project = make_project(tmp_path_factory.mktemp("wf") / "project", config)
+    snake(project, "promotion")
+    assert refserver_pids(project) == [], "a server outlived the workflow"
+    return project, config
+
+
+# ---------------------------------------------------------------- two workers
+
+def is_worker() -> bool:
+    return "PYTEST_XDIST_WORKER" in os.environ
+
+
+def pytest_configure(config):
+    # The controller (or a run without workers) makes one scratch directory for the whole run:
+    # the workers inherit its path, and find the machine lock and their own server slots there.
+    if not is_worker():
+        shared = tempfile.mkdtemp(prefix="pairaudit-tests-")
+        os.environ[SHARED_DIR_ENV] = shared
+        config.add_cleanup(lambda: shutil.rmtree(shared, ignore_errors=True))
+    shared = Path(os.environ[SHARED_DIR_ENV])
+    # Machine-wide server slots (serving/slots.py) per worker: each worker runs its tests one at a
+    # time, so its workflows get one slot as on a machine of their own, and neither the other
+    # worker's audits nor one running beside the suite can hold up its servers. Tests of the slots
+    # themselves set their own directory.
+    os.environ[slots.SLOTS_DIR_ENV] = str(shared / f"slots-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}")
+
+
+def group_of(item) -> str:
+    if item.get_closest_marker(SERIAL) or item.get_closest_marker("cluster"):
+        return SERIAL
+    if item.get_closest_marker("vllm"):
+        return "vllm"
+    if item.path.name in TINY_AUDIT_FILES:
+        return "tiny-audit"
+    return item.path.name
+
+
+def weight(item) -> int:
+    """Lower runs earlier: the long groups first, so that the workers end close together."""
+    for rank, marker in enumerate(("vllm", "workflow", "server")):
+        if item.get_closest_marker(marker):
+            return rank
+    return 3
+
+
+def _groups_file() -> Path:
+    return Path(os.environ[SHARED_DIR_ENV]) / "groups.json"
+
+
 def pytest_collection_modifyitems(config, items):
-    # The cluster test installs Slurm and stops its daemons afterwards. With
-    # Slurm installed and no controller, the Slurm executor plugin's import
-    # waits up to 10 s on `scontrol show config` in every later snakemake
-    # start, so the cluster test runs last.
-    items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)
+    groups: dict[str, list] = {}
+    for item in items:
+        groups.setdefault(group_of(item), []).append(item)
+    # Whole groups in order, each keeping its tests' order: the serial group last, the rest by
+    # their heaviest test, then the larger group first (the unit-test files differ mostly in
+    # their number of tests; the sandbox's hostile suite is the longest of them). Without
+    # workers this is the run order too: the cluster test still runs last (with Slurm installed
+    # and its controller gone, every later snakemake start would wait 10 s on `scontrol`).
+    order = sorted(groups, key=lambda g: (g == SERIAL, min(weight(i) for i in groups[g]), -len(groups[g])))
+    items[:] = [item for g in order for item in groups[g]]
+    if is_worker():  # every worker collects the same tests: the last one's identical file stays
+        tmp = _groups_file().with_suffix(f".{os.environ['PYTEST_XDIST_WORKER']}.tmp")
+        tmp.write_text(json.dumps({item.nodeid: g for g in order for item in groups[g]}))
+        os.replace(tmp, _groups_file())
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduler, with the groups above as scopes (only for the default ``--dist load``)."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        """Whole groups to a worker, in the collection's order (the workers' groups.json).
+
+        A worker asks for the next group when it has two tests or fewer left, so a group's tests
+        never split, and queueing longest first is what balances the two workers.
+        """
+
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            self.config.option.loadscopereorder = False  # keep the collection's order
+            self.groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:  # read once every worker has collected, i.e. written it
+                self.groups = json.loads(_groups_file().read_text())
+            return self.groups[nodeid]
+
+    return GroupScheduling(config, log)
+
+
+# The machine lock (workers only): every worker holds it shared for its whole session; the worker
+# that reaches the serial group converts it to exclusive, which waits until every other worker has
+# run its last test and torn down its servers. The serial group is queued last, so no other test
+# starts after it either: its tests run alone, after everything else.
+_lock = None
+
+
+def pytest_sessionstart(session):
+    global _lock
+    if is_worker():
+        _lock = open(Path(os.environ[SHARED_DIR_ENV]) / "machine.lock", "a")
+        fcntl.flock(_lock, fcntl.LOCK_SH)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if _lock is not None and group_of(item) == SERIAL:
+        fcntl.flock(_lock, fcntl.LOCK_EX)  # held to the end of this worker's session
+    yield
+
+
+def pytest_sessionfinish(session):
+    global _lock
+    if _lock is not None:
+        _lock.close()  # drops the lock: a worker waiting for the serial group goes on
+        _lock = None

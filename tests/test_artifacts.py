@@ -175,7 +175,7 @@ def test_code_version_follows_content_not_mtime(tmp_path, monkeypatch):
     v0 = artifacts.code_version()
     assert len(v0) == 64
 
-    target = pkg / "quality" / "stats.py"
+    target = pkg / "core" / "stats.py"
     st = target.stat()
     os.utime(target, ns=(st.st_atime_ns + 10**10, st.st_mtime_ns + 10**10))  # touch
     assert artifacts.code_version() == v0

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from refserver_fixture import RefServer
 
 from pairaudit import gates
 from pairaudit.boundary import cases as boundary
@@ -144,13 +143,8 @@ def test_the_modules_defaults_are_the_schemas():
 # ------------------------------------------------------- real servers (stage)
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    logs = tmp_path_factory.mktemp("logs")
-    started = {"fp32": RefServer(max_model_len=MML, log_dir=logs),
-               "tail": RefServer({"PAIRAUDIT_REF_FAULT_TAIL": "16"}, max_model_len=MML, log_dir=logs)}
-    yield started
-    for s in started.values():
-        s.stop()
+def servers(shared_server):
+    return {"fp32": shared_server(None, MML), "tail": shared_server({"PAIRAUDIT_REF_FAULT_TAIL": "16"}, MML)}
 
 
 def run_arm(tmp_path, arm, url, cfg=CFG):

@@ -8,7 +8,6 @@ candidate with per-request logit noise fails the determinism check.
 from __future__ import annotations
 
 import pytest
-from refserver_fixture import RefServer
 
 from pairaudit.core import artifacts
 from pairaudit.core.jsonlog import read_log
@@ -22,16 +21,10 @@ GREEDY = {"items": "all", "concordant": 0, "seed": 0, "max_tokens": 40, "determi
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    logs = tmp_path_factory.mktemp("logs")
-    started = {
-        "control": RefServer(max_model_len=1024, log_dir=logs),
-        "candidate": RefServer({"PAIRAUDIT_REF_LM_HEAD_BF16": "1"}, max_model_len=1024, log_dir=logs),
-        "noisy": RefServer({"PAIRAUDIT_REF_FAULT_NOISE": "2.0"}, max_model_len=1024, log_dir=logs),
-    }
-    yield started
-    for s in started.values():
-        s.stop()
+def servers(shared_server):
+    return {"control": shared_server(None, 1024),
+            "candidate": shared_server({"PAIRAUDIT_REF_LM_HEAD_BF16": "1"}, 1024),
+            "noisy": shared_server({"PAIRAUDIT_REF_FAULT_NOISE": "2.0"}, 1024)}
 
 
 def _inputs(tmp_path, url_by_arm):

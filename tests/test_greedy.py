@@ -407,18 +407,13 @@ def test_bf16_head_divergence_probes_and_grid_tie(control, candidate_bf16):
 
 
 @pytest.mark.server
-def test_determinism_plain_vs_fault_noise(control, tmp_path):
-    from refserver_fixture import RefServer
-
+def test_determinism_plain_vs_fault_noise(control, shared_server):
     ids = g.prompt_ids(_ep(control), MODEL, _messages("The three primary colors are"))
     plain = g.determinism_run(_ep(control), MODEL, ids, repeats=3, max_tokens=SHORT_TOKENS)
     assert len(set(plain["hashes"])) == 1 and all(r["error"] is None for r in plain["records"])
     assert len({r["salt"] for r in plain["records"]}) == 3
-    noisy_server = RefServer({"PAIRAUDIT_REF_FAULT_NOISE": "2.0"}, max_model_len=512, log_dir=tmp_path)
-    try:
-        noisy = g.determinism_run(_ep(noisy_server), MODEL, ids, repeats=3, max_tokens=SHORT_TOKENS)
-    finally:
-        noisy_server.stop()
+    noisy_server = shared_server({"PAIRAUDIT_REF_FAULT_NOISE": "2.0"}, 512)
+    noisy = g.determinism_run(_ep(noisy_server), MODEL, ids, repeats=3, max_tokens=SHORT_TOKENS)
     assert all(r["error"] is None for r in noisy["records"])
     assert len(set(noisy["hashes"])) > 1
     verdict = gates.determinism_v1({"control": plain["hashes"], "candidate": noisy["hashes"]})

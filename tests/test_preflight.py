@@ -118,8 +118,9 @@ def _refserver_or_skip():
         pytest.skip("pairaudit.refserver has no __main__ yet")
 
 
+# one compute thread, as every test server (tests/refserver_fixture.py)
 REF_CMD = ["{python}", "-m", "pairaudit.refserver", "--model", "{model}", "--host", "{host}", "--port", "{port}",
-           "--max-model-len", "{max_model_len}"]
+           "--max-model-len", "{max_model_len}", "--threads", "1"]
 
 
 @pytest.mark.server

@@ -11,7 +11,7 @@ import threading
 import pytest
 import requests
 import torch
-from refserver_fixture import REPO, RefServer, module_server
+from refserver_fixture import REPO, module_server
 
 pytestmark = pytest.mark.server
 MODEL = "SmolLM2-135M-Instruct"
@@ -417,31 +417,25 @@ def test_spec_ngram_sampling_keeps_the_target_distribution(spec_server, server):
     assert abs(freq_spec - freq_plain) < 0.35
 
 
-def test_fault_tail_corrupts_only_near_the_context_end(server, tmp_path):
-    faulty = RefServer({"PAIRAUDIT_REF_FAULT_TAIL": "16"}, max_model_len=512, log_dir=tmp_path)
-    try:
-        far = greedy(faulty, PROMPT, n=16)["choices"][0]["text"]
-        assert far == greedy(server, PROMPT, n=16)["choices"][0]["text"]
-        ids = server.post("/tokenize", {"model": MODEL, "prompt": PROMPT * 150}).json()["tokens"][: 512 - 16]
-        assert len(ids) == 512 - 16
-        body = dict(prompt=ids, max_tokens=16, temperature=0)
-        good = server.completion(**body)["choices"][0]["text"]
-        bad = faulty.completion(**body)["choices"][0]["text"]
-        assert bad != good
-    finally:
-        faulty.stop()
+def test_fault_tail_corrupts_only_near_the_context_end(server, shared_server):
+    faulty = shared_server({"PAIRAUDIT_REF_FAULT_TAIL": "16"}, 512)
+    far = greedy(faulty, PROMPT, n=16)["choices"][0]["text"]
+    assert far == greedy(server, PROMPT, n=16)["choices"][0]["text"]
+    ids = server.post("/tokenize", {"model": MODEL, "prompt": PROMPT * 150}).json()["tokens"][: 512 - 16]
+    assert len(ids) == 512 - 16
+    body = dict(prompt=ids, max_tokens=16, temperature=0)
+    good = server.completion(**body)["choices"][0]["text"]
+    bad = faulty.completion(**body)["choices"][0]["text"]
+    assert bad != good
 
 
-def test_fault_noise_breaks_greedy_repeatability_only(tmp_path):
-    noisy = RefServer({"PAIRAUDIT_REF_FAULT_NOISE": "2.0"}, max_model_len=512, log_dir=tmp_path)
-    try:
-        texts = {greedy(noisy, PROMPT, n=16)["choices"][0]["text"] for _ in range(3)}
-        assert len(texts) > 1
-        # a seeded sampled request is untouched, so it still repeats exactly
-        body = dict(prompt=PROMPT, max_tokens=16, temperature=0.7, top_p=0.8, top_k=20, seed=1234)
-        assert len({noisy.completion(**body)["choices"][0]["text"] for _ in range(2)}) == 1
-    finally:
-        noisy.stop()
+def test_fault_noise_breaks_greedy_repeatability_only(shared_server):
+    noisy = shared_server({"PAIRAUDIT_REF_FAULT_NOISE": "2.0"}, 512)
+    texts = {greedy(noisy, PROMPT, n=16)["choices"][0]["text"] for _ in range(3)}
+    assert len(texts) > 1
+    # a seeded sampled request is untouched, so it still repeats exactly
+    body = dict(prompt=PROMPT, max_tokens=16, temperature=0.7, top_p=0.8, top_k=20, seed=1234)
+    assert len({noisy.completion(**body)["choices"][0]["text"] for _ in range(2)}) == 1
 
 
 def test_unloadable_model_exits_nonzero_with_reason(tmp_path):

@@ -19,7 +19,7 @@ from pairaudit.gates.quality import quality_v1
 from pairaudit.gates.speed import win2_v1
 from pairaudit.promotion import decision, figures, render
 from pairaudit.promotion import stage as report
-from pairaudit.quality.stats import paired_bootstrap_ci, paired_table
+from pairaudit.core.stats import paired_bootstrap_ci, paired_table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

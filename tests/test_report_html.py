@@ -1,7 +1,8 @@
 """The audit ends with Snakemake's HTML report, rendered in a real headless Chromium.
 
-A tiny audit (one generated dataset, identical fp32 arms) runs in a scratch
-copy of the project; the promotion job runs twice (a repeated sweep), then
+The tiny audit (two generated datasets, identical fp32 arms; conftest.tiny_audit,
+which test_workflow.py checks) runs in a scratch copy of the project; the
+promotion job runs again (a repeated sweep), then
 ``snakemake --report results/report.html`` builds the report, Debian's
 ``chromium`` renders it, and the test reads the DOM it produced. The
 screenshot is kept in the checkout's ``results/report-screenshot.png``.
@@ -19,8 +20,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
-from test_workflow import REPO, TINY, make_project, snake
+from test_workflow import REPO, snake
 
 pytestmark = pytest.mark.workflow
 
@@ -67,15 +67,8 @@ def chromium(binary: str, profile: Path, *args: str, timeout: int = 180) -> subp
 
 
 @pytest.fixture(scope="module")
-def audited(tmp_path_factory):
-    config = yaml.safe_load(TINY.read_text())
-    config["audit"] = "report"
-    config["datasets"] = config["datasets"][:1]
-    config["datasets"][0]["select"]["count"] = 2
-    config["sampling"]["max_tokens"] = 32
-    config["greedy"].update(max_tokens=12, concordant=1, determinism_repeats=2)
-    project = make_project(tmp_path_factory.mktemp("report") / "project", config)
-    snake(project, "promotion")
+def audited(tiny_audit):
+    project, _ = tiny_audit
     # The same sweep decided again: the ledger must keep both decisions.
     snake(project, "promotion", "--forcerun", "promotion")
     snake(project, "--report", "results/report.html", timeout=600)
@@ -87,20 +80,20 @@ def test_ledger_keeps_every_decision_and_the_report_lists_earlier_ones(audited):
     lines = [json.loads(x) for x in (res / "ledger.jsonl").read_text().splitlines()]
     assert len(lines) == 2
     first, second = lines
-    cand = json.loads((res / "report" / "launch" / "candidate.json").read_text())
+    cand = json.loads((res / "tiny" / "launch" / "candidate.json").read_text())
     for e in lines:
-        assert e["schema"] == "pairaudit.ledger/v1" and e["audit"] == "report"
+        assert e["schema"] == "pairaudit.ledger/v1" and e["audit"] == "tiny"
         assert e["candidate"]["spec_sha256"] == cand["spec_sha256"]
         assert re.fullmatch(r"[0-9a-f]{64}", e["config_sha256"])
         assert e["inputs"] and all(re.fullmatch(r"[0-9a-f]{64}", h) for h in e["inputs"].values())
         assert e["decision"] == "INCONCLUSIVE" or e["not_evaluated"] == []
     assert first["config_sha256"] == second["config_sha256"] and first["time"] <= second["time"]
-    md = (res / "report" / "promotion" / "report.md").read_text()
+    md = (res / "tiny" / "promotion" / "report.md").read_text()
     assert "1 earlier decision(s) for candidate spec" in md
 
 
 def test_long_stages_log_progress(audited):
-    logs = audited / "results" / "report" / "logs"
+    logs = audited / "results" / "tiny" / "logs"
     line = r"{what} arith/{arm}: (\d+)/(\d+) \(\d+ %\), [0-9.e+-]+/s, ETA (\S+)"
     # the phases log them: sampled runs in each arm's answers phase, greedy runs in the diagnostics phase
     for what in ("sampled", "greedy"):
@@ -117,7 +110,7 @@ def test_report_renders_in_chromium_with_decision_and_figures(audited, tmp_path)
     binary = chromium_binary()
     report = audited / "results" / "report.html"
     assert report.stat().st_size > 10_000
-    decision = json.loads((audited / "results" / "report" / "promotion" / "decision.json").read_text())
+    decision = json.loads((audited / "results" / "tiny" / "promotion" / "decision.json").read_text())
     verdict = decision["decision"]
 
     proc = chromium(binary, tmp_path / "profile-dom", "--dump-dom", report.as_uri())
@@ -140,7 +133,7 @@ def test_report_renders_in_chromium_with_decision_and_figures(audited, tmp_path)
     # Every figure and HTML item is embedded byte for byte, with its caption.
     embedded = report_results(report.read_text())
     for name in FIGURES:
-        key = f"results/report/promotion/{name}"
+        key = f"results/tiny/promotion/{name}"
         assert key in embedded, f"{name} is not in the report"
         entry = embedded[key]
         head, data = entry["data_uri"].split(",", 1)

@@ -13,7 +13,7 @@ from pairaudit.gates.grid_tie import PROBE_CLAUSES, fp32_gap_tolerance, grid_tie
 from pairaudit.gates.promotion import promotion_v1
 from pairaudit.gates.quality import quality_v1
 from pairaudit.gates.speed import win2_v1
-from pairaudit.quality.stats import minimum_detectable_loss, paired_table
+from pairaudit.core.stats import minimum_detectable_loss, paired_table
 
 # ------------------------------------------------------------------ quality-v1
 

@@ -347,11 +347,8 @@ def test_preflight_fail_refuses_to_sample(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def refserver(tmp_path_factory):
-    from refserver_fixture import RefServer
-    s = RefServer(max_model_len=1024, log_dir=tmp_path_factory.mktemp("logs"))
-    yield s
-    s.stop()
+def refserver(shared_server):
+    return shared_server(None, 1024)
 
 
 @pytest.mark.server

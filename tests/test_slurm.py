@@ -22,6 +22,8 @@ import yaml
 from slurm_cluster import slurm_cluster  # noqa: F401  (session fixture)
 from test_workflow import TINY, dry_run_jobs, make_project, planned_jobs, read_jsonl, refserver_pids
 
+from pairaudit import gates
+
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 
 pytestmark = [pytest.mark.workflow, pytest.mark.cluster]
@@ -176,13 +178,13 @@ def test_server_jobs_request_their_arms_gpus_and_partition(tmp_path):
         assert res["slurm_partition"] == "", rule
 
 
-def recomputed(gates: dict, **replace) -> str:
+def recomputed(records: dict, **replace) -> str:
     """promotion-v1 over decision.json's gate records, with some gates replaced."""
-    gates = {**gates, **replace}
+    records = {**records, **replace}
     return gates.promotion_v1({
         name: None if g is None else {"rule": g["rule"], "verdict": g["verdict"], "reasons": g["reasons"],
                                       "informational": g["outcome"] == "INFORMATIONAL"}
-        for name, g in gates.items()})["verdict"]
+        for name, g in records.items()})["verdict"]
 
 
 def test_decision_on_slurm_equals_local(both_runs):

@@ -469,8 +469,9 @@ def test_schema_defaults_equal_module_defaults():
 
 # ------------------------------------------------------- end to end, real servers
 
+# one compute thread, as every test server (tests/refserver_fixture.py)
 REF_CMD = ["{python}", "-m", "pairaudit.refserver", "--model", "{model}", "--host", "{host}", "--port", "{port}",
-           "--max-model-len", "{max_model_len}"]
+           "--max-model-len", "{max_model_len}", "--threads", "1"]
 
 
 def _arm(ngram):

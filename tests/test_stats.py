@@ -1,11 +1,11 @@
-"""Known-answer tests for pairaudit.quality.stats."""
+"""Known-answer tests for pairaudit.core.stats."""
 
 import math
 
 import pytest
 from scipy import stats as st
 
-from pairaudit.quality.stats import (
+from pairaudit.core.stats import (
     MDE_POWER,
     mcnemar_exact_p,
     mcnemar_loss_power,

@@ -15,7 +15,6 @@ import json
 
 import pytest
 import requests
-from refserver_fixture import RefServer
 from vllm_fixture import MML, MODEL
 
 from pairaudit.serving.client import Endpoint, clamping
@@ -25,10 +24,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.server]
 
 
 @pytest.fixture(scope="module")
-def servers(vllm_pair, tmp_path_factory):
-    ref = RefServer(max_model_len=MML, log_dir=tmp_path_factory.mktemp("ref-logs"))
-    yield {"reference": ref.url, "vllm": vllm_pair["fp32"].url}
-    ref.stop()
+def servers(vllm_pair, shared_server):
+    return {"reference": shared_server(None, MML).url, "vllm": vllm_pair["fp32"].url}
 
 
 def post(url, path, body):

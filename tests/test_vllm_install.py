@@ -54,6 +54,7 @@ def test_install_rejects_an_unknown_option(tmp_path):
 
 
 @pytest.mark.vllm
+@pytest.mark.serial  # reinstalls the project into the venv every other test imports from
 def test_install_vllm_is_idempotent_and_leaves_the_project_venv_as_it_is():
     if not (REPO / ".venv-vllm" / "bin" / "python").exists():
         vllm_python_or_skip()  # fails under CI, where install.sh --vllm ran

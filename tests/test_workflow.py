@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pairaudit import gates
+
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
 TINY = REPO / "tests" / "data" / "tiny_config.yaml"
@@ -78,13 +80,10 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    config = yaml.safe_load(TINY.read_text())
-    project = make_project(tmp_path_factory.mktemp("wf") / "project", config)
-    snake(project, "promotion")
-    assert refserver_pids(project) == [], "a server outlived the workflow"
-    return project, config
+@pytest.fixture
+def tiny(tiny_audit):
+    """The tiny audit, run once per worker (conftest.tiny_audit; test_report_html.py renders its report)."""
+    return tiny_audit
 
 
 def test_identical_arms_give_identical_answers_and_pass(tiny):
@@ -127,11 +126,11 @@ def test_identical_arms_give_identical_answers_and_pass(tiny):
         if not name.startswith(("quality", "speed")):
             assert gate["verdict"] == "PASS", (name, gate)
     assert decision["gates"]["speed"]["outcome"] in ("INFORMATIONAL", "REJECT")
-    gates = {n: {"verdict": g["verdict"], "rule": g["rule"], "informational": g["outcome"] == "INFORMATIONAL"}
-             for n, g in decision["gates"].items()}
+    verdicts = {n: {"verdict": g["verdict"], "rule": g["rule"], "informational": g["outcome"] == "INFORMATIONAL"}
+                for n, g in decision["gates"].items()}
     # identical arms: no change under audit, whatever the gates found
     assert decision["decision"] == "INCONCLUSIVE" and decision["reasons"][0].startswith("no change under audit")
-    assert decision["gate_verdict"] == gates.promotion_v1(gates)["verdict"]
+    assert decision["gate_verdict"] == gates.promotion_v1(verdicts)["verdict"]
     # the phases: one answers start per arm, at most three diagnostics starts, the bracket's three
     starts = [json.loads(line) for line in (res / "servers" / "starts.jsonl").read_text().splitlines()]
     ready = [(s["phase"], s["arm"]) for s in starts if s["event"] == "ready"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from pairaudit.gates.common import registered_params
-from pairaudit.quality.stats import MDE_POWER, mcnemar_exact_p, minimum_detectable_loss
+from pairaudit.core.stats import MDE_POWER, mcnemar_exact_p, minimum_detectable_loss
 
 QUALITY_V1 = {"max_net_loss": 0, "alpha": 0.05}
 

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from pairaudit.gates.common import registered_params
-from pairaudit.quality.stats import paired_t_interval
+from pairaudit.core.stats import paired_t_interval
 
 WIN2_V1 = {"win_pct": 2.0, "level": 0.95, "guard_loss_repeats": 2}
 

@@ -1,20 +1,20 @@
 """Promotion decision: the gates from every stage's stored rule result, and promotion-v1 over them.
 
 Pure functions on plain JSON-able dicts. The decision itself is
-``promotion_v1`` over a fixed set of gates; this module only collects
+``gates.promotion_v1`` over a fixed set of gates; this module only collects
 the gates and keeps the evidence beside them. It never adjusts a score.
 
 Gates (``gates_from`` + ``preflight_gates``), in this order::
 
-    quality:<dataset>      quality_v1 (stored in paired/<dataset>.json)
-    grid_tie               grid_tie_audit over every dataset's grid_tie_v1
+    quality:<dataset>      gates.quality_v1 (stored in paired/<dataset>.json)
+    grid_tie               gates.grid_tie_audit over every dataset's grid_tie_v1
                            record (divergence stage): one gate, because the
                            registered cap counts divergent prompts over the audit
-    determinism:<dataset>  determinism_v1  (divergence stage; or one
+    determinism:<dataset>  gates.determinism_v1  (divergence stage; or one
                            gate "determinism" when a single result is given)
-    boundary               boundary_v1     (boundary_gate stage; a PASS
+    boundary               gates.boundary_v1     (boundary_gate stage; a PASS
                            without the max_model_len - 16 case counts INCONCLUSIVE)
-    speed                  win2_v1         (speed_decision stage)
+    speed                  gates.win2_v1         (speed_decision stage)
     preflight:<arm>        the preflight stage's PASS/FAIL, see below
 
 A gate whose stage is not built or did not run is present with value None:
@@ -44,15 +44,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from pairaudit import gates
 from pairaudit.core.contracts import ARMS, DECISION_SCHEMA
-from pairaudit.gates import (
-    NO_CHANGE,
-    boundary_missing_cases,
-    grid_tie_audit,
-    mde_reason,
-    promotion_v1,
-    quality_v1,
-)
 
 # Which registered rule each later gate must carry: a win2 result handed in
 # as "boundary" would otherwise be judged by the wrong vocabulary.
@@ -91,7 +84,7 @@ def check_quality(name: str, doc: Mapping[str, Any]) -> dict:
     if not isinstance(q, Mapping) or not isinstance(table, Mapping):
         raise ValueError(f"paired {name}: needs both 'table' and 'quality'")
     _check_rule("quality", f"quality:{name}", q)
-    again = quality_v1(table, **(q.get("params") or {}))
+    again = gates.quality_v1(table, **(q.get("params") or {}))
     # after a server failure the paired stage keeps the rule's own verdict as stage_verdict
     stored = {**q, "verdict": q.get("stage_verdict", q.get("verdict"))} if doc.get("arm_failed") else q
     for key in ("verdict", "control_only", "candidate_only"):
@@ -102,7 +95,7 @@ def check_quality(name: str, doc: Mapping[str, Any]) -> dict:
     if out.get("mde") is None:
         # A paired doc made before the detectable-loss field: the same rule states it now.
         out["mde"] = again["mde"]
-        out["reasons"] = list(out.get("reasons") or []) + [mde_reason(again["mde"])]
+        out["reasons"] = list(out.get("reasons") or []) + [gates.mde_reason(again["mde"])]
     return out
 
 
@@ -123,7 +116,7 @@ def _per_dataset(kind: str, given: Any, datasets: Sequence[str]) -> dict[str, An
 
 def grid_tie_gate(divergence: Mapping[str, Any] | None, datasets: Sequence[str], *,
                   counts: Mapping[str, Mapping[str, Any]] | None = None) -> dict | None:
-    """The one audit-wide grid-tie gate from the per-dataset records (grid_tie_audit).
+    """The one audit-wide grid-tie gate from the per-dataset records (gates.grid_tie_audit).
 
     None (not evaluated) when no dataset has a record; a dataset without one
     makes the audit's grid-tie INCONCLUSIVE, naming it. The per-dataset
@@ -132,7 +125,7 @@ def grid_tie_gate(divergence: Mapping[str, Any] | None, datasets: Sequence[str],
     per = {k.split(":", 1)[1]: v for k, v in _per_dataset("grid_tie", divergence, datasets).items()}
     if all(v is None for v in per.values()):
         return None
-    return grid_tie_audit(per, counts=counts)
+    return gates.grid_tie_audit(per, counts=counts)
 
 
 def boundary_gate(res: Mapping[str, Any] | None) -> dict | None:
@@ -146,7 +139,7 @@ def boundary_gate(res: Mapping[str, Any] | None) -> dict | None:
     _check_rule("boundary", "boundary", res)
     if res is None:
         return None
-    missing = boundary_missing_cases(res)
+    missing = gates.boundary_missing_cases(res)
     if not missing:
         return dict(res)
     out = {**res, "missing_cases": missing, "stage_verdict": res.get("verdict")}
@@ -300,7 +293,7 @@ def identical_arms(arms: Mapping[str, Mapping[str, Any]]) -> bool:
     return bool(c) and c == k
 
 
-def decision_deviations(gates: Mapping[str, Mapping[str, Any] | None], *, calibration: bool = False,
+def decision_deviations(found: Mapping[str, Mapping[str, Any] | None], *, calibration: bool = False,
                         no_change: bool = False) -> list[dict]:
     """Every loosening of the registered gates, as ``{"gate", "what", "detail"}``, in gate order.
 
@@ -312,7 +305,7 @@ def decision_deviations(gates: Mapping[str, Mapping[str, Any] | None], *, calibr
     visible beside it.
     """
     out: list[dict] = []
-    for name, res in gates.items():
+    for name, res in found.items():
         if res is None:
             out.append({"gate": name, "what": "not evaluated",
                         "detail": "its stage did not run or is disabled: the gate was not applied, so the "
@@ -346,7 +339,7 @@ def decision_deviations(gates: Mapping[str, Mapping[str, Any] | None], *, calibr
                     "detail": "decided in A/A calibration mode: identical arms are decided by their gates (what "
                               "they flag is false-alarm evidence), not made INCONCLUSIVE"})
     elif no_change:
-        out.append({"gate": "promotion", "what": NO_CHANGE,
+        out.append({"gate": "promotion", "what": gates.NO_CHANGE,
                     "detail": "identical arms: the decision is INCONCLUSIVE whatever the gates say"})
     return out
 
@@ -384,16 +377,16 @@ def decide(paired: Mapping[str, Mapping[str, Any]], launch: Mapping[str, Mapping
     if not isinstance(calibration, bool):
         raise TypeError(f"calibration must be a bool, got {calibration!r}")
     servers = later.pop("servers", None)
-    gates = gates_from(paired, **later)
+    found = gates_from(paired, **later)
     if servers is not None:
-        gates["servers"] = servers
-    gates.update(preflight_gates(preflight))
+        found["servers"] = servers
+    found.update(preflight_gates(preflight))
     arms = {a: _arm_summary(launch[a], preflight.get(a)) for a in ARMS}
     same = identical_arms(arms)
-    prom = promotion_v1(gates, identical_arms=same and not calibration)
+    prom = gates.promotion_v1(found, identical_arms=same and not calibration)
 
     gate_docs: dict[str, dict | None] = {}
-    for name, res in gates.items():
+    for name, res in found.items():
         if res is None:
             gate_docs[name] = None
             continue
@@ -412,10 +405,10 @@ def decide(paired: Mapping[str, Mapping[str, Any]], launch: Mapping[str, Mapping
         "gate_verdict": prom["gate_verdict"],
         "identical_arms": same,
         "calibration": calibration,
-        "deviations": decision_deviations(gates, calibration=calibration, no_change=prom["no_change"]),
+        "deviations": decision_deviations(found, calibration=calibration, no_change=prom["no_change"]),
         "gates": gate_docs,
         "not_evaluated": prom["not_evaluated"],
-        "datasets": {ds: _dataset_summary(paired[ds], (gates.get(f"quality:{ds}") or {}).get("mde"))
+        "datasets": {ds: _dataset_summary(paired[ds], (found.get(f"quality:{ds}") or {}).get("mde"))
                      for ds in sorted(paired)},
         "arms": arms,
         "switch_diff": env_diff(arms["control"].get("env") or {}, arms["candidate"].get("env") or {}),

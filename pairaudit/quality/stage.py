@@ -6,9 +6,9 @@ The `score` and `paired` rules call these.
 from __future__ import annotations
 
 from pairaudit import gates
-from pairaudit.core import artifacts, contracts
+from pairaudit.core import artifacts, contracts, stats
 from pairaudit.core.contracts import ARMS, PAIRED_SCHEMA, SAMPLED_SCHEMA, SCORES_SCHEMA
-from pairaudit.quality import scoring, stats
+from pairaudit.quality import scoring
 
 
 def score_stage(*, dataset_path: str, sampled_path: str, out_path: str, sandbox_limits: dict,

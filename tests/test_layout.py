@@ -1,0 +1,222 @@
+"""The package layout (README, "Code map"): sub-packages per phase, imports only downward, no cycles.
+
+The import graph is read with ``ast`` over every module of ``pairaudit/``:
+every import statement, at module level or inside a function (a deferred
+import still runs), plus the package ``__init__`` that Python runs before a
+submodule of another package. The order of the packages is the README's:
+
+    core  <-  gates, serving  <-  boundary, quality, refserver, speed
+          <-  datasets, plans  <-  answers  <-  diagnostics  <-  promotion  <-  configcheck
+
+A package imports only packages of earlier layers (and the root
+``pairaudit/__init__.py``, which holds the version and imports nothing).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PKG = REPO / "pairaudit"
+# Earlier layers first; a package may import any package of an earlier layer, none of its own
+# layer or later. configcheck (the load-time checks) is the one top-level module and the top.
+LAYERS = [
+    {"core"},                                    # contracts, artifacts, logs, defaults, code hash, stats
+    {"serving", "gates"},                        # servers over HTTP; the registered rules
+    {"refserver", "quality", "boundary", "speed"},
+    {"datasets", "plans"},                       # datasets parse answers with quality's boxed parser
+    {"answers"},
+    {"diagnostics"},                             # reads the answers' journals
+    {"promotion"},
+    {"configcheck"},
+]
+TOP_LEVEL = {"__init__.py", "configcheck.py"}
+
+
+def modules() -> dict[str, tuple[Path, bool]]:
+    """Dotted name -> (file, is a package's __init__) for every module under pairaudit/."""
+    found = {}
+    for path in sorted(PKG.rglob("*.py")):
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        found[".".join(parts[:-1] if is_pkg else parts)] = (path, is_pkg)
+    return found
+
+
+def _absolute(node: ast.ImportFrom, current: str, is_pkg: bool) -> str:
+    if node.level == 0:
+        return node.module or ""
+    parts = current.split(".") if is_pkg else current.split(".")[:-1]
+    parts = parts[: len(parts) - (node.level - 1)]
+    return ".".join(parts + ([node.module] if node.module else []))
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports (see the module docstring)."""
+    mods = modules()
+
+    def owner(name: str) -> str | None:  # the module a dotted name lives in
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, (path, is_pkg) in mods.items():
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets |= {t for a in node.names if (t := owner(a.name))}
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(node, name, is_pkg)
+                for alias in node.names:
+                    t = owner(f"{base}.{alias.name}") if f"{base}.{alias.name}" in mods else owner(base)
+                    if t:
+                        targets.add(t)
+        ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+        for t in list(targets):  # Python runs each enclosing package's __init__ first
+            parts = t.split(".")
+            targets |= {p for i in range(1, len(parts)) if (p := ".".join(parts[:i])) in mods}
+        graph[name] = {t for t in targets if t != name and t not in ancestors}
+    return graph
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    return "configcheck" if parts[1:] == ["configcheck"] else (parts[1] if len(parts) > 1 else "")
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def layering_violations(graph: dict[str, set[str]]) -> list[str]:
+    layer = {pkg: i for i, names in enumerate(LAYERS) for pkg in names}
+    bad = []
+    for src, targets in sorted(graph.items()):
+        for dst in sorted(targets):
+            a, b = package_of(src), package_of(dst)
+            if a == b or b == "":  # within a package; the root __init__ (the version)
+                continue
+            if layer[b] >= layer[a]:
+                bad.append(f"{src} imports {dst}: {a} (layer {layer[a]}) may import only earlier layers, "
+                           f"{b} is layer {layer[b]}")
+    return bad
+
+
+# ---------------------------------------------------------------- the layout
+
+def test_only_the_package_init_and_configcheck_sit_at_the_top():
+    assert {p.name for p in PKG.glob("*.py")} == TOP_LEVEL
+    assert (PKG / "__init__.py").read_text().count("import") == 0  # the version only: imports nothing
+    for d in PKG.iterdir():
+        if d.is_dir() and d.name != "__pycache__":
+            assert (d / "__init__.py").is_file(), f"{d} is not a package"
+
+
+def test_every_package_has_its_place_in_the_order():
+    packages = {d.name for d in PKG.iterdir() if (d / "__init__.py").is_file()} | {"configcheck"}
+    placed = set().union(*LAYERS)
+    assert packages == placed, f"not placed in LAYERS: {sorted(packages - placed)}; gone: {sorted(placed - packages)}"
+
+
+def test_no_import_cycle_between_modules():
+    assert cycles(import_graph()) == []
+
+
+def test_packages_import_only_earlier_layers():
+    assert layering_violations(import_graph()) == []
+
+
+def test_the_readme_code_map_names_every_package_and_states_the_order():
+    readme = (REPO / "README.md").read_text()
+    code_map = readme[readme.index("## Code map"):readme.index("\n## ", readme.index("## Code map") + 1)]
+    for pkg in set().union(*LAYERS) - {"configcheck"}:
+        assert f"`{pkg}/`" in code_map, f"README's code map does not name {pkg}/"
+    arrows = re.sub(r"\s+", " ", "  <-  ".join(", ".join(sorted(layer)) for layer in LAYERS))
+    assert arrows in re.sub(r"\s+", " ", code_map), f"README's code map does not state the order:\n{arrows}"
+
+
+# ---------------------------------------------------------------- the checks themselves
+
+def test_a_cycle_and_an_upward_import_are_found():
+    """Known answers on graphs built to fail: a two-module cycle, and core importing a phase."""
+    assert cycles({"pairaudit.a.x": {"pairaudit.a.y"}, "pairaudit.a.y": {"pairaudit.a.x"}, "pairaudit.b": set()}) \
+        == [["pairaudit.a.x", "pairaudit.a.y"]]
+    assert cycles({"pairaudit.a.x": {"pairaudit.a.y"}, "pairaudit.a.y": set()}) == []
+    up = layering_violations({"pairaudit.core.stats": {"pairaudit.quality.scoring"}})
+    assert up and up[0].startswith("pairaudit.core.stats imports pairaudit.quality.scoring: core (layer 0)")
+    same = layering_violations({"pairaudit.serving.client": {"pairaudit.gates.quality"}})
+    assert same and "serving (layer 1)" in same[0] and "gates is layer 1" in same[0]
+    assert layering_violations({"pairaudit.promotion.stage": {"pairaudit.core.stats", "pairaudit"}}) == []
+
+
+def test_the_graph_follows_deferred_imports_and_enclosing_packages():
+    graph = import_graph()
+    # a function-level import (datasets reads boxed answers with the scoring module's parser)
+    assert "pairaudit.quality.scoring" in graph["pairaudit.datasets.formats"]
+    # `from pairaudit import gates` runs the registry's __init__, which imports every rule family
+    assert "pairaudit.gates" in graph["pairaudit.quality.stage"]
+    assert "pairaudit.gates.speed" in graph["pairaudit.gates"]
+
+
+# ---------------------------------------------------------------- the docs follow it
+
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_the_docs_name_only_modules_that_exist(doc):
+    """Every ``pairaudit/<path>.py`` and ``pairaudit.<module>[.<name>]`` a document names is there."""
+    text = doc.read_text()
+    missing = [p for p in re.findall(r"\bpairaudit/[\w/]+\.py\b", text) if not (REPO / p).is_file()]
+    for dotted in re.findall(r"(?<![\w/.-])pairaudit(?:\.\w+)+(?![\w/])", text):
+        parts = dotted.split(".")
+        for i in range(len(parts), 0, -1):  # the longest importable prefix, then attributes
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            for attr in parts[i:]:
+                obj = getattr(obj, attr, None)
+            if obj is None:
+                missing.append(dotted)
+            break
+        else:
+            missing.append(dotted)
+    assert not missing, f"{doc.name} names modules or functions that do not exist: {sorted(set(missing))}"
