@@ -9,7 +9,7 @@ statement sits (a function-level import runs when that code path runs). The
 installed metadata names its distribution (``yaml`` -> PyYAML, ``markdown_it``
 -> markdown-it-py), which must be a dependency of the rule's env, in its conda
 list or its ``pip:`` section. Each pinned version in an env equals
-``pyproject.toml``'s pin of the same distribution. The envs are not built
+``constraints.txt``'s pin (the tested version) of the same distribution. The envs are not built
 here: this checks what they declare.
 """
 
@@ -139,16 +139,16 @@ def missing_packages(rule: Rule, distributions=None) -> list[str]:
     return problems
 
 
-def pyproject_pins() -> dict[str, str]:
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    specs = list(project["dependencies"])
-    for extra in project.get("optional-dependencies", {}).values():
-        specs += extra
+def tested_pins() -> dict[str, str]:
+    """The tested versions: constraints.txt, one exact pin per line (pyproject.toml states ranges)."""
     pins = {}
-    for spec in specs:
-        m = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==(\S+)$", spec)
-        assert m, f"pyproject.toml: {spec!r} is not an exact pin"
-        pins[normalize(m.group(1))] = m.group(3)
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)$", line)
+        assert m, f"constraints.txt: {line!r} is not an exact pin"
+        pins[normalize(m.group(1))] = m.group(2)
     return pins
 
 
@@ -169,11 +169,11 @@ def test_the_rules_env_has_every_package_its_script_imports(rule):
 
 
 @pytest.mark.parametrize("env", sorted((REPO / "envs").glob("*.yaml")), ids=lambda p: p.name)
-def test_env_pins_equal_pyproject(env):
-    pins = pyproject_pins()
+def test_env_pins_equal_the_tested_versions(env):
+    pins = tested_pins()
     wrong = {name: (version, pins[name]) for name, version in env_dependencies(env).items()
              if name in pins and version != pins[name]}
-    assert not wrong, f"envs/{env.name}: pinned differently from pyproject.toml (env, pyproject): {wrong}"
+    assert not wrong, f"envs/{env.name}: pinned differently from constraints.txt (env, tested): {wrong}"
 
 
 # ---------------------------------------------------------------- the check itself
