@@ -34,13 +34,13 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from pairaudit.core import artifacts, lifecycle
-from pairaudit.core.contracts import DATASET_SCHEMA, SAMPLED_SCHEMA
+from pairaudit.core.contracts import SAMPLED_SCHEMA
 from pairaudit.core.jsonlog import AppendLog, read_log
 from pairaudit.core.progress import Progress
-from pairaudit.plans.requests import body_sha256, dataset_bodies
+from pairaudit.plans.requests import body_sha256
 from pairaudit.serving import failures
 from pairaudit.serving.client import Endpoint
-from pairaudit.serving.launch import Server, resolve_spec
+from pairaudit.serving.launch import Server
 
 log = logging.getLogger("pairaudit")
 
@@ -149,7 +149,7 @@ def answer_dataset(srv: Server, name: str, bodies: dict[int, dict], journal: App
     """Ask the running server every item the journal has no answer for; return counts."""
     by_index, done = pending_items(bodies, read_journal(journal.path))
     todo = {i: b for i, b in bodies.items() if i not in done}
-    arm = srv.spec["arm"]
+    arm = srv.spec.arm
     if todo:
         facts = srv.facts()
         server = {"url": facts["url"], "pid": facts["pid"]}
@@ -198,27 +198,3 @@ def assemble_records(*, name: str, arm: str, bodies: dict[int, dict], journal_pa
     }
     artifacts.write_jsonl(out_path, header, records)
     return header
-
-
-def sampled_stage(*, dataset_path: str, launch_path: str, preflight_path: str, out_path: str, journal_path: str,
-                  arm: str, arm_cfg: dict, sampling: dict, audit: str, server_log: str) -> dict:
-    """One dataset on one arm on a server of its own: answer (or resume), then assemble the artifact.
-
-    The workflow runs every dataset of an arm on one server (``phases``); this
-    is the same work for a single dataset, for library use and tests.
-    """
-    dataset = artifacts.check_schema(artifacts.read_json(dataset_path), DATASET_SCHEMA, dataset_path)
-    receipt = artifacts.read_json(launch_path)
-    preflight = artifacts.read_json(preflight_path)
-    if preflight.get("verdict") != "PASS":
-        raise SampledError(f"{preflight_path}: preflight of arm {arm} is {preflight.get('verdict')} "
-                           f"(failed probe: {preflight.get('failed_probe')}); not sampling")
-    spec = resolve_spec(arm, arm_cfg)  # the Server checks it against the receipt's identity hash
-    bodies = dataset_bodies(dataset, sampling, model=spec["served_model_name"], audit=audit)
-    _, done = pending_items(bodies, read_journal(Path(journal_path)))
-    if len(done) < len(bodies):
-        with Journal(Path(journal_path)) as journal, Server(spec, log_path=server_log, receipt=receipt) as srv:
-            answer_dataset(srv, dataset["name"], bodies, journal, sampling=sampling)
-    return assemble_records(name=dataset["name"], arm=arm, bodies=bodies, journal_path=journal_path,
-                            out_path=out_path, consumed=[dataset_path, launch_path, preflight_path],
-                            params={"sampling": sampling, "audit": audit})

@@ -48,11 +48,11 @@ import re
 import secrets
 from typing import Any, Callable, Mapping, Sequence
 
-from pairaudit.core import artifacts, defaults
+from pairaudit.core import defaults
 from pairaudit.core.artifacts import sha256_json
-from pairaudit.core.contracts import BOUNDARY_SCHEMA
 from pairaudit.core.progress import Progress
 from pairaudit.serving import launch
+from pairaudit.serving.armspec import ArmSpec
 from pairaudit.serving.client import Endpoint, clamping, error_message, safe_salt
 
 log = logging.getLogger("pairaudit")
@@ -289,14 +289,14 @@ def run_case(ep: Endpoint, model: str, plan: Mapping[str, Any], cfg: Mapping[str
     return rec
 
 
-def server_max_model_len(ep: Endpoint, spec: Mapping[str, Any]) -> int:
+def server_max_model_len(ep: Endpoint, spec: ArmSpec) -> int:
     res = ep.get_json("/v1/models")
     try:
         cards = res["body"]["data"]
-        mml = next(c.get("max_model_len") for c in cards if c.get("id") == spec["served_model_name"])
+        mml = next(c.get("max_model_len") for c in cards if c.get("id") == spec.served_model_name)
     except (TypeError, KeyError, StopIteration):
         mml = None
-    mml = mml or spec.get("max_model_len")
+    mml = mml or spec.max_model_len
     if not isinstance(mml, int) or mml < 1:
         raise BoundaryError(f"max_model_len unknown: /v1/models gave {res['body']!r} and the arm sets none")
     return mml
@@ -333,26 +333,3 @@ def run_boundary(ep: Endpoint, model: str, max_model_len: int, cfg: Mapping[str,
                        for rec in cases if rec["ttft_s"] is not None and 2 * rec["prompt_tokens"] >= max_model_len),
                       None)
     return {"cases": cases, "first_long": first_long}
-
-
-def boundary_stage(*, arm: str, arm_cfg: dict, launch_path: str, out_path: str, server_log: str,
-                   cfg: dict | None, salt_prefix: str) -> dict:
-    """All boundary cases of one arm on a fresh server (identity checked against the launch receipt)."""
-    params = settings(cfg)
-    receipt = artifacts.read_json(launch_path)
-    spec = launch.resolve_spec(arm, arm_cfg)
-    model = spec["served_model_name"]
-    with launch.Server(spec, log_path=server_log, receipt=receipt) as srv:
-        mml = server_max_model_len(srv.endpoint, spec)
-        res = run_boundary(srv.endpoint, model, mml, params, arm=arm, salt_prefix=salt_prefix)
-        facts = srv.facts()
-    doc = {"schema": BOUNDARY_SCHEMA, "arm": arm, "served_model_name": model, "max_model_len": mml, "params": params,
-           "cases": res["cases"], "first_long": res["first_long"], "server": facts,
-           "provenance": artifacts.provenance([launch_path], {"boundary": params, "salt_prefix": salt_prefix})}
-    artifacts.write_json(out_path, doc)
-    return doc
-
-
-# --------------------------------------------------------------------- gate
-
-

@@ -1,4 +1,4 @@
-"""TODO docstring."""
+"""First divergences between the arms' greedy runs and the forced-prefix top-20 probes of each arm (diagnostics phase)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def _prefix_key(prompt_ids: list[int], prefix: list[int]) -> str:
 def probe_arm(ps: PhaseServer, divergences: list[dict], prompt_ids: Mapping[int, list[int]],
               journal: Path) -> list[dict]:
     """Top-20 probes of one arm at every divergence, journaled: a rerun probes only what is missing."""
-    done = {}
+    done: dict[tuple, dict] = {}
     for r in read_log(journal):
         if r.get("status") is not None and r["status"] < 500:
             done.setdefault((r["index"], r.get("prefix_key")), r)
@@ -29,8 +29,8 @@ def probe_arm(ps: PhaseServer, divergences: list[dict], prompt_ids: Mapping[int,
     want = [(d, _prefix_key(prompt_ids[d["index"]], d["shared_prefix"])) for d in divergences]
     if any((d["index"], k) not in done for d, k in want):
         srv = ps.get()
-        model = ps.spec["served_model_name"]
-        with Journal(journal, owner=f"probes {ps.spec['arm']}") as jl:
+        model = ps.spec.served_model_name
+        with Journal(journal, owner=f"probes {ps.spec.arm}") as jl:
             for d, k in want:
                 if (d["index"], k) in done:
                     continue

@@ -1,4 +1,4 @@
-"""TODO docstring."""
+"""One dataset's greedy work on one arm (the diagnostics phase): which items, what the journal already holds."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ class GreedyPlan:
         todo = self.todo
         if not todo:
             return
-        model = srv.spec["served_model_name"]
+        model = srv.spec.served_model_name
         prompts: dict = {}
         progress = Progress(len(self.want), f"greedy {self.dataset['name']}/{arm}", done=len(self.want) - len(todo))
         with Journal(self.journal, owner=f"greedy {arm}") as journal:
@@ -80,11 +80,14 @@ class GreedyPlan:
                              "rerun to resume")
         records = [self.done[w] for w in self.want if w[0] == "greedy"]
         repeats = [self.done[w] for w in self.want if w[0] == "determinism"]
+        # A refused repeat gets a pseudo-hash of its own (its slot in it): two
+        # repeats refused alike are two failures, never two outputs that matched.
+        hashes = [r["output_sha256"] or f"error:{slot}:{r['error']}" for slot, r in enumerate(repeats)]
         header = {
             "schema": GREEDY_SCHEMA, "dataset": self.dataset["name"], "arm": arm,
             "selection": self.selection, "max_tokens": self.cfg["max_tokens"],
             "determinism": {"index": self.det_index,
-                            "hashes": [r["output_sha256"] or f"error:{r['error']}" for r in repeats],
+                            "hashes": hashes,
                             "records": repeats},
             "provenance": artifacts.provenance(consumed, {"greedy": self.cfg, "journal": str(self.journal)}),
         }

@@ -19,7 +19,15 @@ from typing import Any, Mapping, Sequence
 
 from markdown_it import MarkdownIt
 
-from pairaudit.core.contracts import ARMS
+from pairaudit.core.contracts import (
+    ARMS,
+    BOUNDARY_GATE_SCHEMA,
+    DIVERGENCE_SCHEMA,
+    PAIRED_SCHEMA,
+    PATHS,
+    PREFLIGHT_SCHEMA,
+    SPEED_DECISION_SCHEMA,
+)
 from pairaudit.promotion.decision import speed_primary
 
 NOT_ADJUSTED = (
@@ -93,10 +101,11 @@ def gate_rows(decision: Mapping[str, Any]) -> list[dict]:
     for name, g in decision["gates"].items():
         kind, _, ds = name.partition(":")
         # grid-tie judges the whole audit: its evidence is every dataset's divergence file
-        divergence = f"divergence/{ds}.json" if ds else "divergence/"
-        evidence = {"quality": f"paired/{ds}.json", "grid_tie": divergence, "determinism": divergence,
-                    "boundary": "boundary/gate.json", "speed": "speed/decision.json",
-                    "preflight": f"preflight/{ds}.json"}.get(kind)
+        divergence = PATHS[DIVERGENCE_SCHEMA].format(dataset=ds) if ds else \
+            PATHS[DIVERGENCE_SCHEMA].partition("{")[0]
+        evidence = {"quality": PATHS[PAIRED_SCHEMA].format(dataset=ds), "grid_tie": divergence,
+                    "determinism": divergence, "boundary": PATHS[BOUNDARY_GATE_SCHEMA],
+                    "speed": PATHS[SPEED_DECISION_SCHEMA], "preflight": PATHS[PREFLIGHT_SCHEMA].format(arm=ds)}.get(kind)
         if g is None:
             rows.append({"gate": name, "verdict": "not evaluated", "effect": _EFFECT["INCONCLUSIVE"],
                          "reason": "its stage produced no result", "evidence": evidence})
@@ -126,7 +135,7 @@ def deviations(decision: Mapping[str, Any]) -> list[dict]:
     devs = decision.get("deviations")
     if not isinstance(devs, list):
         return []
-    return [d for d in devs if isinstance(d, Mapping)]
+    return [dict(d) for d in devs if isinstance(d, Mapping)]
 
 
 def _banner(decision: Mapping[str, Any]) -> list[str]:
@@ -543,7 +552,8 @@ def _ids_and_boxes(state) -> None:
 
 def _markdown_renderer() -> MarkdownIt:
     md = MarkdownIt("commonmark", {"html": False}).enable("table")
-    md.validateLink = lambda url: bool(_LOCAL_LINK.fullmatch(url))
+    # markdown-it-py's documented hook for link validation is replacing this method
+    md.validateLink = lambda url: bool(_LOCAL_LINK.fullmatch(url))  # type: ignore[method-assign]
     md.core.ruler.push("pairaudit_ids_and_boxes", _ids_and_boxes)
     md.add_render_rule("blockquote_open", lambda self, tokens, k, options, env:
                        f'<div class="box {tokens[k].meta.get("box", "notice")}">\n')
