@@ -121,8 +121,8 @@ def last_boxed(text: str) -> tuple[str, str] | None:
     (answer cut off) counts as absent rather than guessing its end.
     """
     best = None
-    for m in re.finditer(r"\\(boxed|fbox)\b", text):
-        best = m
+    for found in re.finditer(r"\\(boxed|fbox)\b", text):
+        best = found
     if best is None:
         return None
     cmd, pos = best.group(1), best.end()

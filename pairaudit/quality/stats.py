@@ -102,9 +102,9 @@ def paired_table(
 
     control_only, candidate_only, both, neither = [], [], 0, 0
     text_match, body_mismatch = [], []
-    unnatural = {a: [] for a in ARMS}
-    unanswered = {a: [] for a in ARMS}
-    errors = {a: [] for a in ARMS}
+    unnatural: dict[str, list[int]] = {a: [] for a in ARMS}
+    unanswered: dict[str, list[int]] = {a: [] for a in ARMS}
+    errors: dict[str, list[int]] = {a: [] for a in ARMS}
     for i in idx:
         a, b = bool(cs[i].get("correct")), bool(ks[i].get("correct"))
         if a and b:
@@ -234,7 +234,7 @@ def _fail_limits(n: int, alpha: float, max_net_loss: int) -> np.ndarray:
     # Checking its neighbours with the exact test formula keeps float edge
     # cases (a cdf exactly at alpha/2) on the same side as mcnemar_exact_p.
     c0 = np.nan_to_num(_st.binom.ppf(alpha / 2.0, k, 0.5), nan=-1.0).astype(int)
-    lim = np.full(n + 1, -1, dtype=int)
+    lim: Any = np.full(n + 1, -1, dtype=int)
     for shift in (-2, -1, 0, 1):
         c = c0 + shift
         ok = (c >= 0) & (c <= k) & (2.0 * _st.binom.cdf(c, k, 0.5) < alpha)

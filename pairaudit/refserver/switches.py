@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Mapping
 
 # name -> (converter, default, what is allowed)
 SWITCHES = {
@@ -59,7 +60,7 @@ class Switches:
     fault_noise: float = 0.0
 
     @classmethod
-    def from_env(cls, env: dict | None = None) -> "Switches":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Switches":
         env = os.environ if env is None else env
 
         def get(name):
