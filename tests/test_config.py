@@ -572,3 +572,12 @@ def test_the_load_check_notes_a_bfloat16_cpu_arm_but_not_one_scheduled_on_gpus(m
     configcheck.check_arms(cfg, result)
     assert not [n for n in result.notes if "emulation" in n], result.notes
 
+
+
+def test_the_schemas_default_shared_logs_are_where_the_contracts_put_them():
+    """speed.archive and calibration.log default to the paths every reader takes from contracts.PATHS."""
+    from pairaudit.core import contracts
+
+    props = load(SCHEMA)["properties"]
+    assert props["speed"]["properties"]["archive"]["default"] == contracts.PATHS[contracts.CONTROL_ARCHIVE_SCHEMA]
+    assert props["calibration"]["properties"]["log"]["default"] == contracts.PATHS[contracts.CALIBRATION_LOG_SCHEMA]

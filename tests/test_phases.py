@@ -18,7 +18,6 @@ from pairaudit.core import artifacts, contracts
 from pairaudit.core.jsonlog import read_log
 from pairaudit.plans import stage as plan_stage
 from pairaudit.serving import failures
-from pairaudit.serving import phase as phases
 from pairaudit.speed import stage as speed_stage
 
 SAMPLING = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0, "base_seed": 1000, "max_tokens": 16,
@@ -146,7 +145,7 @@ def test_an_engine_that_dies_under_the_speed_bracket_is_evidence_confirmed_on_a_
     answers = []
     for arm in ("control", "candidate"):
         answers.append(str(out / f"answers/{arm}.json"))
-        artifacts.write_json(answers[-1], {"schema": phases.PHASE_SCHEMA, "arm": arm, "failure": None})
+        artifacts.write_json(answers[-1], {"schema": contracts.PHASE_SCHEMA, "arm": arm, "failure": None})
     kw, _, _ = report._load_later({"speed": str(out / "speed/decision.json"), "answers": answers})
     assert kw["servers"]["verdict"] == "FAIL" and kw["servers"]["failures"]["candidate"]["stage"] == "speed"
     assert kw["speed"]["verdict"] == "INCONCLUSIVE"

@@ -32,9 +32,10 @@ import json
 import logging
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
+from typing import Any, Mapping, cast
 
 from pairaudit.core import artifacts, lifecycle
-from pairaudit.core.contracts import SAMPLED_SCHEMA
+from pairaudit.core.contracts import SAMPLED_SCHEMA, JournalAttempt, SampledRecord
 from pairaudit.core.jsonlog import AppendLog, read_log
 from pairaudit.core.progress import Progress
 from pairaudit.plans.requests import body_sha256
@@ -50,15 +51,15 @@ class SampledError(RuntimeError):
     pass
 
 
-def is_final(attempt: dict) -> bool:
+def is_final(attempt: Mapping[str, Any]) -> bool:
     # 429 is "not now", not an answer: like a transport error, the item stays open
     status = attempt.get("status")
     return status is not None and status < 500 and status != 429
 
 
-def read_journal(path: Path) -> list[dict]:
+def read_journal(path: Path) -> list[JournalAttempt]:
     """Every parseable attempt; a line cut short by a crash is skipped, never repaired in place."""
-    return read_log(path)
+    return cast(list[JournalAttempt], read_log(path))  # the journal holds what ask() wrote
 
 
 def Journal(path: Path, *, owner: str = "") -> AppendLog:
@@ -66,7 +67,7 @@ def Journal(path: Path, *, owner: str = "") -> AppendLog:
     return AppendLog(path, owner=owner)
 
 
-def ask(endpoint: Endpoint, index: int, body: dict, attempt: int, server: dict, timeout_s: float) -> dict:
+def ask(endpoint: Endpoint, index: int, body: dict, attempt: int, server: dict, timeout_s: float) -> JournalAttempt:
     res = endpoint.post_json("/v1/chat/completions", body, timeout_s=timeout_s)
     response = res["body"] if res["status"] == 200 and isinstance(res["body"], dict) else None
     choices = (response or {}).get("choices") or [{}]
@@ -87,9 +88,10 @@ def ask(endpoint: Endpoint, index: int, body: dict, attempt: int, server: dict, 
     }
 
 
-def pending_items(bodies: dict[int, dict], attempts: list[dict]) -> tuple[dict[int, list], set[int]]:
+def pending_items(bodies: Mapping[int, dict], attempts: list[JournalAttempt]) \
+        -> tuple[dict[int, list[JournalAttempt]], set[int]]:
     """(attempts per index that match the current body, indices already answered)."""
-    by_index: dict[int, list] = {i: [] for i in bodies}
+    by_index: dict[int, list[JournalAttempt]] = {i: [] for i in bodies}
     for a in attempts:
         i = a.get("index")
         if i in bodies and a.get("body_sha256") == body_sha256(bodies[i]):
@@ -99,7 +101,7 @@ def pending_items(bodies: dict[int, dict], attempts: list[dict]) -> tuple[dict[i
 
 
 def run_items(endpoint: Endpoint, bodies: dict[int, dict], journal: AppendLog, *, concurrency: int,
-              server: dict, timeout_s: float, prior: dict[int, list], alive=None,
+              server: dict, timeout_s: float, prior: dict[int, list[JournalAttempt]], alive=None,
               progress: Progress | None = None) -> None:
     """Ask every open item once, ``concurrency`` at a time, journaling each answer as it arrives.
 
@@ -131,8 +133,10 @@ def run_items(endpoint: Endpoint, bodies: dict[int, dict], journal: AppendLog, *
     lifecycle.check_stop()
 
 
-def collect(bodies: dict[int, dict], by_index: dict[int, list]) -> tuple[list[dict], list[int]]:
-    records, open_items = [], []
+def collect(bodies: Mapping[int, dict], by_index: Mapping[int, list[JournalAttempt]]) \
+        -> tuple[list[SampledRecord], list[int]]:
+    records: list[SampledRecord] = []
+    open_items: list[int] = []
     for i in sorted(bodies):
         atts = by_index[i]
         final = next((a for a in atts if is_final(a)), None)
@@ -140,7 +144,8 @@ def collect(bodies: dict[int, dict], by_index: dict[int, list]) -> tuple[list[di
             open_items.append(i)
             continue
         # journal order, not attempt numbers: two writers could both have numbered an attempt 1
-        records.append({**final, "prior_attempts": atts[:atts.index(final)]})
+        rec: SampledRecord = {**final, "prior_attempts": atts[:atts.index(final)]}
+        records.append(rec)
     return records, open_items
 
 

@@ -4,12 +4,12 @@ assembly of each dataset's sampled artifact from the phase's journal (``pairaudi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
-from pairaudit.answers.sampled import Journal, answer_dataset, assemble_records, is_final
+from pairaudit.answers.sampled import Journal, answer_dataset, assemble_records, is_final, read_journal
 from pairaudit.boundary import cases as boundary
 from pairaudit.core import artifacts, contracts
-from pairaudit.core.contracts import PHASE_SCHEMA, journal_path
+from pairaudit.core.contracts import PHASE_SCHEMA, BoundaryCase, JournalAttempt, journal_path
 from pairaudit.core.jsonlog import AppendLog, append_record, read_log
 from pairaudit.plans import requests as plans
 from pairaudit.plans.requests import bodies, read_requests
@@ -44,14 +44,14 @@ def _probe_failure(arm: str, result: dict, srv: Server) -> failures.FailureRecor
 def _item_failure(arm: str, dataset: str, journal_path: Path, srv: Server, exc: Exception | None) -> \
         failures.FailureRecord | None:
     """The first item of ``dataset`` whose last attempt got no answer or a server error, if any."""
-    last: dict[int, dict] = {}
-    for a in read_log(journal_path):
-        last[a["index"]] = a
+    last: dict[int, JournalAttempt] = {}
+    for att in read_journal(journal_path):
+        last[att["index"]] = att
     open_ = [a for a in last.values() if not is_final(a)]
     if not open_ and exc is None:
         return None
     alive = srv.proc is None or srv.proc.poll() is None
-    a = min(open_, key=lambda x: x["index"]) if open_ else {}
+    a: Mapping[str, Any] = min(open_, key=lambda x: x["index"]) if open_ else {}
     return {"arm": arm, "stage": "sampled", "what": f"{dataset} item {a.get('index')}",
             "kind": failures.classify(a.get("status"), server_alive=alive and exc is None),
             "status": a.get("status"), "request": {"method": "POST", "path": "/v1/chat/completions",
@@ -144,7 +144,8 @@ def answers_phase(*, arm: str, spec_path: str, requests_paths: Mapping[str, str]
         if boundary_path is not None and failure is None:
             try:
                 boundary_doc = boundary_cases(ps, arm=arm, cfg=boundary_cfg, audit=audit,
-                                              journal=Path(journal_path(journal_dir, contracts.JOURNAL_BOUNDARY, arm=arm)),
+                                              journal=Path(journal_path(journal_dir, contracts.JOURNAL_BOUNDARY,
+                                                                        arm=arm)),
                                               receipt_path=receipt_path)
                 ps.verify()
             except ServerError as exc:
@@ -168,8 +169,8 @@ def answers_phase(*, arm: str, spec_path: str, requests_paths: Mapping[str, str]
            "starts": ps.starts, "server": facts, "preflight": result["verdict"], "datasets": counts,
            "boundary_cases": len(boundary_doc["cases"]) if boundary_doc else None, "failure": failure,
            "provenance": artifacts.provenance(
-               [spec_path, *requests_paths.values(), *([boundary_plan_path] if boundary_plan_path else []), receipt_path,
-                preflight_path], {"sampling": sampling, "audit": audit})}
+               [spec_path, *requests_paths.values(), *([boundary_plan_path] if boundary_plan_path else []),
+                receipt_path, preflight_path], {"sampling": sampling, "audit": audit})}
     artifacts.write_json(phase_path, doc)
     return doc
 
@@ -183,9 +184,10 @@ def boundary_cases(ps: PhaseServer, *, arm: str, cfg: dict | None, audit: str, j
     model = spec.served_model_name
     mml = boundary.server_max_model_len(srv.endpoint, spec)
     key = boundary_key(params, mml, model, audit)
-    done: dict[str, dict] = {}
-    for r in read_log(journal):
-        if r.get("key") == key and r.get("status") is not None and r["status"] < 500:
+    done: dict[str, BoundaryCase] = {}
+    for r in cast(list[BoundaryCase], read_log(journal)):  # the journal holds the cases run_boundary recorded
+        status = r.get("status")
+        if r.get("key") == key and status is not None and status < 500:
             done.setdefault(r["case"], r)
     with AppendLog(journal, owner=f"boundary {arm}") as jl:
         res = boundary.run_boundary(srv.endpoint, model, mml, params, arm=arm, salt_prefix=audit, done=done,

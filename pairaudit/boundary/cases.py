@@ -50,6 +50,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from pairaudit.core import defaults
 from pairaudit.core.artifacts import sha256_json
+from pairaudit.core.contracts import BoundaryCase
 from pairaudit.core.progress import Progress
 from pairaudit.serving import launch
 from pairaudit.serving.armspec import ArmSpec
@@ -242,7 +243,7 @@ def case_salt(salt_prefix: str, arm: str, case: str) -> str:
 
 def run_case(ep: Endpoint, model: str, plan: Mapping[str, Any], cfg: Mapping[str, Any], *,
              tokenize: Callable[[str], list[int]], arm: str, salt_prefix: str,
-             max_model_len: int | None = None) -> dict:
+             max_model_len: int | None = None) -> BoundaryCase:
     case = plan["case"]
     values = planted_values(cfg["seed"], case, cfg["values"], cfg["digits"])
     hay = build_haystack(tokenize, plan["prompt_tokens"], values=values, seed=cfg["seed"], case=case,
@@ -257,7 +258,7 @@ def run_case(ep: Endpoint, model: str, plan: Mapping[str, Any], cfg: Mapping[str
         config_error = f"HTTP {status}: {error_message(res['body'])}"
     extracted = extract_numbers(res["text"]) if res["error"] is None else []
     ttft = res["ttft_s"]
-    rec = {
+    rec: BoundaryCase = {
         "case": case, "kind": plan["kind"], "prompt_tokens": len(hay["ids"]), "max_tokens": plan["max_tokens"],
         "planted": values, "expected": " ".join(map(str, values)), "positions": hay["positions"],
         "prompt_sha256": sha256_json(hay["ids"]),
@@ -271,7 +272,8 @@ def run_case(ep: Endpoint, model: str, plan: Mapping[str, Any], cfg: Mapping[str
         "started_at": res["started_at"],
     }
     clamp = clamping(body, res["finish_reason"], res.get("usage"), max_model_len)
-    rec["clamped"], rec["clamp"] = clamp["clamped"], clamp if clamp["clamped"] else None
+    rec["clamped"] = clamp["clamped"]
+    rec["clamp"] = clamp if clamp["clamped"] else None
     if clamp["clamped"]:
         # The server lowered max_tokens instead of refusing (vLLM >= 0.32): the
         # answer was cut by the server, so it is never a correct boundary answer.
@@ -303,8 +305,8 @@ def server_max_model_len(ep: Endpoint, spec: ArmSpec) -> int:
 
 
 def run_boundary(ep: Endpoint, model: str, max_model_len: int, cfg: Mapping[str, Any], *, arm: str,
-                 salt_prefix: str, done: Mapping[str, dict] | None = None,
-                 record: Callable[[dict], None] | None = None) -> dict:
+                 salt_prefix: str, done: Mapping[str, BoundaryCase] | None = None,
+                 record: Callable[[BoundaryCase], None] | None = None) -> dict:
     """Every case of the plan on one server; returns {"cases", "first_long"}.
 
     ``done`` holds cases answered by an earlier run (by case name): they are
@@ -315,10 +317,12 @@ def run_boundary(ep: Endpoint, model: str, max_model_len: int, cfg: Mapping[str,
     plan = case_plan(cfg, max_model_len)
     done = done or {}
     prog = Progress(len(plan), f"boundary {arm}", done=sum(1 for p in plan if p["case"] in done))
-    cases = []
+    cases: list[BoundaryCase] = []
     for p in plan:
         if p["case"] in done:
-            cases.append({k: v for k, v in done[p["case"]].items() if k != "key"})
+            kept = done[p["case"]].copy()
+            kept.pop("key", None)  # the journal's, not the case's
+            cases.append(kept)
             continue
         rec = run_case(ep, model, p, cfg, tokenize=tokenize, arm=arm, salt_prefix=salt_prefix,
                        max_model_len=max_model_len)

@@ -202,7 +202,7 @@ def read_json(path: str | os.PathLike, *, verify: bool = True) -> dict:
     return doc
 
 
-def write_jsonl(path: str | os.PathLike, header: dict, records: Iterable[dict]) -> None:
+def write_jsonl(path: str | os.PathLike, header: dict, records: Iterable[Mapping[str, Any]]) -> None:
     head = _round_trip({k: v for k, v in header.items() if k not in ("kind", CONTENT_KEY)})
     recs = [_round_trip({k: v for k, v in r.items() if k != "kind"}) for r in records]
     head[CONTENT_KEY] = content_sha256_table({k: v for k, v in head.items() if k != CONTENT_KEY}, recs)

@@ -17,7 +17,7 @@ This module imports nothing from the package, so every module can import it.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 ARMS = ("control", "candidate")
 # The finish reason of an answer the model ended itself; anything else (a
@@ -170,7 +170,8 @@ class JournalAttempt(TypedDict):
     body_sha256: str                # sha256 of the request body without ``model``: equal across arms
     body: dict                      # the request as sent, every sampling field explicit
     status: int | None              # HTTP status; None = transport error (the item stays open)
-    response: dict | None
+    response: dict | None           # the body of a 200
+    error_body: Any                 # the server's own words on any other status
     error: str | None
     finish_reason: str | None
     usage: dict | None
@@ -197,10 +198,22 @@ class ScoreRecord(TypedDict, total=False):
     reasoning: str | None           # message.reasoning / reasoning_content, kept, never scored
     clamped: bool                   # the server lowered max_tokens (client.clamping); never a natural finish
     clamp: dict | None              # the client.clamping record when clamped
-    # gsm8k: gold, flexible {extracted, correct} (last number), comparison "numeric", lm_eval_exact_match
-    # math: gold, boxed_command, math_verify {equal, error}
-    # mbpp / humaneval: code_source, tests_total, tests_failed, first_failure, sandbox (mechanism,
-    #   fallback_reason, isolation, harness report), stderr_tail
+    # gsm8k
+    gold: Any                       # the reference answer (gsm8k, math)
+    flexible: dict                  # {extracted, correct}: the last number, as lm-eval's flexible filter
+    comparison: str                 # "numeric"
+    lm_eval_exact_match: bool
+    # math
+    boxed_command: str | None       # "boxed" | "fbox"
+    math_verify: dict | None        # {equal, error}
+    # mbpp / humaneval
+    code_source: str                # where the code was read from (a fenced block, the whole text)
+    program_layout: str             # humaneval: how prompt and completion were joined
+    tests_total: int
+    tests_failed: int | None
+    first_failure: str | None
+    sandbox: dict                   # mechanism, fallback_reason, isolation, harness report
+    stderr_tail: str
 
 
 class PairedTable(TypedDict):
@@ -244,11 +257,18 @@ class GreedyRecord(TypedDict, total=False):
     clamped: bool                   # the server lowered max_tokens
     clamp: dict | None
     timings: Timings
+    # journaled by the diagnostics phase's GreedyPlan beside each run:
+    run: str                        # "greedy" | "determinism"
+    slot: Any                       # the item index (greedy) or the repeat number (determinism)
+    key: dict                       # what the run was asked under (max_tokens, determinism index, template kwargs)
+    prompt_ids: list[int]           # the chat prompt as the server's own template rendered it
 
 
 class ProbeResult(TypedDict, total=False):
-    """A forced-prefix top-20 probe (``greedy.run_probe``; ``probes_for_arm`` adds ``index``)."""
+    """A forced-prefix top-20 probe (``greedy.run_probe``; ``divergence.probe_arm`` adds the item's place)."""
     index: Any
+    first_divergence: int           # the position probed (after the shared prefix)
+    prefix_key: str                 # journal only: which prompt + prefix was probed
     top20: list[list[float]] | None  # [[id, logprob], ...] after prompt + shared prefix
     token_id: int | None
     salt: str
@@ -277,6 +297,7 @@ class DivergenceRecord(TypedDict):
     candidate_greedy_top: list | None
     clamped: list[str]              # arms whose server lowered max_tokens
     error: str | None
+    prompt_ids_equal: NotRequired[bool]  # set by the phase: both arms' templates rendered the same prompt
 
 
 class BoundaryCase(TypedDict, total=False):
@@ -299,12 +320,14 @@ class BoundaryCase(TypedDict, total=False):
     correct: bool                   # exactly the planted values, in order
     ttft_s: float | None
     e2el_s: float | None
+    started_at: str                 # ISO-8601 UTC, when the request was sent
     input_tokens_per_s: float | None  # prompt tokens / TTFT
     error: str | None
     error_body: Any
     clamped: bool                   # max_tokens silently lowered
     clamp: dict | None
     config_error: str | None        # the server refused the request (4xx), or clamped a case that did not fit
+    key: str                        # journal only: the plan, context and salt the case was asked under
 
 
 class SpeedDecision(TypedDict, total=False):

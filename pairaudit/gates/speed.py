@@ -497,9 +497,9 @@ def win2_v2(
     rates = None
     if with_rates:
         zero = [g for g in guards if all(v == 0 for c in decide for tr in cells[c][g] for v in tr)]
-        common: dict[str, Any] = dict(cells=len(decide), repeats=n_rep, guards=guards, zero_guards=zero, win_pct=win_pct,
-                      alpha_win=alpha_win, alpha_loss=alpha_loss, start_noise_pct=start_noise_pct,
-                      power_gain_pct=power_gain_pct)
+        common: dict[str, Any] = dict(cells=len(decide), repeats=n_rep, guards=guards, zero_guards=zero,
+                                      win_pct=win_pct, alpha_win=alpha_win, alpha_loss=alpha_loss,
+                                      start_noise_pct=start_noise_pct, power_gain_pct=power_gain_pct)
         rates = {"measured": win2_v2_rates(rep_sd=noise["rep_sd_pct"], start_sd=noise["start_sd_pct"], **common),
                  "assumed": win2_v2_rates(rep_sd=noise["rep_sd_pct"], start_sd=noise["start_sd_used_pct"], **common)}
         m_, a_ = rates["measured"], rates["assumed"]

@@ -67,7 +67,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
 from pairaudit.core.artifacts import sha256_json
-from pairaudit.core.contracts import CALIBRATION_LOG_SCHEMA, CALIBRATION_SCHEMA, PATHS, audit_dir
+from pairaudit.core.contracts import CALIBRATION_LOG_SCHEMA, CALIBRATION_SCHEMA, PATHS, Decision, audit_dir
 from pairaudit.core.jsonlog import append_record, read_log
 
 SUFFIX = "-calibration"
@@ -192,7 +192,7 @@ def _finding(name: str, g: Mapping[str, Any], summary: Mapping[str, Any]) -> str
     return f"{name} {v} on identical arms (expected {'/'.join(g.get('expected') or ())}): {reason}"
 
 
-def summarize(decision: Mapping[str, Any], *, audit: str | None, of_audit: str | None,
+def summarize(decision: Decision, *, audit: str | None, of_audit: str | None,
               speed_doc: Mapping[str, Any] | None = None,
               divergence_docs: Mapping[str, Mapping[str, Any]] | None = None) -> dict:
     """calibration.json (module docstring) from a calibration-mode decision and the stage artifacts it read.

@@ -45,7 +45,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from pairaudit import gates
-from pairaudit.core.contracts import ARMS, DECISION_SCHEMA
+from pairaudit.core.contracts import ARMS, DECISION_SCHEMA, Decision
 
 # Which registered rule each later gate must carry: a win2 result handed in
 # as "boundary" would otherwise be judged by the wrong vocabulary.
@@ -357,8 +357,8 @@ def _dataset_summary(doc: Mapping[str, Any], mde: Mapping[str, Any] | None = Non
 
 def decide(paired: Mapping[str, Mapping[str, Any]], launch: Mapping[str, Mapping[str, Any]],
            preflight: Mapping[str, Mapping[str, Any] | None], *, calibration: bool = False,
-           **later: Any) -> dict:
-    """decision.json (schema in the module docstring) by promotion-v1.
+           **later: Any) -> Decision:
+    """decision.json (schema in the module docstring and ``contracts.Decision``) by promotion-v1.
 
     paired: dataset -> paired doc; launch: arm -> launch record (both arms
     required: evidence without a receipt has no server to attribute it to);

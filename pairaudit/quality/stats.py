@@ -26,11 +26,11 @@ Output of :func:`paired_table` (the quality table): ``contracts.PairedTable``.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from pairaudit.core.contracts import ARMS, NATURAL_FINISH
+from pairaudit.core.contracts import ARMS, NATURAL_FINISH, PairedTable, SampledRecord, ScoreRecord
 
 # scipy.stats is imported where it is used: it takes seconds to import, and the
 # workflow imports this module (through the rules) every time it loads.
@@ -54,8 +54,8 @@ def mcnemar_exact_p(b: int, c: int) -> float:
     return float(min(1.0, 2.0 * _st.binom.cdf(min(b, c), n, 0.5)))
 
 
-def _by_index(records: Sequence[dict], what: str) -> dict[int, dict]:
-    out: dict[int, dict] = {}
+def _by_index(records: Sequence[Mapping[str, Any]], what: str) -> dict[int, Mapping[str, Any]]:
+    out: dict[int, Mapping[str, Any]] = {}
     for r in records:
         if not isinstance(r, dict) or "index" not in r:
             raise ValueError(f"{what}: record without an 'index': {r!r}")
@@ -69,11 +69,11 @@ def _by_index(records: Sequence[dict], what: str) -> dict[int, dict]:
 
 
 def paired_table(
-    control_scores: Sequence[dict],
-    candidate_scores: Sequence[dict],
-    control_records: Sequence[dict],
-    candidate_records: Sequence[dict],
-) -> dict[str, Any]:
+    control_scores: Sequence[ScoreRecord],
+    candidate_scores: Sequence[ScoreRecord],
+    control_records: Sequence[SampledRecord],
+    candidate_records: Sequence[SampledRecord],
+) -> PairedTable:
     """Pair both arms item by item and build the quality table (schema above).
 
     The four inputs must cover exactly the same item indices: pairing a

@@ -6,7 +6,7 @@ from typing import Any, Mapping, Sequence
 
 from pairaudit.core import artifacts, contracts
 from pairaudit.core.artifacts import utc_now
-from pairaudit.core.contracts import SPEED_DECISION_SCHEMA, SPEED_STREAMS_SCHEMA
+from pairaudit.core.contracts import SPEED_DECISION_SCHEMA, SPEED_STREAMS_SCHEMA, SpeedDecision
 from pairaudit.core.progress import Progress
 from pairaudit.serving import armspec, failures, launch
 from pairaudit.serving.armspec import ArmSpec
@@ -31,7 +31,7 @@ from pairaudit.speed.workload import build_prompts
 
 def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str, str], spec_paths: Mapping[str, str],
                 speed_cfg: Mapping[str, Any] | None, audit: str, out_path: str, streams_path: str,
-                archive_path: str, server_logs: Mapping[str, str], starts_log: str | None = None) -> dict:
+                archive_path: str, server_logs: Mapping[str, str], starts_log: str | None = None) -> SpeedDecision:
     """Run the OFF/ON/OFF bracket and write decision.json + streams.jsonl (``pairaudit.speed.bracket``).
 
     Each start's server is the one its arm's ``specs/<arm>.json`` (``spec_paths``) describes.
@@ -46,8 +46,9 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
                         for arm, pf in failed.items())
         prov = artifacts.provenance([*launch_paths.values(), *preflight_paths.values()], {"speed": cfg})
         artifacts.write_jsonl(streams_path, {"schema": SPEED_STREAMS_SCHEMA, "audit": audit, "provenance": prov}, [])
-        doc = {"schema": SPEED_DECISION_SCHEMA, "audit": audit, "not_run": why, "params": cfg, "provenance": prov,
-               "gate": {"rule": cfg["rule"], "verdict": "INCONCLUSIVE", "reasons": [f"not run: {why}"]}}
+        doc: SpeedDecision = {"schema": SPEED_DECISION_SCHEMA, "audit": audit, "not_run": why, "params": cfg,
+                              "provenance": prov,
+                              "gate": {"rule": cfg["rule"], "verdict": "INCONCLUSIVE", "reasons": [f"not run: {why}"]}}
         artifacts.write_json(out_path, doc)
         return doc
     for arm in ("control", "candidate"):
@@ -169,7 +170,7 @@ def _confirm_failure(exc: BaseException, spec: ArmSpec, receipt: dict, *, cfg: M
 def _failed_bracket(exc: BaseException, *, start: str, arm: str, rec: dict, starts: list, records: list,
                     specs: Mapping[str, ArmSpec], receipts: Mapping[str, dict], cfg: Mapping[str, Any], audit: str,
                     out_path: str, streams_path: str, server_logs: Mapping[str, str], starts_log: str | None,
-                    inputs: Sequence[str]) -> dict:
+                    inputs: Sequence[str]) -> SpeedDecision:
     """decision.json for a bracket a server broke: the failure (and its confirmation), what was measured before."""
     failure = _start_failure(exc, start=start, arm=arm, server_log=server_logs[start])
     log.warning("speed %s (%s arm) failed: %s", start, arm, failures.summary(failure))
@@ -181,10 +182,11 @@ def _failed_bracket(exc: BaseException, *, start: str, arm: str, rec: dict, star
     why = f"the {arm} server failed at {failure['what']}: {failures.summary(failure)}"
     prov = artifacts.provenance(inputs, {"speed": cfg})
     artifacts.write_jsonl(streams_path, {"schema": SPEED_STREAMS_SCHEMA, "audit": audit, "provenance": prov}, records)
-    doc = {"schema": SPEED_DECISION_SCHEMA, "audit": audit, "not_run": why, "failure": failure, "starts": [*starts, rec],
-           "params": cfg, "provenance": prov, "streams": str(streams_path),
-           "gate": {"rule": cfg["rule"], "verdict": "INCONCLUSIVE",
-                    "reasons": [f"not measured: {why} (the servers gate decides what the failure means)"]}}
+    doc: SpeedDecision = {
+        "schema": SPEED_DECISION_SCHEMA, "audit": audit, "not_run": why, "failure": dict(failure),
+        "starts": [*starts, rec], "params": dict(cfg), "provenance": prov, "streams": str(streams_path),
+        "gate": {"rule": cfg["rule"], "verdict": "INCONCLUSIVE",
+                 "reasons": [f"not measured: {why} (the servers gate decides what the failure means)"]}}
     artifacts.write_json(out_path, doc)
     return doc
 
@@ -192,7 +194,7 @@ def _failed_bracket(exc: BaseException, *, start: str, arm: str, rec: dict, star
 def _decided_bracket(*, cfg: Mapping[str, Any], audit: str, starts: list, results: dict, records: list,
                      prompts: Mapping[str, Any], hashes: Mapping[str, str], prior_spread: Mapping[str, Any],
                      archive_path: str, appended: int, inputs: Sequence[str], out_path: str,
-                     streams_path: str) -> dict:
+                     streams_path: str) -> SpeedDecision:
     hosts = sorted({s["host"] for s in starts})
     clock = clock_check([s["clock"] for s in starts], cfg["expected_clock_cap"],
                         after=[s["clock_after"] for s in starts], starts=[s["start"] for s in starts])
@@ -219,7 +221,7 @@ def _decided_bracket(*, cfg: Mapping[str, Any], audit: str, starts: list, result
     win2, series, gate = decide(results, cfg, clock, {n: s["archive_with_window_pct"] for n, s in spread.items()})
     prov = artifacts.provenance(inputs, {"speed": cfg})
     artifacts.write_jsonl(streams_path, {"schema": SPEED_STREAMS_SCHEMA, "audit": audit, "provenance": prov}, records)
-    doc = finite_json({
+    doc: SpeedDecision = finite_json({
         "schema": SPEED_DECISION_SCHEMA, "audit": audit, "gate": gate, "win2": win2,
         "bar": {"win_pct": cfg["win_pct"], "primary": cfg["primary"], "guards": cfg["guards"],
                 "reported": cfg["reported"], "lower_is_better": sorted(LOWER_IS_BETTER)},
