@@ -27,7 +27,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from pairaudit.core import artifacts  # noqa: E402
-from pairaudit.serving import launch  # noqa: E402
+from pairaudit.plans import stage as plans  # noqa: E402
+from pairaudit.serving import armspec, launch  # noqa: E402
 from pairaudit.speed import bracket as speed  # noqa: E402
 from pairaudit.speed import stage as speed_stage  # noqa: E402
 
@@ -47,15 +48,19 @@ def main(argv=None) -> int:
     out = Path(args.out or tempfile.mkdtemp(prefix="speed-bracket-"))
     out.mkdir(parents=True, exist_ok=True)
     archive = Path(args.archive) if args.archive else REPO / scfg["archive"]
-    lp, pp = {}, {}
+    lp, pp, sp = {}, {}, {}
     for arm in ("control", "candidate"):
+        # the spec file the arm_spec rule writes, and the receipt of its answers phase
+        sp[arm] = str(out / f"spec-{arm}.json")
+        plans.arm_spec_stage(arm=arm, arm_cfg=cfg["arms"][arm], out_path=sp[arm])
+        spec = armspec.read_spec(sp[arm], arm=arm)
         lp[arm] = str(out / f"launch-{arm}.json")
-        artifacts.write_json(lp[arm], launch.receipt(launch.resolve_spec(arm, cfg["arms"][arm])))
+        artifacts.write_json(lp[arm], launch.receipt(spec))
         # The bench measures speed only; the audit's preflight stage is what proves the API.
         pp[arm] = str(out / f"preflight-{arm}.json")
         artifacts.write_json(pp[arm], {"schema": "pairaudit.preflight/v1", "verdict": "PASS", "bench": True})
     t0 = time.monotonic()
-    doc = speed_stage.speed_stage(launch_paths=lp, preflight_paths=pp, arm_cfgs=cfg["arms"], speed_cfg=cfg.get("speed"),
+    doc = speed_stage.speed_stage(launch_paths=lp, preflight_paths=pp, spec_paths=sp, speed_cfg=cfg.get("speed"),
                             audit="bench-speed-bracket", out_path=str(out / "decision.json"),
                             streams_path=str(out / "streams.jsonl"), archive_path=str(archive),
                             server_logs={s: str(out / f"server-{s}.log") for s in ("s1", "s2", "s3")})

@@ -53,11 +53,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pairaudit.core import artifacts
-from pairaudit.core.contracts import ARMS
+from pairaudit.core.contracts import ARMS, DECISION_SCHEMA, MANIFEST_SCHEMA, PATHS, audit_dir
 from pairaudit.datasets import formats as datasets
 from pairaudit.promotion import calibration
 from pairaudit.refserver import switches as ref_switches
 from pairaudit.serving import gpupool, launch
+from pairaudit.serving.armspec import ArmSpec
 
 SERVER_SLOTS_ENV = "PAIRAUDIT_SERVER_SLOTS"
 AUDIT_ENV = "PAIRAUDIT_AUDIT"
@@ -88,23 +89,23 @@ def format_problems(problems: list[str]) -> str:
 
 # ------------------------------------------------------------------- arms
 
-def is_refserver(spec: Mapping[str, Any]) -> bool:
+def is_refserver(spec: ArmSpec) -> bool:
     """A launch arm whose command runs the embedded reference server."""
-    return spec.get("mode") == "launch" and any("pairaudit.refserver" in a for a in spec.get("command") or [])
+    return spec.mode == "launch" and any("pairaudit.refserver" in a for a in spec.command_identity or ())
 
 
-def model_dir(spec: Mapping[str, Any]) -> Path | None:
+def model_dir(spec: ArmSpec) -> Path | None:
     """The directory holding a reference-server arm's tokenizer, if it is on disk now (never converted here)."""
     if not is_refserver(spec):
         return None
     from pairaudit.serving import modelstore
 
-    if spec["model"] in EMBEDDED_MODELS:
+    if spec.model in EMBEDDED_MODELS:
         # The converted copy is keyed by the packaged file's pinned sha256, which
         # the server checks at start; hashing the 98 MB file here is not needed.
         d = modelstore.cache_root() / "models" / modelstore.EMBEDDED_GGUF_SHA256
     else:
-        d = Path(spec["model"])
+        d = Path(spec.model)
     return d if (d / "tokenizer.json").is_file() else None
 
 
@@ -121,10 +122,10 @@ def cpu_flags(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> set[str] | None:
     return None
 
 
-def bf16_emulation_note(spec: Mapping[str, Any], flags: set[str] | None = None) -> str | None:
-    """A launched CPU vLLM (no ``spec["gpus"]``) in bfloat16 on a CPU without bf16 instructions: slow, emulated."""
-    cmd = [str(a) for a in spec.get("command") or []]
-    if spec.get("mode") != "launch" or not any("vllm" in a for a in cmd) or int(spec.get("gpus") or 0) > 0:
+def bf16_emulation_note(spec: ArmSpec, flags: set[str] | None = None) -> str | None:
+    """A launched CPU vLLM (no ``gpus`` scheduled) in bfloat16 on a CPU without bf16 instructions: slow, emulated."""
+    cmd = list(spec.command_identity or ())
+    if spec.mode != "launch" or not any("vllm" in a for a in cmd) or spec.gpus > 0:
         return None
     dtype = next((cmd[i + 1] for i, a in enumerate(cmd[:-1]) if a == "--dtype"), None)
     if dtype not in ("bfloat16", "bf16"):
@@ -138,7 +139,8 @@ def bf16_emulation_note(spec: Mapping[str, Any], flags: set[str] | None = None) 
             "(config/examples/vllm-cpu-fp16.yaml audits a real vLLM change this CPU runs at float32 speed)")
 
 
-def check_arms(config: Mapping[str, Any], result: CheckResult) -> dict[str, dict]:
+def check_arms(config: Mapping[str, Any], result: CheckResult) -> dict[str, ArmSpec]:
+    """Each arm resolved once (``launch.resolve_spec``), with the checks that need its resolved spec."""
     specs = {}
     for arm in ARMS:
         cfg = (config.get("arms") or {}).get(arm)
@@ -156,19 +158,19 @@ def check_arms(config: Mapping[str, Any], result: CheckResult) -> dict[str, dict
             result.notes.append(f"arms.{arm}.command: {note}")
         if is_refserver(spec):
             # the switches' values, and their fit to the --device/--dtype the command names
-            for p in ref_switches.check_arm(spec["env"], [str(a) for a in spec.get("command") or []]):
+            for p in ref_switches.check_arm(dict(spec.env), list(spec.command_identity or ())):
                 where = "command: " if p.startswith("--") else "env."
                 result.problems.append(f"arms.{arm}.{where}{p}")
             mdir = model_dir(spec)
-            if mdir is not None and spec["max_model_len"]:
+            if mdir is not None and spec.max_model_len:
                 try:
                     limit = json.loads((mdir / "config.json").read_text()).get("max_position_embeddings")
                 except (OSError, ValueError):
                     limit = None
-                if isinstance(limit, int) and spec["max_model_len"] > limit:
+                if isinstance(limit, int) and spec.max_model_len > limit:
                     result.problems.append(
-                        f"arms.{arm}.max_model_len: {spec['max_model_len']} exceeds the context of model "
-                        f"{spec['model']} ({limit} tokens; allowed: 16..{limit})")
+                        f"arms.{arm}.max_model_len: {spec.max_model_len} exceeds the context of model "
+                        f"{spec.model} ({limit} tokens; allowed: 16..{limit})")
     return specs
 
 
@@ -197,7 +199,7 @@ def check_datasets(config: Mapping[str, Any], result: CheckResult, *, base_dir: 
         if doc is None:
             result.notes.append(f"{where} ({name}): the hub file is not downloaded yet; its size, selection and "
                                 f"prompt lengths are checked when the dataset stage downloads it")
-        else:
+        elif isinstance(name, str):  # a document is built only for an entry with a name
             result.documents[name] = doc
 
 
@@ -244,25 +246,25 @@ def byte_bound(messages: list[dict]) -> int:
     return sum(len(m["content"].encode()) + 48 for m in messages) + 48
 
 
-def check_lengths(config: Mapping[str, Any], specs: Mapping[str, dict], result: CheckResult) -> None:
+def check_lengths(config: Mapping[str, Any], specs: Mapping[str, ArmSpec], result: CheckResult) -> None:
     sampling = config.get("sampling") or {}
-    budgets = [("sampling.max_tokens", sampling.get("max_tokens"))]
+    asked = [("sampling.max_tokens", sampling.get("max_tokens"))]
     greedy_max = (config.get("greedy") or {}).get("max_tokens")
     if greedy_max is not None:
-        budgets.append(("greedy.max_tokens", greedy_max))
-    budgets = [(k, v) for k, v in budgets if isinstance(v, int) and not isinstance(v, bool)]
+        asked.append(("greedy.max_tokens", greedy_max))
+    budgets: list[tuple[str, int]] = [(k, v) for k, v in asked if isinstance(v, int) and not isinstance(v, bool)]
     kwargs = sampling.get("chat_template_kwargs") or {}
     names = [d.get("name") for d in config.get("datasets") or [] if isinstance(d, dict)]
     exact: dict[tuple[str, str], tuple[int, int]] = {}  # (model dir, dataset) -> (tokens, index)
     bound = {name: _longest(doc, byte_bound) for name, doc in result.documents.items()}
     for arm, spec in specs.items():
-        mml = spec.get("max_model_len")
+        mml = spec.max_model_len
         if not mml:
             continue
         mdir = model_dir(spec)
         # The embedded model's template is ChatML, so the byte bound holds for it and,
         # when it proves a fit, spares loading the tokenizer at every workflow load.
-        bound_holds = spec["model"] in EMBEDDED_MODELS
+        bound_holds = spec.model in EMBEDDED_MODELS
         for key, max_tokens in budgets:
             if max_tokens >= mml:
                 result.problems.append(
@@ -289,18 +291,18 @@ def check_lengths(config: Mapping[str, Any], specs: Mapping[str, dict], result: 
                     if n + max_tokens > mml:
                         result.problems.append(
                             f"{key}: {max_tokens} does not fit arms.{arm}.max_model_len {mml} with the longest "
-                            f"prompt of {where}, item {index}: {n} tokens in {spec['model']}'s chat template "
+                            f"prompt of {where}, item {index}: {n} tokens in {spec.model}'s chat template "
                             f"(allowed: at most {mml - n})")
                 elif n + max_tokens > mml:
                     result.notes.append(
                         f"{key}: {max_tokens} with the longest prompt of {where}, item {index} (at most about {n} "
-                        f"tokens by its byte count; model {spec['model']}'s tokenizer is not available at load) "
+                        f"tokens by its byte count; model {spec.model}'s tokenizer is not available at load) "
                         f"may not fit arms.{arm}.max_model_len {mml}; the server decides at run time")
 
 
 # ------------------------------------------------------------ later stages
 
-def check_speed(config: Mapping[str, Any], specs: Mapping[str, dict], result: CheckResult) -> None:
+def check_speed(config: Mapping[str, Any], specs: Mapping[str, ArmSpec], result: CheckResult) -> None:
     cfg = config.get("speed")
     if cfg is None or not cfg.get("enabled", True):
         return
@@ -315,7 +317,7 @@ def check_speed(config: Mapping[str, Any], specs: Mapping[str, dict], result: Ch
         if cell["prompt"] == "short":  # at most its sentence, whatever input_len says
             continue
         for arm, spec in specs.items():
-            mml = spec.get("max_model_len")
+            mml = spec.max_model_len
             if mml and cell["input_len"] + resolved["output_len"] > mml:
                 result.problems.append(
                     f"speed.cells[{i}].input_len: {cell['input_len']} + speed.output_len {resolved['output_len']} "
@@ -323,7 +325,7 @@ def check_speed(config: Mapping[str, Any], specs: Mapping[str, dict], result: Ch
                     f"{mml - resolved['output_len']})")
 
 
-def check_boundary(config: Mapping[str, Any], specs: Mapping[str, dict], result: CheckResult) -> None:
+def check_boundary(config: Mapping[str, Any], specs: Mapping[str, ArmSpec], result: CheckResult) -> None:
     cfg = config.get("boundary")
     if cfg is not None and not cfg.get("enabled", True):
         return
@@ -332,8 +334,8 @@ def check_boundary(config: Mapping[str, Any], specs: Mapping[str, dict], result:
     try:
         resolved = boundary.settings(cfg)
         for spec in specs.values():
-            if spec.get("max_model_len"):
-                boundary.case_plan(resolved, spec["max_model_len"])
+            if spec.max_model_len:
+                boundary.case_plan(resolved, spec.max_model_len)
     except launch.ConfigError as exc:
         result.problems.append(str(exc))
 
@@ -361,8 +363,8 @@ def check_config(config: Mapping[str, Any], *, base_dir: str | os.PathLike,
 PROMOTION_TEXT = (".md", ".html", ".rst")
 
 
-def check_promotion_outputs(promotion_dir: Path) -> list[str]:
-    """The promotion's report files (no self-hash of their own) against the manifest's sha256.
+def check_promotion_outputs(root: Path) -> list[str]:
+    """The promotion's report files under the audit directory ``root`` against the manifest's sha256.
 
     Only when decision.json still has the hash the manifest recorded: the
     reports are written after it and the manifest last, so a run interrupted
@@ -370,7 +372,8 @@ def check_promotion_outputs(promotion_dir: Path) -> list[str]:
     is claimed then.  The figures are written before decision.json and are
     not compared.
     """
-    mpath, dpath = promotion_dir / "manifest.json", promotion_dir / "decision.json"
+    mpath, dpath = root / PATHS[MANIFEST_SCHEMA], root / PATHS[DECISION_SCHEMA]
+    promotion_dir = dpath.parent
     if not (mpath.is_file() and dpath.is_file()):
         return []
     try:
@@ -395,7 +398,7 @@ def check_results(results_dir: str | os.PathLike) -> list[str]:
     root = Path(results_dir)
     if not root.is_dir():
         return []
-    return artifacts.verify_tree(root) + check_promotion_outputs(root / "promotion")
+    return artifacts.verify_tree(root) + check_promotion_outputs(root)
 
 
 def server_slots(workflow) -> int | None:
@@ -434,7 +437,7 @@ def check_at_load(config: dict, workflow) -> CheckResult:
         result = check_config(copy.deepcopy(config), base_dir=base)
     if isinstance(config.get("audit"), str):
         # relative to the working directory, as the rules' outputs are
-        result.problems += check_results(Path("results") / config["audit"])
+        result.problems += check_results(audit_dir(config["audit"]))
         if not module:  # one process, one label: the audit the invocation was asked for
             os.environ[AUDIT_ENV] = config["audit"]
     slots = server_slots(workflow)
@@ -521,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     result = check_config(config, base_dir=base)
     if isinstance(config.get("audit"), str):
-        result.problems += check_results(base / "results" / config["audit"])
+        result.problems += check_results(base / audit_dir(config["audit"]))
     for note in result.notes:
         print(f"note: {note}", file=sys.stderr)
     if result.problems:

@@ -8,7 +8,7 @@ rule arm_spec:
     output:
         SPEC,
     log:
-        f"{R}/logs/specs/{{arm}}.log",
+        f"{LOGS}/specs/{{arm}}.log",
     conda:
         "../envs/serving.yaml"
     params:
@@ -25,7 +25,7 @@ rule requests:
     output:
         REQUESTS,
     log:
-        f"{R}/logs/requests/{{dataset}}-{{arm}}.log",
+        f"{LOGS}/requests/{{dataset}}-{{arm}}.log",
     conda:
         "../envs/serving.yaml"
     params:
@@ -44,7 +44,7 @@ if BOUNDARY_ON:
         output:
             BOUNDARY_PLAN,
         log:
-            f"{R}/logs/boundary/plan.log",
+            f"{LOGS}/boundary/plan.log",
         conda:
             "../envs/serving.yaml"
         params:
@@ -69,8 +69,8 @@ rule answers:
         preflight=PREFLIGHT,
         phase=PHASE,
     log:
-        f"{R}/logs/answers/{{arm}}.log",
-        server=f"{R}/logs/servers/answers-{{arm}}.log",
+        f"{LOGS}/answers/{{arm}}.log",
+        server=server_log("answers-{arm}"),
     conda:
         "../envs/serving.yaml"
     threads: 2
@@ -79,7 +79,6 @@ rule answers:
         gpu=arm_gpus,
         slurm_partition=arm_partition,
     params:
-        arm=arm_config,
         datasets=list(DATASETS),
         sampling=config["sampling"],
         audit=config["audit"],
@@ -104,11 +103,11 @@ rule sampled:
     output:
         SAMPLED,
     log:
-        f"{R}/logs/sampled/{{dataset}}-{{arm}}.log",
+        f"{LOGS}/sampled/{{dataset}}-{{arm}}.log",
     conda:
         "../envs/serving.yaml"
     params:
-        journal=f"{JOURNAL}/sampled/{{dataset}}/{{arm}}.jsonl",
+        journal=JOURNAL_SAMPLED,
         code=code("sampled"),
     script:
         "../scripts/sampled.py"

@@ -10,7 +10,8 @@ if BOUNDARY_ON:
             # the cases are `ancient`: the answers phase rewrites them when it
             # reruns for a dataset; the plan and the specs rerun the gate
             plan=BOUNDARY_PLAN,
-            specs=expand(SPEC, arm=ARMS),
+            spec_control=SPEC.format(arm="control"),
+            spec_candidate=SPEC.format(arm="candidate"),
             control=answered(BOUNDARY, "control"),
             candidate=answered(BOUNDARY, "candidate"),
             launch_control=answered(LAUNCH, "control"),
@@ -18,7 +19,7 @@ if BOUNDARY_ON:
         output:
             BOUNDARY_GATE,
         log:
-            f"{R}/logs/boundary/gate.log",
+            f"{LOGS}/boundary/gate.log",
         conda:
             "../envs/analysis.yaml"
         params:

@@ -11,19 +11,17 @@ from pairaudit.core.lifecycle import relay_interrupts
 # A SIGINT to snakemake alone would let its running jobs carry on; they watch for this.
 relay_interrupts()
 
-R = f"results/{config['audit']}"
 ARMS = ["control", "candidate"]
 DATASETS = {d["name"]: d for d in config["datasets"]}
 BASE = Path(workflow.basedir)
 CACHE = str(Path(workflow.basedir) / ".cache")
-JOURNAL = f"{R}/journal"
 
 
 # Where each artifact lands is its contract's (pairaudit.core.contracts.PATHS): under
-# results/<audit>/ unless shared by every audit, a pattern in {arm} and {dataset}.
-def artifact(schema):
-    path = contracts.PATHS[schema]
-    return path if path.startswith("results/") else f"{R}/{path}"
+# results/<audit>/ unless shared by every audit, a pattern in {arm} and {dataset};
+# so do the journals, the logs and the promotion's reports.
+def artifact(key):
+    return contracts.audit_path(key, config["audit"])
 
 
 SPEC = artifact(contracts.ARM_SPEC_SCHEMA)
@@ -47,6 +45,17 @@ DECISION = artifact(contracts.DECISION_SCHEMA)
 MANIFEST = artifact(contracts.MANIFEST_SCHEMA)
 CALIBRATION_SUMMARY = artifact(contracts.CALIBRATION_SCHEMA)
 LEDGER = artifact(contracts.LEDGER_SCHEMA)
+DIAGNOSTICS_PHASE = artifact(contracts.DIAGNOSTICS_PHASE)
+JOURNAL = artifact(contracts.JOURNAL)
+JOURNAL_SAMPLED = artifact(contracts.JOURNAL_SAMPLED)
+LOGS = artifact(contracts.LOGS)
+
+
+def server_log(name):
+    """The log of one phase's server: ``name`` is the phase and arm (or bracket start), wildcards allowed."""
+    return artifact(contracts.SERVER_LOG).format(name=name)
+
+
 BOUNDARY_ON = config["boundary"]["enabled"]
 SPEED_ON = config["speed"]["enabled"]
 # An A/A calibration (the Snakefile's calibration module): decided by its gates, summarized, logged.

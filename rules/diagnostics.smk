@@ -9,7 +9,8 @@ rule diagnostics:
     input:
         datasets=expand(DATASET, dataset=DATASETS),
         paired=expand(PAIRED, dataset=DATASETS),
-        specs=expand(SPEC, arm=ARMS),
+        spec_control=SPEC.format(arm="control"),
+        spec_candidate=SPEC.format(arm="candidate"),
         receipt_control=answered(LAUNCH, "control"),
         receipt_candidate=answered(LAUNCH, "candidate"),
         preflight_control=answered(PREFLIGHT, "control"),
@@ -17,13 +18,13 @@ rule diagnostics:
         answers_control=answered(PHASE, "control"),
         answers_candidate=answered(PHASE, "candidate"),
     output:
-        phase=f"{R}/diagnostics/phase.json",
+        phase=DIAGNOSTICS_PHASE,
         greedy=[p for arms in greedy_paths().values() for p in arms.values()],
         divergence=list(divergence_paths().values()),
     log:
-        f"{R}/logs/diagnostics.log",
-        server_control=f"{R}/logs/servers/diagnostics-control.log",
-        server_candidate=f"{R}/logs/servers/diagnostics-candidate.log",
+        f"{LOGS}/diagnostics.log",
+        server_control=server_log("diagnostics-control"),
+        server_candidate=server_log("diagnostics-candidate"),
     conda:
         "../envs/serving.yaml"
     threads: 2
@@ -33,7 +34,6 @@ rule diagnostics:
         slurm_partition=BOTH_ARMS_PARTITION,
     params:
         datasets=list(DATASETS),
-        arms=config["arms"],
         greedy=config["greedy"],
         chat_template_kwargs=config["sampling"].get("chat_template_kwargs", {}),
         journal_dir=JOURNAL,

@@ -20,50 +20,50 @@ rule promotion:
     output:
         **({"calibration": CALIBRATION_SUMMARY} if CALIBRATION else {}),
         decision=DECISION,
-        report=f"{R}/promotion/report.md",
+        report=artifact(contracts.REPORT_MD),
         manifest=MANIFEST,
-        summary=f"{R}/promotion/summary.rst",
+        summary=artifact(contracts.REPORT_SUMMARY),
         html=report(
-            f"{R}/promotion/decision.html",
+            artifact(contracts.REPORT_HTML),
             caption="../report/decision.rst",
             category="1. Decision",
             labels={"figure": "decision and every reason"},
         ),
         plot=report(
-            f"{R}/promotion/paired.png",
+            artifact(contracts.REPORT_PAIRED_PLOT),
             caption="../report/paired.rst",
             category="2. Quality",
             subcategory="Paired outcomes",
             labels={"figure": "paired outcomes per dataset"},
         ),
         divergence=report(
-            f"{R}/promotion/divergence.png",
+            artifact(contracts.REPORT_DIVERGENCE_PLOT),
             caption="../report/divergence.rst",
             category="3. Greedy divergence",
             labels={"figure": "divergence positions and margins"},
         ),
         boundary=report(
-            f"{R}/promotion/boundary.html",
+            artifact(contracts.REPORT_BOUNDARY),
             caption="../report/boundary.rst",
             category="4. Boundary",
             labels={"figure": "boundary cases side by side"},
         ),
         speed=report(
-            f"{R}/promotion/speed.png",
+            artifact(contracts.REPORT_SPEED_PLOT),
             caption="../report/speed.rst",
             category="5. Speed",
             subcategory="Bracket",
             labels={"figure": "speed per repeat"},
         ),
         archive=report(
-            f"{R}/promotion/control_archive.png",
+            artifact(contracts.REPORT_ARCHIVE_PLOT),
             caption="../report/control_archive.rst",
             category="5. Speed",
             subcategory="Control archive",
             labels={"figure": "control archive spread"},
         ),
     log:
-        f"{R}/logs/promotion.log",
+        f"{LOGS}/promotion.log",
     conda:
         "../envs/analysis.yaml"
     params:

@@ -5,7 +5,7 @@ rule dataset:
     output:
         DATASET,
     log:
-        f"{R}/logs/dataset/{{dataset}}.log",
+        f"{LOGS}/dataset/{{dataset}}.log",
     conda:
         "../envs/scoring.yaml"
     params:
@@ -26,7 +26,7 @@ rule score:
     output:
         SCORES,
     log:
-        f"{R}/logs/score/{{dataset}}-{{arm}}.log",
+        f"{LOGS}/score/{{dataset}}-{{arm}}.log",
     conda:
         "../envs/scoring.yaml"
     threads: 2
@@ -43,7 +43,7 @@ rule paired:
     output:
         PAIRED,
     log:
-        f"{R}/logs/paired/{{dataset}}.log",
+        f"{LOGS}/paired/{{dataset}}.log",
     conda:
         "../envs/analysis.yaml"
     params:

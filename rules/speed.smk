@@ -14,7 +14,8 @@ if SPEED_ON:
 
     rule speed:
         input:
-            specs=expand(SPEC, arm=ARMS),
+            spec_control=SPEC.format(arm="control"),
+            spec_candidate=SPEC.format(arm="candidate"),
             launch_control=answered(LAUNCH, "control"),
             launch_candidate=answered(LAUNCH, "candidate"),
             preflight_control=answered(PREFLIGHT, "control"),
@@ -23,10 +24,10 @@ if SPEED_ON:
             decision=SPEED_DECISION,
             streams=SPEED_STREAMS,
         log:
-            f"{R}/logs/speed.log",
-            server_s1=f"{R}/logs/servers/speed-s1-control.log",
-            server_s2=f"{R}/logs/servers/speed-s2-candidate.log",
-            server_s3=f"{R}/logs/servers/speed-s3-control.log",
+            f"{LOGS}/speed.log",
+            server_s1=server_log("speed-s1-control"),
+            server_s2=server_log("speed-s2-candidate"),
+            server_s3=server_log("speed-s3-control"),
         conda:
             "../envs/serving.yaml"
         threads: 2
@@ -35,7 +36,6 @@ if SPEED_ON:
             gpu=BOTH_ARMS_GPUS,
             slurm_partition=BOTH_ARMS_PARTITION,
         params:
-            arms=config["arms"],
             speed=SPEED_CFG,
             audit=config["audit"],
             starts_log=STARTS_LOG,

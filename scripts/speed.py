@@ -10,7 +10,8 @@ inp, out, params, log = snakemake.input, snakemake.output, snakemake.params, sna
 run_job(log[0], speed_stage,
         launch_paths={"control": inp.launch_control, "candidate": inp.launch_candidate},
         preflight_paths={"control": inp.preflight_control, "candidate": inp.preflight_candidate},
-        arm_cfgs=params.arms, speed_cfg=params.speed, audit=params.audit,
+        spec_paths={"control": inp.spec_control, "candidate": inp.spec_candidate}, speed_cfg=params.speed,
+        audit=params.audit,
         out_path=out.decision, streams_path=out.streams, archive_path=params.archive,
         server_logs={"s1": log.server_s1, "s2": log.server_s2, "s3": log.server_s3},
         starts_log=params.starts_log)

@@ -117,7 +117,9 @@ def handle_post(st: State, path: str, body: dict) -> tuple[int, dict]:
     if body.get("model") not in (None, st.model):
         return _err(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError", "model")
     if path == "/tokenize":
-        ids = _tok(body.get("prompt", ""))
+        # a chat prompt is "rendered" as its contents joined, as the chat route reads it
+        text = "".join(m.get("content", "") for m in body["messages"]) if "messages" in body else body.get("prompt", "")
+        ids = _tok(text)
         return 200, {"count": len(ids), "max_model_len": st.max_model_len, "tokens": ids,
                      "token_strs": None}
     if path == "/detokenize":

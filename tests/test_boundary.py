@@ -16,11 +16,14 @@ import pytest
 import yaml
 
 from pairaudit import gates
+from pairaudit.answers import stage as answers_stage
 from pairaudit.boundary import cases as boundary
 from pairaudit.boundary import stage as boundary_stage
 from pairaudit.core import artifacts, contracts
 from pairaudit.refserver.tokenizer import ChatTokenizer
-from pairaudit.serving import launch
+from pairaudit.plans import stage as plan_stage
+from pairaudit.serving import armspec, launch
+from pairaudit.serving.phase import PhaseServer
 from pairaudit.serving.modelstore import EMBEDDED_NAME, resolve_model
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -140,6 +143,40 @@ def test_the_modules_defaults_are_the_schemas():
     assert boundary.settings({})["tail_offsets"] == [16, 32]
 
 
+def test_the_gate_refuses_cases_answered_by_a_server_the_spec_no_longer_describes(tmp_path):
+    """The cases and receipts are read as they stand (`ancient`); the spec file is the arm now."""
+    paths = {}
+    for arm in ("control", "candidate"):
+        cfg = {"mode": "attach", "url": "http://gpu-host:8000", "model": MODEL, "max_model_len": MML}
+        paths[arm] = {"spec": str(tmp_path / f"specs/{arm}.json"), "launch": str(tmp_path / f"launch/{arm}.json"),
+                      "cases": str(tmp_path / f"boundary/{arm}.json")}
+        plan_stage.arm_spec_stage(arm=arm, arm_cfg=cfg, out_path=paths[arm]["spec"])
+        artifacts.write_json(paths[arm]["launch"], {"schema": contracts.LAUNCH_SCHEMA, "arm": arm,
+                                                    "spec_sha256": armspec.read_spec(paths[arm]["spec"]).spec_sha256})
+        artifacts.write_json(paths[arm]["cases"], {"schema": contracts.BOUNDARY_SCHEMA, "arm": arm, "max_model_len": MML,
+                                                   "cases": [], "first_long": None,
+                                                   "provenance": artifacts.provenance([paths[arm]["launch"]], {})})
+
+    def gate_of():
+        return boundary_stage.boundary_gate_stage(
+            arm_paths={a: paths[a]["cases"] for a in paths}, launch_paths={a: paths[a]["launch"] for a in paths},
+            spec_paths={a: paths[a]["spec"] for a in paths}, out_path=str(tmp_path / "boundary/gate.json"))
+
+    assert gate_of()["provenance"]["consumed"][paths["candidate"]["spec"]]  # the specs are the gate's inputs
+    # the candidate's config changed (another context length) after its cases ran
+    plan_stage.arm_spec_stage(arm="candidate", arm_cfg={"mode": "attach", "url": "http://gpu-host:8000",
+                                                        "model": MODEL, "max_model_len": 2 * MML},
+                              out_path=paths["candidate"]["spec"])
+    with pytest.raises(artifacts.ArtifactError, match="now describes") as ei:
+        gate_of()
+    assert paths["candidate"]["cases"] in str(ei.value) and "rerun the candidate answers phase" in str(ei.value)
+    # a spec file of the other arm is refused by name too
+    with pytest.raises(artifacts.ArtifactError, match="the spec of arm 'control', expected arm 'candidate'"):
+        boundary_stage.boundary_gate_stage(
+            arm_paths={a: paths[a]["cases"] for a in paths}, launch_paths={a: paths[a]["launch"] for a in paths},
+            spec_paths={a: paths["control"]["spec"] for a in paths}, out_path=str(tmp_path / "g2.json"))
+
+
 # ------------------------------------------------------- real servers (stage)
 
 @pytest.fixture(scope="module")
@@ -148,14 +185,24 @@ def servers(shared_server):
 
 
 def run_arm(tmp_path, arm, url, cfg=CFG):
+    """One arm's boundary cases as its answers phase runs them: the plan, the arm's spec file, one server session."""
     arm_cfg = {"mode": "attach", "url": url, "model": MODEL, "max_model_len": MML}
+    spec_path, plan_path = tmp_path / f"specs/{arm}.json", tmp_path / "boundary/plan.json"
+    plan_stage.arm_spec_stage(arm=arm, arm_cfg=arm_cfg, out_path=str(spec_path))
+    plan_stage.boundary_plan_stage(cfg=cfg, out_path=str(plan_path))
+    spec = armspec.read_spec(spec_path, arm=arm)
     launch_path = tmp_path / f"launch-{arm}.json"
-    artifacts.write_json(launch_path, launch.receipt(launch.resolve_spec(arm, arm_cfg)))
+    rec = launch.receipt(spec)
+    artifacts.write_json(launch_path, rec)
     out = tmp_path / f"boundary-{arm}.json"
-    doc = boundary.boundary_stage(arm=arm, arm_cfg=arm_cfg, launch_path=str(launch_path), out_path=str(out),
-                                  server_log=str(tmp_path / f"{arm}.log"), cfg=cfg, salt_prefix="test")
+    with PhaseServer(spec, phase="answers", log_path=str(tmp_path / f"{arm}.log"), receipt=rec,
+                     starts_log=str(tmp_path / "starts.jsonl")) as ps:
+        doc = answers_stage.boundary_cases(ps, arm=arm, cfg=artifacts.read_json(plan_path)["params"], audit="test",
+                                           journal=tmp_path / f"journal/boundary/{arm}.jsonl",
+                                           receipt_path=str(launch_path))
+    artifacts.write_json(out, doc)
     assert artifacts.read_json(out)["schema"] == contracts.BOUNDARY_SCHEMA
-    return str(out), str(launch_path), doc
+    return str(out), str(launch_path), doc, str(spec_path)
 
 
 @pytest.fixture(scope="module")
@@ -166,8 +213,9 @@ def control(servers, tmp_path_factory):
 def gate(tmp_path, control, candidate):
     out = tmp_path / "gate.json"
     doc = boundary_stage.boundary_gate_stage(arm_paths={"control": control[0], "candidate": candidate[0]},
-                                       launch_paths={"control": control[1], "candidate": candidate[1]},
-                                       out_path=str(out))
+                                             launch_paths={"control": control[1], "candidate": candidate[1]},
+                                             spec_paths={"control": control[3], "candidate": candidate[3]},
+                                             out_path=str(out))
     assert artifacts.read_json(out)["schema"] == contracts.BOUNDARY_GATE_SCHEMA
     return doc
 

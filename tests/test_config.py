@@ -158,16 +158,17 @@ def test_arms_resolve(name):
     cfg = CONFIGS[name]
     specs = {arm: resolve_spec(arm, cfg["arms"][arm]) for arm in ARMS}
     for arm, spec in specs.items():
-        if spec["mode"] == "launch":
-            assert "{port}" in spec["command"], f"{name}: arms.{arm}.command never uses {{port}}"
+        if spec.mode == "launch":
+            cmd = spec.command_identity
+            assert "{port}" in cmd, f"{name}: arms.{arm}.command never uses {{port}}"
             # the model is passed by name, or as the directory {model_dir} resolves it to
-            assert spec["model"] in spec["command"] or "{model_dir}" in spec["command_identity"]
-            assert spec["served_model_name"] in spec["command"] or spec["served_model_name"] == spec["model"]
+            assert spec.model in cmd or "{model_dir}" in cmd
+            assert spec.served_model_name in cmd or spec.served_model_name == spec.model
         else:
-            assert spec["url"].startswith(("http://", "https://"))
+            assert spec.url.startswith(("http://", "https://"))
     # Paired arms serve the same model under the same id and context length.
     for key in ("model", "served_model_name", "max_model_len"):
-        assert specs["control"][key] == specs["candidate"][key], f"{name}: arms differ in {key}"
+        assert getattr(specs["control"], key) == getattr(specs["candidate"], key), f"{name}: arms differ in {key}"
 
 
 # attach arms carry no env (the servers' owner sets the switches), so only launch configs apply
@@ -571,3 +572,12 @@ def test_the_load_check_notes_a_bfloat16_cpu_arm_but_not_one_scheduled_on_gpus(m
     configcheck.check_arms(cfg, result)
     assert not [n for n in result.notes if "emulation" in n], result.notes
 
+
+
+def test_the_schemas_default_shared_logs_are_where_the_contracts_put_them():
+    """speed.archive and calibration.log default to the paths every reader takes from contracts.PATHS."""
+    from pairaudit.core import contracts
+
+    props = load(SCHEMA)["properties"]
+    assert props["speed"]["properties"]["archive"]["default"] == contracts.PATHS[contracts.CONTROL_ARCHIVE_SCHEMA]
+    assert props["calibration"]["properties"]["log"]["default"] == contracts.PATHS[contracts.CALIBRATION_LOG_SCHEMA]

@@ -18,7 +18,6 @@ from __future__ import annotations
 import ast
 import re
 import sys
-import tomllib
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import packages_distributions

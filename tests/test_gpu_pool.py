@@ -123,10 +123,10 @@ def test_the_pool_is_declared_in_the_environment_or_the_config_and_bad_values_na
 
 def test_an_arms_gpus_is_checked_and_kept_out_of_its_identity(tmp_path):
     base = fake_arm(tmp_path / "r")
-    assert resolve_spec("control", base)["gpus"] == 0  # absent: no GPU asked
+    assert resolve_spec("control", base).gpus == 0  # absent: no GPU asked
     two = resolve_spec("control", {**base, "gpus": 2})
-    assert two["gpus"] == 2
-    assert launch.identity_fields(two) == launch.identity_fields(resolve_spec("control", base))
+    assert two.gpus == 2
+    assert two.identity() == resolve_spec("control", base).identity()
     for bad in (-1, 1.5, True, "2"):
         with pytest.raises(ConfigError, match=r"arms.control.gpus: .* is not a non-negative integer"):
             resolve_spec("control", {**base, "gpus": bad})
@@ -171,8 +171,9 @@ TAKER = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     from pathlib import Path
     from pairaudit.serving import gpupool
+    from pairaudit.serving.armspec import ArmSpec
     name, count, events, hold_s = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), float(sys.argv[4])
-    spec = {{"arm": name, "mode": "launch", "env": {{}}, "gpus": count}}
+    spec = ArmSpec(arm=name, mode="launch", model="m", served_model_name="m", max_model_len=None, speculative=False, model_sha256=None, health_timeout_s=30.0, command_identity=("x",), gpus=count)
     lease = gpupool.acquire_for(spec)
     with open(events, "a") as f:
         f.write(json.dumps({{"who": name, "event": "got", "ids": lease.ids}}) + "\\n")
@@ -213,7 +214,8 @@ HOLDER = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     from pathlib import Path
     from pairaudit.serving import gpupool
-    spec = {{"arm": "control", "mode": "launch", "env": {{}}, "gpus": int(sys.argv[1])}}
+    from pairaudit.serving.armspec import ArmSpec
+    spec = ArmSpec(arm="control", mode="launch", model="m", served_model_name="m", max_model_len=None, speculative=False, model_sha256=None, health_timeout_s=30.0, command_identity=("x",), gpus=int(sys.argv[1]))
     lease = gpupool.acquire_for(spec)
     print(",".join(lease.ids), flush=True)
     sys.stdin.readline()
@@ -382,8 +384,9 @@ CLASH = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, {root!r})
     from pairaudit.serving import gpupool
+    from pairaudit.serving.armspec import ArmSpec
     try:
-        gpupool.reserve([json.loads(sys.argv[1])], timeout_s=0.3)
+        gpupool.reserve([ArmSpec.from_json(json.loads(sys.argv[1]))], timeout_s=0.3)
         print("got it")
     except gpupool.GpuPoolError as exc:
         print(f"GpuPoolError: {{exc}}")
@@ -406,7 +409,7 @@ def test_a_pinned_arm_takes_exactly_its_ids_from_the_same_locks(pool, tmp_path, 
         # a second pin on a held GPU waits for it, even without a pool: here another process times out naming it
         monkeypatch.delenv(gpupool.POOL_ENV)
         clash = resolve_spec("control", fake_arm(rec, env={"CUDA_VISIBLE_DEVICES": "2"}))
-        res = subprocess.run([sys.executable, "-c", CLASH.format(root=ROOT), json.dumps(clash)], capture_output=True,
+        res = subprocess.run([sys.executable, "-c", CLASH.format(root=ROOT), json.dumps(clash.to_json())], capture_output=True,
                              text=True, timeout=120)
         assert res.stdout.startswith("GpuPoolError: timed out after"), res.stdout + res.stderr
         assert f"waiting for GPU(s) for arm control: pinned 2; gpu 2 held by pid {os.getpid()} " in res.stdout
@@ -439,7 +442,7 @@ def test_the_ids_are_in_the_launch_receipt_and_the_start_log(pool, tmp_path):
     assert receipt["run"]["gpus"]["cuda_visible_devices"] == "0,1"
     assert [d["id"] for d in receipt["run"]["gpus"]["devices"]] == ["0", "1"]
     assert records(rec)[-1]["CUDA_VISIBLE_DEVICES"] == "0,1"
-    assert receipt["spec_sha256"] == artifacts.sha256_json(launch.identity_fields(spec))  # ids are not identity
+    assert receipt["spec_sha256"] == spec.spec_sha256  # ids are not identity
     with PhaseServer(spec, phase="answers", log_path=str(tmp_path / "answers.log"), receipt=launch.receipt(spec),
                      starts_log=str(starts)) as ps:
         ps.get()
@@ -457,10 +460,11 @@ CONTENDER = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     from pathlib import Path
     from pairaudit.serving import gpupool
+    from pairaudit.serving.armspec import ArmSpec
     events, stop = Path(sys.argv[1]), Path(sys.argv[2])
     with open(events, "a") as f:
         f.write(json.dumps({{"event": "asking", "at": time.time()}}) + "\\n")
-    lease = gpupool.acquire_for({{"arm": "contender", "mode": "launch", "env": {{}}, "gpus": 3}})
+    lease = gpupool.acquire_for(ArmSpec(arm="contender", mode="launch", model="m", served_model_name="m", max_model_len=None, speculative=False, model_sha256=None, health_timeout_s=30.0, command_identity=("x",), gpus=3))
     with open(events, "a") as f:
         f.write(json.dumps({{"event": "got", "ids": lease.ids, "at": time.time()}}) + "\\n")
     while not stop.exists():
@@ -476,6 +480,7 @@ def test_the_speed_bracket_runs_its_three_starts_on_the_same_gpus_and_reads_thei
     If the bracket let its GPUs go between starts, the contender would take
     three of them and hold them, and s2 could not have the same two ids.
     """
+    from pairaudit.plans import stage as plan_stage
     from pairaudit.speed import stage as speed_stage
 
     smi = FakeSmi(tmp_path / "smi", gpus=[{"index": str(i), "uuid": u} for i, u in enumerate(UUIDS)])
@@ -484,8 +489,10 @@ def test_the_speed_bracket_runs_its_three_starts_on_the_same_gpus_and_reads_thei
     rec, starts_log = tmp_path / "env.jsonl", tmp_path / "starts.jsonl"
     arms = {"control": fake_arm(rec, gpus=2), "candidate": fake_arm(rec, gpus=2)}
     arms["candidate"]["command"] = [*arms["candidate"]["command"], "--spec"]
-    lp, pp = {}, {}
+    lp, pp, sp = {}, {}, {}
     for arm, cfg in arms.items():
+        sp[arm] = str(tmp_path / f"specs/{arm}.json")
+        plan_stage.arm_spec_stage(arm=arm, arm_cfg=cfg, out_path=sp[arm])
         lp[arm] = str(tmp_path / f"launch-{arm}.json")
         artifacts.write_json(lp[arm], launch.receipt(launch.resolve_spec(arm, cfg)))
         pp[arm] = str(tmp_path / f"preflight-{arm}.json")
@@ -496,7 +503,7 @@ def test_the_speed_bracket_runs_its_three_starts_on_the_same_gpus_and_reads_thei
 
     def bracket():
         out["doc"] = speed_stage.speed_stage(
-            launch_paths=lp, preflight_paths=pp, arm_cfgs=arms, speed_cfg=cfg, audit="pool",
+            launch_paths=lp, preflight_paths=pp, spec_paths=sp, speed_cfg=cfg, audit="pool",
             out_path=str(tmp_path / "decision.json"), streams_path=str(tmp_path / "streams.jsonl"),
             archive_path=str(tmp_path / "archive.jsonl"),
             server_logs={s: str(tmp_path / f"{s}.log") for s in ("s1", "s2", "s3")}, starts_log=str(starts_log))

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import json
+import threading
+from types import SimpleNamespace
 
+import fake_server
 import numpy as np
 import pytest
 from refserver_fixture import module_server
 
 from pairaudit import gates
 from pairaudit.core.artifacts import sha256_json
+from pairaudit.core.jsonlog import read_log
 from pairaudit.diagnostics import greedy as g
+from pairaudit.diagnostics.divergence import find_divergences, probe_arm
+from pairaudit.diagnostics.plan import GreedyPlan
+from pairaudit.serving.launch import resolve_spec
+from pairaudit.serving.phase import PhaseError, PhaseServer
 
 MODEL = "SmolLM2-135M-Instruct"
 SAMPLING = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "seed": 0, "n": 1, "min_tokens": 0,
@@ -103,7 +111,7 @@ def test_parse_token_keys_strict():
     assert g.parse_top({"token_id:7": -0.5, "token_id:3": -0.625}) == [[7, -0.5], [3, -0.625]]
 
 
-def test_run_greedy_record_schema_and_fresh_salts():
+def test_greedy_record_schema_and_fresh_salts():
     tops = [grid_top(11, range(100, 119)), grid_top(12, range(200, 219)), grid_top(2, range(300, 319))]
 
     def answer(path, body):
@@ -111,8 +119,8 @@ def test_run_greedy_record_schema_and_fresh_salts():
         return 200, completion_body([11, 12, 2], tops, prompt_tokens=len(body["prompt"]))
 
     ep = StubEndpoint(answer)
-    recs = g.run_greedy(ep, MODEL, [{"index": 3, "prompt_ids": [1, 2]}, {"index": 5, "prompt_ids": [1, 4]}],
-                        max_tokens=8)
+    # one greedy_one per item, one after another, as the diagnostics phase's GreedyPlan.run calls it
+    recs = [g.greedy_one(ep, MODEL, ids, max_tokens=8, index=i) for i, ids in ((3, [1, 2]), (5, [1, 4]))]
     assert [r["index"] for r in recs] == [3, 5]
     r = recs[0]
     assert set(r) >= {"index", "body", "body_sha256", "status", "error", "token_ids", "text", "finish_reason",
@@ -126,9 +134,9 @@ def test_run_greedy_record_schema_and_fresh_salts():
     assert [c[1]["prompt"] for c in ep.calls] == [[1, 2], [1, 4]]
 
 
-def test_run_greedy_keeps_server_error_and_malformed_logprobs():
+def test_greedy_one_keeps_server_error_and_malformed_logprobs():
     ep = StubEndpoint(lambda p, b: (400, {"error": {"message": "maximum context length is 512"}}))
-    r = g.run_greedy(ep, MODEL, [{"index": 0, "prompt_ids": [1]}], max_tokens=4)[0]
+    r = g.greedy_one(ep, MODEL, [1], max_tokens=4, index=0)
     assert r["status"] == 400 and "maximum context length" in r["error"]
     assert r["response_body"]["error"]["message"].startswith("maximum")
     assert r["token_ids"] == [] and r["output_sha256"] is None
@@ -136,15 +144,13 @@ def test_run_greedy_keeps_server_error_and_malformed_logprobs():
     # keys by decoded string: the server ignored return_tokens_as_token_ids
     body = completion_body([1], [[[1, -0.1]]])
     body["choices"][0]["logprobs"]["tokens"] = ["hello"]
-    r = g.run_greedy(StubEndpoint(lambda p, b: (200, body)), MODEL, [{"index": 0, "prompt_ids": [1]}],
-                     max_tokens=4)[0]
+    r = g.greedy_one(StubEndpoint(lambda p, b: (200, body)), MODEL, [1], max_tokens=4, index=0)
     assert r["error"].startswith("malformed completion") and r["output_sha256"] is None
 
     # logprobs must cover every generated token
     body = completion_body([1, 2], [[[1, -0.1]], [[2, -0.1]]])
     body["usage"]["completion_tokens"] = 3
-    r = g.run_greedy(StubEndpoint(lambda p, b: (200, body)), MODEL, [{"index": 0, "prompt_ids": [1]}],
-                     max_tokens=4)[0]
+    r = g.greedy_one(StubEndpoint(lambda p, b: (200, body)), MODEL, [1], max_tokens=4, index=0)
     assert "completion_tokens=3" in r["error"]
 
 
@@ -242,55 +248,116 @@ def test_grid_tie_inputs_missing_or_failed_probe_stops():
     assert v["verdict"] == "STOP" and v["failed_clauses"] == ["equal_prefix_lengths"]
 
 
-def test_probes_for_arm_forces_shared_prefix_with_own_salt():
-    divs = g.divergence_records([_rec(0, [1, 2, 3]), _rec(1, [5])], [_rec(0, [1, 2, 9]), _rec(1, [5])])
-    top = grid_top(3, [9] + list(range(100, 118)))
+# ------------------------------------------- the phase's pieces on a fake server
+# probe_arm and GreedyPlan are what diagnostics_phase runs; here against the
+# in-process fake server (a real HTTP server, attached as an arm) so every
+# request they send can be counted and a failure planted.
 
-    def answer(path, body):
-        return 200, completion_body([3], [top], prompt_tokens=len(body["prompt"]), finish="length")
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    """The fake server with every completions request recorded; ``fail`` maps a call number to a planted status."""
+    calls, fail = [], {}
+    orig = fake_server.handle_post
 
-    ep = StubEndpoint(answer)
-    probes = g.probes_for_arm(ep, MODEL, divs, {"0": [40, 41], "1": [50]})
-    assert len(probes) == 1 and len(ep.calls) == 1
-    p = probes[0]
-    assert ep.calls[0][1]["prompt"] == [40, 41, 1, 2] and ep.calls[0][1]["max_tokens"] == 1
-    assert p["index"] == 0 and p["top20"] == top and p["token_id"] == 3
+    def recording(st, path, body):
+        if path == "/v1/completions":
+            calls.append(json.loads(json.dumps(body)))
+            if len(calls) in fail:
+                return fake_server._err(fail[len(calls)], f"planted failure of call {len(calls)}", "Overloaded")
+        return orig(st, path, body)
+
+    monkeypatch.setattr(fake_server, "handle_post", recording)
+    srv = fake_server.make_server(max_model_len=256)
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    spec = resolve_spec("control", {"mode": "attach", "url": url, "model": "fake-model", "max_model_len": 256})
+    yield SimpleNamespace(calls=calls, fail=fail, spec=spec, starts=str(tmp_path / "starts.jsonl"))
+    srv.shutdown()
+    srv.server_close()
+
+
+def _session(fake, tmp_path):
+    return PhaseServer(fake.spec, phase="diagnostics", log_path=str(tmp_path / "srv.log"), receipt=None,
+                       starts_log=fake.starts)
+
+
+def test_probes_force_the_shared_prefix_with_their_own_salt_and_resume_from_the_journal(fake, tmp_path):
+    greedy_runs = {"control": [{**_rec(0, [1, 2, 3]), "prompt_ids": [40, 41]}, {**_rec(1, [5]), "prompt_ids": [50]}],
+                   "candidate": [{**_rec(0, [1, 2, 9]), "prompt_ids": [40, 41]}, {**_rec(1, [5]), "prompt_ids": [50]}]}
+    order, divs, prompt_ids, probed = find_divergences(greedy_runs)
+    assert order == [0, 1] and [d["index"] for d in probed] == [0]  # only a divergence is probed
+    journal = tmp_path / "journal" / "probes.jsonl"
+    with _session(fake, tmp_path) as ps:
+        probes = probe_arm(ps, probed, prompt_ids, journal)
+    assert len(probes) == 1 and len(fake.calls) == 1
+    p, sent = probes[0], fake.calls[0]
+    assert sent["prompt"] == [40, 41, 1, 2] and sent["max_tokens"] == 1 and sent["temperature"] == 0.0
+    assert p["index"] == 0 and p["first_divergence"] == 2 and p["error"] is None
+    assert len(p["top20"]) == 20 and p["token_id"] == p["top20"][0][0]
     assert p["prompt_tokens"] == 4 == p["sent_prompt_len"]
-    assert p["salt"] == ep.calls[0][1]["cache_salt"] and p["body_sha256"] == sha256_json(p["body"])
+    assert p["salt"] == sent["cache_salt"] and p["body_sha256"] == sha256_json(p["body"])
+    # a rerun probes nothing the journal holds and starts no server
+    with _session(fake, tmp_path) as ps:
+        again = probe_arm(ps, probed, prompt_ids, journal)
+        assert ps.starts == 0
+    assert again == probes and len(fake.calls) == 1
 
 
-def test_determinism_run_hashes_and_error_pseudo_hash():
-    calls = iter([(200, completion_body([1, 2], [[[1, -0.1]], [[2, -0.1]]])),
-                  (200, completion_body([1, 2], [[[1, -0.1]], [[2, -0.1]]])),
-                  (503, "overloaded")])
-    ep = StubEndpoint(lambda p, b: next(calls))
-    out = g.determinism_run(ep, MODEL, [7, 8], repeats=3, max_tokens=2)
-    assert out["hashes"][0] == out["hashes"][1] == sha256_json([1, 2])
-    assert out["hashes"][2].startswith("error:")
-    assert len({c[1]["cache_salt"] for c in ep.calls}) == 3
-    assert gates.determinism_v1({"arm": out["hashes"]})["verdict"] == "STOP"
-    assert gates.determinism_v1({"arm": out["hashes"][:2]})["verdict"] == "PASS"
+DATASET = {"name": "ds", "items": [{"index": 0, "messages": [{"role": "user", "content": "2 + 2 ="}]}]}
+PAIRED = {"table": {"indices": [0], "control_only": [], "candidate_only": []}}
+REPEATS = {"items": "all", "concordant": 0, "seed": 0, "max_tokens": 2, "determinism_repeats": 3}
+
+
+def _determinism(fake, tmp_path, cfg=REPEATS):
+    plan = GreedyPlan(DATASET, PAIRED, cfg, {}, tmp_path / "journal" / "greedy.jsonl")
+    with _session(fake, tmp_path) as ps:
+        if plan.todo:
+            plan.run(ps.get(), "control")
+    return plan
+
+
+def test_determinism_repeats_hash_alike_each_with_a_fresh_salt(fake, tmp_path):
+    header, records = _determinism(fake, tmp_path).header_and_records("control", [])
+    det = header["determinism"]
+    assert len(records) == 1 and len(det["records"]) == 3 and det["index"] == 0
+    assert det["hashes"] == [sha256_json(det["records"][0]["token_ids"])] * 3
+    assert len({c["cache_salt"] for c in fake.calls}) == 4  # the greedy run and each repeat: no cache reuse
+    assert gates.determinism_v1({"control": det["hashes"]})["verdict"] == "PASS"
+
+
+def test_a_repeat_without_an_answer_is_not_a_repeat_until_a_rerun_asks_it_again(fake, tmp_path):
+    fake.fail[4] = 503  # the third repeat (after the greedy run and two repeats)
+    plan = _determinism(fake, tmp_path)
+    with pytest.raises(PhaseError, match=r"greedy runs without an answer: \[\('determinism', 2\)\]"):
+        plan.header_and_records("control", [])
+    journaled = read_log(tmp_path / "journal" / "greedy.jsonl")
+    assert [r["status"] for r in journaled] == [200, 200, 200, 503]  # the failure is kept as evidence
+    again = _determinism(fake, tmp_path)
+    assert len(fake.calls) == 5  # the rerun asked only the open repeat
+    det = again.header_and_records("control", [])[0]["determinism"]
+    assert len(set(det["hashes"])) == 1 and gates.determinism_v1({"control": det["hashes"]})["verdict"] == "PASS"
+
+
+def test_refused_repeats_are_never_counted_as_repeats_that_matched(fake, tmp_path):
+    # max_tokens beyond the fake's 256-token context: every repeat gets the same 400, a final answer
+    plan = _determinism(fake, tmp_path, {**REPEATS, "max_tokens": 300})
+    det = plan.header_and_records("control", [])[0]["determinism"]
+    assert all(r["status"] == 400 for r in det["records"])
+    assert all(h.startswith("error:") for h in det["hashes"]) and len(set(det["hashes"])) == 3
+    verdict = gates.determinism_v1({"control": det["hashes"]})
+    assert verdict["verdict"] == "STOP" and verdict["nondeterministic_arms"] == ["control"]
 
 
 # ------------------------------------------------------- real-server tests
-# Prompts picked once by running both arms at 48 tokens (outputs are
-# deterministic): with the BF16 head, "17 times 23" flips at token 0 and
-# "sky is blue" at token 16; "water cycle" and "octopuses" agree for 48.
-
-DIVERGE_PROMPTS = ["What is 17 times 23? Show your work.",
-                   "Explain why the sky is blue in two sentences.",
-                   "Describe the water cycle."]
-AGREE_PROMPTS = ["Describe the water cycle.", "Tell me a fun fact about octopuses."]
-DIVERGE_TOKENS = 24
-SHORT_TOKENS = 16
-
+# Greedy runs, probes and determinism on the reference server run through the
+# diagnostics phase itself (tests/test_diagnostics_stages.py); here only what
+# one request shows.
 
 def _messages(text):
     return [{"role": "user", "content": text}]
 
 
 control = module_server()
-candidate_bf16 = module_server({"PAIRAUDIT_REF_LM_HEAD_BF16": "1"})
 
 
 def _ep(server):
@@ -306,26 +373,6 @@ def test_prompt_ids_real_server_error_keeps_body(control):
 
 
 @pytest.mark.server
-def test_identical_fp32_arms_do_not_diverge(control):
-    ep = _ep(control)
-    items = [{"index": i, "prompt_ids": g.prompt_ids(ep, MODEL, _messages(p))} for i, p in enumerate(AGREE_PROMPTS)]
-    # the same server twice, each generation with its own salt: no shared cache
-    a = g.run_greedy(ep, MODEL, items, max_tokens=SHORT_TOKENS)
-    b = g.run_greedy(ep, MODEL, items, max_tokens=SHORT_TOKENS)
-    assert all(r["error"] is None and r["status"] == 200 for r in a + b)
-    assert all(len(r["top20"]) == len(r["token_ids"]) and len(r["top20"][0]) == 20 for r in a)
-    assert {r["salt"] for r in a}.isdisjoint({r["salt"] for r in b})
-    assert [r["request_sha256"] for r in a] == [r["request_sha256"] for r in b]
-    divs = g.divergence_records(a, b)
-    assert [d["diverged"] for d in divs] == [False, False]
-    assert g.grid_tie_inputs(divs, [], []) == []
-    counts = g.comparison_counts([it["index"] for it in items], divs)
-    assert counts == {"selected": 2, "compared": 2, "diverged": 0, "unresolved": 0}
-    assert gates.grid_tie_v1([], selected=2, compared=2)["verdict"] == "PASS"
-    assert gates.grid_tie_v1([])["verdict"] == "INCONCLUSIVE"  # no counts: nothing shown compared
-
-
-@pytest.mark.server
 def test_a_greedy_run_past_the_context_records_the_servers_clamp(control):
     # Like vLLM 0.32 the server lowers max_tokens to what fits rather than refusing.
     ep = _ep(control)
@@ -338,84 +385,3 @@ def test_a_greedy_run_past_the_context_records_the_servers_clamp(control):
     assert rec["clamp"]["asked"] == 8 and rec["clamp"]["completion_tokens"] == 3
     # an unclamped run of the same prompt says so
     assert g.greedy_one(ep, MODEL, ids[:20], max_tokens=4, index=1)["clamped"] is False
-
-
-def _on_bf16_grid(top):
-    """Every top-20 gap an integer multiple of one power-of-two step (independent of rules.py)."""
-    vals = np.array([v for _, v in top], dtype=np.float64)
-    gaps = np.abs(vals[:, None] - vals[None, :])
-    pos = gaps[gaps > 1e-5]
-    step = 2.0 ** round(float(np.log2(pos.min())))
-    return bool(np.all(np.abs(gaps / step - np.round(gaps / step)) < 1e-4))
-
-
-@pytest.mark.server
-def test_bf16_head_divergence_probes_and_grid_tie(control, candidate_bf16):
-    cep, kep = _ep(control), _ep(candidate_bf16)
-    ids_c = {i: g.prompt_ids(cep, MODEL, _messages(p)) for i, p in enumerate(DIVERGE_PROMPTS)}
-    ids_k = {i: g.prompt_ids(kep, MODEL, _messages(p)) for i, p in enumerate(DIVERGE_PROMPTS)}
-    assert ids_c == ids_k  # both arms get the identical token prompt
-    items = [{"index": i, "prompt_ids": ids} for i, ids in ids_c.items()]
-    gc = g.run_greedy(cep, MODEL, items, max_tokens=DIVERGE_TOKENS)
-    gk = g.run_greedy(kep, MODEL, items, max_tokens=DIVERGE_TOKENS)
-    assert all(r["error"] is None for r in gc + gk)
-
-    divs = g.divergence_records(gc, gk)
-    found = [d for d in divs if d["diverged"]]
-    assert found, [(d["index"], d["control_len"], d["candidate_len"]) for d in divs]
-    for d in found:
-        k = d["first_divergence"]
-        assert d["prefix_equal"] and d["shared_prefix"] == gc[d["index"]]["token_ids"][:k]
-        assert d["control_token_id"] != d["candidate_token_id"]
-
-    # the split flow: one arm's server at a time, then combine
-    cp = g.probes_for_arm(cep, MODEL, divs, ids_c)
-    kp = g.probes_for_arm(kep, MODEL, divs, ids_c)
-    assert [p["index"] for p in cp] == [p["index"] for p in kp] == [d["index"] for d in found]
-    for d, p, q in zip(found, cp, kp):
-        assert p["error"] is None and q["error"] is None
-        assert p["salt"] != q["salt"]
-        gen_salts = {gc[d["index"]]["salt"], gk[d["index"]]["salt"]}
-        assert p["salt"] not in gen_salts and q["salt"] not in gen_salts
-        expected = len(ids_c[d["index"]]) + d["first_divergence"]
-        assert p["prompt_tokens"] == q["prompt_tokens"] == expected
-        assert len(p["top20"]) == len(q["top20"]) == 20
-    inputs = g.grid_tie_inputs(divs, cp, kp)
-    assert [x["index"] for x in inputs] == [d["index"] for d in found]
-    assert set(inputs[0]) == {"index", "control_token_id", "candidate_token_id", "candidate_top", "control_top",
-                              "control_prefix_len", "candidate_prefix_len"}
-
-    verdict = gates.grid_tie_v1(inputs)
-    assert verdict["verdict"] in ("PASS", "STOP") and verdict["rule"] == "grid-tie-v1"
-    assert len(verdict["probes"]) == len(found)
-    for probe, x in zip(verdict["probes"], inputs):
-        c = probe["clauses"]
-        assert set(c) == set(gates.PROBE_CLAUSES)
-        # the BF16 head puts the candidate's top-20 on the binary grid
-        assert c["finite_values"] and c["grid_step_power_of_two"] and c["all_gaps_on_grid"], probe["reasons"]
-        assert c["equal_prefix_lengths"]
-        assert probe["step"] is not None and probe["residuals"]
-        assert _on_bf16_grid(x["candidate_top"])
-        # ... and the fp32 control's is not (the contrast the rule relies on)
-        assert not _on_bf16_grid(x["control_top"])
-
-    # the all-at-once composition gives the same structure
-    both = g.run_divergence(cep, kep, {"control": MODEL, "candidate": MODEL}, gc, gk, ids_c)
-    assert both["divergences"] == divs
-    assert [x["candidate_top"] for x in both["grid_tie_inputs"]] == [x["candidate_top"] for x in inputs]
-    json.dumps(both)
-
-
-@pytest.mark.server
-def test_determinism_plain_vs_fault_noise(control, shared_server):
-    ids = g.prompt_ids(_ep(control), MODEL, _messages("The three primary colors are"))
-    plain = g.determinism_run(_ep(control), MODEL, ids, repeats=3, max_tokens=SHORT_TOKENS)
-    assert len(set(plain["hashes"])) == 1 and all(r["error"] is None for r in plain["records"])
-    assert len({r["salt"] for r in plain["records"]}) == 3
-    noisy_server = shared_server({"PAIRAUDIT_REF_FAULT_NOISE": "2.0"}, 512)
-    noisy = g.determinism_run(_ep(noisy_server), MODEL, ids, repeats=3, max_tokens=SHORT_TOKENS)
-    assert all(r["error"] is None for r in noisy["records"])
-    assert len(set(noisy["hashes"])) > 1
-    verdict = gates.determinism_v1({"control": plain["hashes"], "candidate": noisy["hashes"]})
-    assert verdict["verdict"] == "STOP" and verdict["nondeterministic_arms"] == ["candidate"]
-    assert verdict["arms"]["control"]["deterministic"] is True

@@ -71,14 +71,16 @@ def test_resolve_spec_fills_placeholders_port_stays_symbolic():
                     "--port", "{port}", "--max-model-len", "{max_model_len}",
                     "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
         "env": {"PAIRAUDIT_REF_LM_HEAD_BF16": "0", "PAIRAUDIT_REF_SPEC_NGRAM": 0}})
-    assert spec["command"][0] == sys.executable
-    assert spec["command_identity"][0] == "{python}"
-    assert spec["command"][4] == "SmolLM2-135M-Instruct" and spec["command"][6] == "127.0.0.1"
-    assert spec["command"][8] == "{port}" and spec["command"][10] == "8192"
-    assert spec["command"][-1] == '{"method": "ngram", "num_speculative_tokens": 3}'
-    assert spec["env"] == {"PAIRAUDIT_REF_LM_HEAD_BF16": "0", "PAIRAUDIT_REF_SPEC_NGRAM": "0"}
-    assert spec["port"] == 0 and spec["health_timeout_s"] == 300 and spec["speculative"] is False
-    assert spec["served_model_name"] == "SmolLM2-135M-Instruct"
+    cmd = spec.host_command()
+    assert cmd[0] == sys.executable
+    assert spec.command_identity[0] == "{python}"
+    assert cmd[4] == "SmolLM2-135M-Instruct" and cmd[6] == "127.0.0.1"
+    assert cmd[8] == "{port}" and cmd[10] == "8192"
+    assert cmd[-1] == '{"method": "ngram", "num_speculative_tokens": 3}'
+    assert cmd[1:] == list(spec.command_identity[1:])  # only the host placeholder differs
+    assert spec.env == {"PAIRAUDIT_REF_LM_HEAD_BF16": "0", "PAIRAUDIT_REF_SPEC_NGRAM": "0"}
+    assert spec.port == 0 and spec.health_timeout_s == 300 and spec.speculative is False
+    assert spec.served_model_name == "SmolLM2-135M-Instruct"
 
 
 @pytest.mark.parametrize("cfg, msg", [
@@ -107,8 +109,8 @@ def test_resolve_spec_errors_name_the_key(cfg, msg):
 
 def test_attach_spec():
     spec = resolve_spec("candidate", {"mode": "attach", "url": "http://gpu-host:8000/", "model": "my-model"})
-    assert spec["url"] == "http://gpu-host:8000" and spec["max_model_len"] is None
-    assert spec["command"] is None and spec["env"] == {}
+    assert spec.url == "http://gpu-host:8000" and spec.max_model_len is None
+    assert spec.host_command() is None and spec.command_identity is None and spec.env == {}
 
 
 # --- receipt --------------------------------------------------------------------
@@ -374,9 +376,9 @@ def test_vllm_placeholders_resolve_and_stay_symbolic_in_the_identity(monkeypatch
            "command": ["{vllm_python}", "-m", "vllm.entrypoints.openai.api_server", "--model", "{model_dir}",
                        "--port", "{port}"]}
     spec = resolve_spec("control", cfg)
-    assert spec["command"][0] == str(tmp_path / "vv" / "bin" / "python")
-    assert spec["command"][4] == str(tmp_path / "cache" / "models" / modelstore.EMBEDDED_GGUF_SHA256)
-    assert spec["command_identity"][:1] == ["{vllm_python}"] and spec["command_identity"][4] == "{model_dir}"
+    assert spec.host_command()[0] == str(tmp_path / "vv" / "bin" / "python")
+    assert spec.host_command()[4] == str(tmp_path / "cache" / "models" / modelstore.EMBEDDED_GGUF_SHA256)
+    assert spec.command_identity[:1] == ("{vllm_python}",) and spec.command_identity[4] == "{model_dir}"
     monkeypatch.setenv("PAIRAUDIT_VLLM_PYTHON", "/elsewhere/bin/python")
     assert sha256_of(resolve_spec("control", cfg)) == sha256_of(spec)  # moving the venv is not a new arm
     # a missing vLLM interpreter is a clear configuration error before any start
@@ -385,7 +387,7 @@ def test_vllm_placeholders_resolve_and_stay_symbolic_in_the_identity(monkeypatch
 
 
 def sha256_of(spec):
-    return launch.sha256_json(launch.identity_fields(spec))
+    return spec.spec_sha256
 
 
 def test_server_packages_come_from_the_servers_interpreter():

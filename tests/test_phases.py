@@ -18,7 +18,6 @@ from pairaudit.core import artifacts, contracts
 from pairaudit.core.jsonlog import read_log
 from pairaudit.plans import stage as plan_stage
 from pairaudit.serving import failures
-from pairaudit.serving import phase as phases
 from pairaudit.speed import stage as speed_stage
 
 SAMPLING = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0, "base_seed": 1000, "max_tokens": 16,
@@ -41,7 +40,7 @@ def run_answers(tmp_path: Path, arm: str, cfg: dict) -> dict:
     plan_stage.requests_stage(dataset_path=dataset(tmp_path), spec_path=spec, sampling=SAMPLING, audit="t",
                          out_path=requests)
     return answers_stage.answers_phase(
-        arm=arm, arm_cfg=cfg, requests_paths={"tiny": requests}, sampling=SAMPLING, audit="t",
+        arm=arm, spec_path=spec, requests_paths={"tiny": requests}, sampling=SAMPLING, audit="t",
         boundary_plan_path=None, journal_dir=str(out / "journal"), receipt_path=str(out / f"launch/{arm}.json"),
         preflight_path=str(out / f"preflight/{arm}.json"), phase_path=str(out / f"answers/{arm}.json"),
         boundary_path=None, server_log=str(out / f"logs/answers-{arm}.log"),
@@ -110,11 +109,11 @@ def _speed_bracket(tmp_path: Path, candidate_cfg: dict) -> tuple[dict, Path]:
     from test_speed import bracket_inputs
 
     arms = {"control": fake_cfg(), "candidate": candidate_cfg}
-    lp, pp = bracket_inputs(tmp_path, arms)
+    lp, pp, sp = bracket_inputs(tmp_path, arms)
     cfg = {"cells": [{"name": "pair-c2", "prompt": "random", "input_len": 16, "concurrency": 2}],
            "repeats": 2, "waves": 1, "output_len": 8, "accept_unverifiable_clock": True}
     logs = {s: str(tmp_path / f"logs/speed-{s}.log") for s in ("s1", "s2", "s3")}
-    doc = speed_stage.speed_stage(launch_paths=lp, preflight_paths=pp, arm_cfgs=arms, speed_cfg=cfg, audit="t",
+    doc = speed_stage.speed_stage(launch_paths=lp, preflight_paths=pp, spec_paths=sp, speed_cfg=cfg, audit="t",
                             out_path=str(tmp_path / "speed/decision.json"),
                             streams_path=str(tmp_path / "speed/streams.jsonl"),
                             archive_path=str(tmp_path / "archive.jsonl"), server_logs=logs,
@@ -146,7 +145,7 @@ def test_an_engine_that_dies_under_the_speed_bracket_is_evidence_confirmed_on_a_
     answers = []
     for arm in ("control", "candidate"):
         answers.append(str(out / f"answers/{arm}.json"))
-        artifacts.write_json(answers[-1], {"schema": phases.PHASE_SCHEMA, "arm": arm, "failure": None})
+        artifacts.write_json(answers[-1], {"schema": contracts.PHASE_SCHEMA, "arm": arm, "failure": None})
     kw, _, _ = report._load_later({"speed": str(out / "speed/decision.json"), "answers": answers})
     assert kw["servers"]["verdict"] == "FAIL" and kw["servers"]["failures"]["candidate"]["stage"] == "speed"
     assert kw["speed"]["verdict"] == "INCONCLUSIVE"

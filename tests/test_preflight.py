@@ -14,8 +14,9 @@ from pairaudit.serving.preflight import PreflightError, probe_names, require_pas
 
 
 def arm(speculative=False, max_model_len=256):
-    return {"arm": "candidate", "model": "fake-model", "served_model_name": "fake-model",
-            "max_model_len": max_model_len, "speculative": speculative}
+    # the spec of an attached arm: the probes read its served name, context and speculation
+    return resolve_spec("candidate", {"mode": "attach", "url": "http://fake-server", "model": "fake-model",
+                                      "max_model_len": max_model_len, "speculative": speculative})
 
 
 def assert_failed_at(result, name):
@@ -143,7 +144,7 @@ def test_preflight_passes_on_the_reference_server(tmp_path, speculative, env):
         assert result["max_model_len"] == 8192
         # streaming timings on a real stream (vllm bench serve definitions)
         out = srv.endpoint.stream_completion("/v1/chat/completions", {
-            "model": spec["served_model_name"], "messages": [{"role": "user", "content": "Count to five."}],
+            "model": spec.served_model_name, "messages": [{"role": "user", "content": "Count to five."}],
             "max_tokens": 8, "temperature": 0.0, "ignore_eos": True})
         assert out["error"] is None and out["status"] == 200, out
         assert out["output_tokens"] == 8 and out["text"]

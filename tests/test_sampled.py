@@ -214,7 +214,7 @@ def fake(monkeypatch):
 
 
 def run_pass(url, bodies, jpath):
-    """One resume pass the way sampled_stage does it: read the journal, ask only the open items."""
+    """One resume pass the way answer_dataset does it: read the journal, ask only the open items."""
     by_index, done = pending_items(bodies, read_journal(jpath))
     todo = {i: b for i, b in bodies.items() if i not in done}
     j = Journal(jpath)
@@ -309,41 +309,85 @@ def test_a_400_is_a_final_answer(fake, tmp_path):
     assert records[0]["response"] is None
 
 
-# ---------------------------------------------------------------- the stage
+# ---------------------------------------------------------------- the phase and the assembly
+# What the workflow runs: the answers phase of an arm (its server answers every
+# planned request, journaled), then the sampled job that assembles one
+# dataset's artifact from the journal (answers.stage.assemble).
 
-def write_stage_inputs(tmp_path, *, url, verdict="PASS", failed_probe=None, n=3, seed=1):
+def write_stage_inputs(tmp_path, *, arm_cfg, n=3, seed=1, sampling=SAMPLING):
+    """The dataset, each arm's spec file and planned requests: the inputs of the answers phase."""
     from pairaudit.datasets import formats as datasets
-    from pairaudit.serving import launch
+    from pairaudit.plans import stage as plan_stage
     cfg = {"name": "arith", "format": "gsm8k", "source": {"generated": {"kind": "arith", "n": 10, "seed": 7}},
            "select": {"count": n, "seed": seed}, "prompt_template": "brief"}
     ds = datasets.prepare_dataset(cfg, cache_dir=tmp_path / "cache", base_dir=tmp_path)
     ds["provenance"] = artifacts.provenance([], {"config": cfg})
-    arm_cfg = {"mode": "attach", "url": url, "model": "SmolLM2-135M-Instruct", "max_model_len": 1024}
-    paths = {"dataset": tmp_path / "datasets" / "arith.json", "preflight": tmp_path / "preflight.json"}
+    paths = {"dataset": tmp_path / "datasets" / "arith.json"}
     artifacts.write_json(paths["dataset"], ds)
-    artifacts.write_json(paths["preflight"], {"verdict": verdict, "failed_probe": failed_probe})
     for arm in ("control", "candidate"):
-        paths[f"launch_{arm}"] = tmp_path / "launch" / f"{arm}.json"
-        artifacts.write_json(paths[f"launch_{arm}"], launch.receipt(launch.resolve_spec(arm, arm_cfg)))
-    return ds, arm_cfg, paths
+        paths[f"spec_{arm}"] = tmp_path / "specs" / f"{arm}.json"
+        plan_stage.arm_spec_stage(arm=arm, arm_cfg=arm_cfg, out_path=str(paths[f"spec_{arm}"]))
+        paths[f"requests_{arm}"] = tmp_path / "requests" / "arith" / f"{arm}.json"
+        plan_stage.requests_stage(dataset_path=str(paths["dataset"]), spec_path=str(paths[f"spec_{arm}"]),
+                                  sampling=sampling, audit="t1", out_path=str(paths[f"requests_{arm}"]))
+    return ds, paths
 
 
-def stage_kwargs(tmp_path, paths, arm, arm_cfg, sampling):
-    return dict(dataset_path=str(paths["dataset"]), launch_path=str(paths[f"launch_{arm}"]),
-                preflight_path=str(paths["preflight"]), out_path=str(tmp_path / "sampled" / f"{arm}.jsonl"),
-                journal_path=str(tmp_path / "journal" / f"{arm}.jsonl"), arm=arm, arm_cfg=arm_cfg,
-                sampling=sampling, audit="t1", server_log=str(tmp_path / "logs" / f"{arm}.log"))
+def phase_kwargs(tmp_path, paths, arm, sampling):
+    return dict(arm=arm, spec_path=str(paths[f"spec_{arm}"]), requests_paths={"arith": str(paths[f"requests_{arm}"])},
+                sampling=sampling, audit="t1", boundary_plan_path=None, journal_dir=str(tmp_path / "journal"),
+                receipt_path=str(tmp_path / "launch" / f"{arm}.json"),
+                preflight_path=str(tmp_path / "preflight" / f"{arm}.json"),
+                phase_path=str(tmp_path / "answers" / f"{arm}.json"), boundary_path=None,
+                server_log=str(tmp_path / "logs" / f"answers-{arm}.log"),
+                starts_log=str(tmp_path / "servers" / "starts.jsonl"))
+
+
+def assemble_kwargs(tmp_path, paths, arm):
+    return dict(dataset_path=str(paths["dataset"]), requests_path=str(paths[f"requests_{arm}"]),
+                journal_path=str(tmp_path / "journal" / "sampled" / "arith" / f"{arm}.jsonl"),
+                out_path=str(tmp_path / "sampled" / "arith" / f"{arm}.jsonl"),
+                receipt_path=str(tmp_path / "launch" / f"{arm}.json"),
+                preflight_path=str(tmp_path / "preflight" / f"{arm}.json"),
+                phase_path=str(tmp_path / "answers" / f"{arm}.json"))
+
+
+def test_assembly_refuses_open_items_unless_the_phase_failed(tmp_path):
+    bodies = bodies_for([0, 1])
+    jpath = tmp_path / "j.jsonl"
+    with Journal(jpath) as j:
+        j.append(attempt(0, 1, 200, bodies[0], response={"choices": []}))
+        j.append(attempt(1, 1, None, bodies[1], error="transport: connection: refused"))
+    kw = dict(name="ds", arm="control", bodies=bodies, journal_path=str(jpath), out_path=str(tmp_path / "s.jsonl"),
+              consumed=[], params={})
+    with pytest.raises(SampledError, match=r"1 item\(s\) have no answer yet \[1\].*rerun to ask only the open"):
+        sampled.assemble_records(**kw)
+    assert not (tmp_path / "s.jsonl").exists()
+    # after a server failure the answered items are kept, and the artifact says the arm failed
+    failure = {"arm": "control", "stage": "sampled", "what": "ds item 1", "kind": "dead", "status": None,
+               "error": "transport: connection: refused"}
+    header = sampled.assemble_records(**kw, failure=failure)
+    assert header["n"] == 1 and "ds item 1" in header["arm_failed"]
 
 
 def test_preflight_fail_refuses_to_sample(tmp_path):
-    dead = f"http://127.0.0.1:{free_port()}"
-    _, arm_cfg, paths = write_stage_inputs(tmp_path, url=dead, verdict="FAIL", failed_probe="completion_logprobs20")
-    kw = stage_kwargs(tmp_path, paths, "control", arm_cfg, SAMPLING)
-    with pytest.raises(SampledError) as ei:
-        sampled.sampled_stage(**kw)
-    msg = str(ei.value)
-    assert "completion_logprobs20" in msg and "FAIL" in msg and "control" in msg
-    assert not Path(kw["journal_path"]).exists() and not Path(kw["out_path"]).exists()
+    from test_launch import fake_cfg
+
+    from pairaudit.answers import stage as answers_stage
+    # a server whose completions carry 19 top logprobs fails the completion_logprobs20 probe
+    _, paths = write_stage_inputs(tmp_path, arm_cfg=fake_cfg("logprobs_few"))
+    kw = phase_kwargs(tmp_path, paths, "control", SAMPLING)
+    doc = answers_stage.answers_phase(**kw)
+    f = doc["failure"]
+    assert doc["preflight"] == "FAIL" and f["arm"] == "control" and f["what"] == "probe completion_logprobs20"
+    assert artifacts.read_json(kw["preflight_path"])["failed_probe"] == "completion_logprobs20"
+    asm = assemble_kwargs(tmp_path, paths, "control")
+    assert doc["datasets"] == {} and not Path(asm["journal_path"]).exists()  # nothing was asked
+    # the sampled artifact says the arm failed, and why, and holds no answer
+    header = answers_stage.assemble(**asm)
+    msg = header["arm_failed"]
+    assert "completion_logprobs20" in msg and "control" in msg and header["n"] == 0
+    assert artifacts.read_jsonl(asm["out_path"]) == (header, [])
 
 
 @pytest.fixture(scope="module")
@@ -352,24 +396,32 @@ def refserver(shared_server):
 
 
 @pytest.mark.server
-def test_sampled_stage_end_to_end_real_server(refserver, tmp_path):
+def test_answers_phase_and_assembly_end_to_end_real_server(refserver, tmp_path):
+    from pairaudit.answers import stage as answers_stage
+    from pairaudit.serving import armspec
+    from pairaudit.serving.phase import PhaseServer
+
     sampling = {**SAMPLING, "concurrency": 1, "request_timeout_s": 120}
-    ds, arm_cfg, paths = write_stage_inputs(tmp_path, url=refserver.url, n=2)
+    arm_cfg = {"mode": "attach", "url": refserver.url, "model": "SmolLM2-135M-Instruct", "max_model_len": 1024}
+    ds, paths = write_stage_inputs(tmp_path, arm_cfg=arm_cfg, n=2, sampling=sampling)
     indices = ds["indices"]
     assert len(indices) == 2
 
     out = {}
     for arm in ("control", "candidate"):
-        kw = stage_kwargs(tmp_path, paths, arm, arm_cfg, sampling)
-        header = sampled.sampled_stage(**kw)
+        phase = answers_stage.answers_phase(**phase_kwargs(tmp_path, paths, arm, sampling))
+        assert phase["failure"] is None and phase["datasets"]["arith"] == {"items": 2, "from_journal": 0, "asked": 2}
+        kw = assemble_kwargs(tmp_path, paths, arm)
+        header = answers_stage.assemble(**kw)
         h, recs = artifacts.read_jsonl(kw["out_path"])
         assert h == header
         assert h["schema"] == "pairaudit.sampled/v1" and h["arm"] == arm and h["dataset"] == "arith"
-        assert h["n"] == 2 and h["arm_failed"] is None
+        assert h["n"] == 2 and h["arm_failed"] is None and h["max_model_len"] == 1024
         consumed = h["provenance"]["consumed"]
         assert consumed == {p: artifacts.sha256_file(p) for p in
-                            (kw["dataset_path"], kw["launch_path"], kw["preflight_path"])}
-        assert h["provenance"]["params"]["sampling"] == sampling
+                            (kw["dataset_path"], kw["requests_path"], kw["receipt_path"], kw["preflight_path"])}
+        # the bodies answered are the ones planned under this sampling config
+        assert artifacts.read_json(kw["requests_path"])["provenance"]["params"]["sampling"] == sampling
         assert [srv["url"] for srv in h["servers"]] == [refserver.url]  # the server that answered every item
         assert [r["index"] for r in recs] == sorted(indices)  # one record per item, index order
         for r in recs:
@@ -388,7 +440,14 @@ def test_sampled_stage_end_to_end_real_server(refserver, tmp_path):
     # a rerun resumes: nothing is asked again, the journal does not grow, the artifact is the same
     kw, recs = out["control"]
     first = Path(kw["out_path"]).read_bytes()
-    header = sampled.sampled_stage(**kw)
+    bodies = plan_requests.bodies(plan_requests.read_requests(kw["requests_path"]))
+    spec = armspec.read_spec(paths["spec_control"], arm="control")
+    with PhaseServer(spec, phase="answers", log_path=str(tmp_path / "again.log"), receipt=None,
+                     starts_log=str(tmp_path / "starts.jsonl")) as ps, \
+            Journal(Path(kw["journal_path"]), owner="answers control") as journal:
+        counts = sampled.answer_dataset(ps.get(), "arith", bodies, journal, sampling=sampling)
+    assert counts == {"items": 2, "from_journal": 2, "asked": 0}
+    header = answers_stage.assemble(**kw)
     assert header["n"] == 2
     assert len(read_journal(Path(kw["journal_path"]))) == 2
     _, again = artifacts.read_jsonl(kw["out_path"])

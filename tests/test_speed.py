@@ -15,7 +15,8 @@ import pytest
 
 from pairaudit import gates
 from pairaudit.core import artifacts, contracts
-from pairaudit.serving import launch
+from pairaudit.plans import stage as plan_stage
+from pairaudit.serving import armspec, launch
 from pairaudit.speed import archive as speedarchive
 from pairaudit.speed import bracket as speed
 from pairaudit.speed import clock as speedclock
@@ -480,21 +481,23 @@ def _arm(ngram):
             "speculative": bool(ngram), "health_timeout_s": 300}
 
 
-def bracket_inputs(tmp_path, arms: dict) -> tuple[dict, dict]:
-    """Launch receipts and passed preflights of both arms: what the bracket reads before it starts a server."""
-    lp, pp = {}, {}
+def bracket_inputs(tmp_path, arms: dict) -> tuple[dict, dict, dict]:
+    """Spec files, launch receipts and passed preflights of both arms: what the bracket reads before a server starts."""
+    lp, pp, sp = {}, {}, {}
     for arm, cfg in arms.items():
+        sp[arm] = str(tmp_path / f"specs/{arm}.json")
+        plan_stage.arm_spec_stage(arm=arm, arm_cfg=cfg, out_path=sp[arm])
         lp[arm] = str(tmp_path / f"launch-{arm}.json")
-        artifacts.write_json(lp[arm], launch.receipt(launch.resolve_spec(arm, cfg)))
+        artifacts.write_json(lp[arm], launch.receipt(armspec.read_spec(sp[arm], arm=arm)))
         pp[arm] = str(tmp_path / f"preflight-{arm}.json")
         artifacts.write_json(pp[arm], {"schema": "pairaudit.preflight/v1", "verdict": "PASS"})
-    return lp, pp
+    return lp, pp, sp
 
 
 @pytest.mark.server
 def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
     arms = {"control": _arm(0), "candidate": _arm(4)}
-    lp, pp = bracket_inputs(tmp_path, arms)
+    lp, pp, sp = bracket_inputs(tmp_path, arms)
     archive = tmp_path / "results" / "control-archive.jsonl"
     n = 16
     cfg = {"cells": [{"name": "rep-c1", "prompt": "repetitive", "input_len": 40, "concurrency": 1},
@@ -503,7 +506,7 @@ def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
            "accept_unverifiable_clock": True}
     out, streams = tmp_path / "speed" / "decision.json", tmp_path / "speed" / "streams.jsonl"
     logs = {s: str(tmp_path / f"server-{s}.log") for s in STARTS}
-    doc = speed_stage.speed_stage(launch_paths=lp, preflight_paths=pp, arm_cfgs=arms, speed_cfg=cfg, audit="e2e",
+    doc = speed_stage.speed_stage(launch_paths=lp, preflight_paths=pp, spec_paths=sp, speed_cfg=cfg, audit="e2e",
                             out_path=str(out), streams_path=str(streams), archive_path=str(archive),
                             server_logs=logs)
     saved = artifacts.check_schema(artifacts.read_json(out), contracts.SPEED_DECISION_SCHEMA, out)

@@ -6,7 +6,6 @@ get an arm whose command cannot start one: reaching the server would fail
 with a ServerError, so an ArtifactError proves the edit was caught first.
 """
 
-import copy
 import json
 import os
 import shutil
@@ -18,14 +17,17 @@ import pytest
 import yaml
 
 from pairaudit import configcheck
-from pairaudit.answers.sampled import sampled_stage
-from pairaudit.boundary import cases as boundary
+from pairaudit.answers import stage as answers_stage
+from pairaudit.answers.sampled import Journal
 from pairaudit.boundary import stage as boundary_stage
 from pairaudit.core import artifacts, contracts
 from pairaudit.core.artifacts import ArtifactError
 from pairaudit.diagnostics import stage as diagnostics_stage
+from pairaudit.plans import stage as plan_stage
+from pairaudit.plans.requests import body_sha256
 from pairaudit.promotion import stage as report
 from pairaudit.quality import stage as quality_stage
+from pairaudit.serving import armspec
 from pairaudit.serving.launch import ServerError
 from pairaudit.speed import stage as speed_stage
 
@@ -33,6 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # a launch arm that never becomes a server: its process exits at once
 DEAD_ARM = {"mode": "launch", "model": "m", "max_model_len": 256, "health_timeout_s": 20,
             "command": ["{python}", "-c", "import sys; sys.exit(7)", "{port}"]}
+SAMPLING = {"api": "chat", "base_seed": 1, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0,
+            "max_tokens": 8, "concurrency": 1}
+ARMS = ("control", "candidate")
 
 
 def hand_edit(path: Path) -> None:
@@ -50,9 +55,12 @@ def hand_edit(path: Path) -> None:
 def write_inputs(root: Path) -> dict[str, Path]:
     """One minimal, validly written artifact per kind a consumer reads."""
     p = {name: root / rel for name, rel in {
-        "dataset": "datasets/ds.json", "launch_control": "launch/control.json",
+        "dataset": "datasets/ds.json", "spec_control": "specs/control.json", "spec_candidate": "specs/candidate.json",
+        "requests_control": "requests/ds/control.json", "boundary_plan": "boundary/plan.json",
+        "launch_control": "launch/control.json",
         "launch_candidate": "launch/candidate.json", "preflight_control": "preflight/control.json",
-        "preflight_candidate": "preflight/candidate.json", "sampled_control": "sampled/ds/control.jsonl",
+        "preflight_candidate": "preflight/candidate.json", "answers_control": "answers/control.json",
+        "sampled_control": "sampled/ds/control.jsonl",
         "sampled_candidate": "sampled/ds/candidate.jsonl", "scores_control": "scores/ds/control.jsonl",
         "scores_candidate": "scores/ds/candidate.jsonl", "paired": "paired/ds.json",
         "greedy_control": "greedy/ds/control.jsonl", "greedy_candidate": "greedy/ds/candidate.jsonl",
@@ -63,8 +71,12 @@ def write_inputs(root: Path) -> dict[str, Path]:
             "reference": {"answer": "2", "solution": "#### 2"}, "messages": [{"role": "user", "content": "1 + 1?"}]}
     artifacts.write_json(p["dataset"], {"schema": "pairaudit.dataset/v1", "name": "ds", "format": "gsm8k",
                                         "indices": [0], "items": [item]})
-    for arm in ("control", "candidate"):
-        artifacts.write_json(p[f"launch_{arm}"], {"schema": "pairaudit.launch/v1", "arm": arm, "spec_sha256": "x"})
+    plan_stage.boundary_plan_stage(cfg={}, out_path=str(p["boundary_plan"]))
+    for arm in ARMS:
+        plan_stage.arm_spec_stage(arm=arm, arm_cfg=DEAD_ARM, out_path=str(p[f"spec_{arm}"]))
+        spec = armspec.read_spec(p[f"spec_{arm}"])
+        artifacts.write_json(p[f"launch_{arm}"], {"schema": "pairaudit.launch/v1", "arm": arm,
+                                                  "spec_sha256": spec.spec_sha256, "max_model_len": 256})
         artifacts.write_json(p[f"preflight_{arm}"], {"schema": "pairaudit.preflight/v1", "arm": arm,
                                                      "verdict": "PASS"})
         artifacts.write_jsonl(p[f"sampled_{arm}"], {"schema": "pairaudit.sampled/v1", "dataset": "ds", "arm": arm},
@@ -76,6 +88,16 @@ def write_inputs(root: Path) -> dict[str, Path]:
                               [{"index": 0, "prompt_ids": [1], "output_sha256": "h"}])
         artifacts.write_json(p[f"boundary_{arm}"], {"schema": contracts.BOUNDARY_SCHEMA, "arm": arm, "max_model_len": 256,
                                                     "cases": [], "first_long": None})
+    plan_stage.requests_stage(dataset_path=str(p["dataset"]), spec_path=str(p["spec_control"]), sampling=SAMPLING,
+                              audit="t", out_path=str(p["requests_control"]))
+    artifacts.write_json(p["answers_control"], {"schema": contracts.PHASE_SCHEMA, "phase": "answers", "arm": "control",
+                                                "failure": None})
+    # the answers phase's journal (not an artifact): the item answered, so the assembly has it
+    body = artifacts.read_json(p["requests_control"])["items"][0]["body"]
+    with Journal(journal_of(p)) as j:
+        j.append({"index": 0, "attempt": 1, "body_sha256": body_sha256(body), "body": body, "status": 200,
+                  "response": {"choices": [{"message": {"content": "#### 2"}, "finish_reason": "stop"}]},
+                  "error": None, "finish_reason": "stop", "usage": None, "timings": {}, "server": {}})
     artifacts.write_json(p["paired"], {"schema": "pairaudit.paired/v1", "dataset": "ds", "format": "gsm8k",
                                        "table": {"indices": [0], "control_only": [], "candidate_only": []}})
     artifacts.write_json(p["divergence"], {"schema": "pairaudit.divergence/v1", "dataset": "ds"})
@@ -84,53 +106,64 @@ def write_inputs(root: Path) -> dict[str, Path]:
     return p
 
 
-def _arms():
-    return {arm: copy.deepcopy(DEAD_ARM) for arm in ("control", "candidate")}
+def journal_of(p: dict[str, Path]) -> Path:
+    return p["dataset"].parents[1] / "journal" / "sampled" / "ds" / "control.jsonl"
+
+
+def _specs(p):
+    return {a: str(p[f"spec_{a}"]) for a in ARMS}
 
 
 # stage -> (call with the artifact paths and an output dir, the inputs it reads)
 CONSUMERS = {
-    "sampled": (lambda p, o: sampled_stage(
-        dataset_path=str(p["dataset"]), launch_path=str(p["launch_control"]),
-        preflight_path=str(p["preflight_control"]), out_path=str(o / "s.jsonl"), journal_path=str(o / "j.jsonl"),
-        arm="control", arm_cfg=DEAD_ARM, audit="t", server_log=str(o / "s.log"),
-        sampling={"api": "chat", "base_seed": 1, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0,
-                  "max_tokens": 8, "concurrency": 1}),
-        ["dataset", "launch_control", "preflight_control"]),
+    "requests": (lambda p, o: plan_stage.requests_stage(
+        dataset_path=str(p["dataset"]), spec_path=str(p["spec_control"]), sampling=SAMPLING, audit="t",
+        out_path=str(o / "r.json")),
+        ["dataset", "spec_control"]),
+    "answers": (lambda p, o: answers_stage.answers_phase(
+        arm="control", spec_path=str(p["spec_control"]), requests_paths={"ds": str(p["requests_control"])},
+        sampling=SAMPLING, audit="t", boundary_plan_path=str(p["boundary_plan"]), journal_dir=str(o / "journal"),
+        receipt_path=str(o / "launch.json"), preflight_path=str(o / "preflight.json"), phase_path=str(o / "phase.json"),
+        boundary_path=str(o / "boundary.json"), server_log=str(o / "s.log"), starts_log=str(o / "starts.jsonl")),
+        ["spec_control", "requests_control", "boundary_plan"]),
+    "sampled": (lambda p, o: answers_stage.assemble(
+        dataset_path=str(p["dataset"]), requests_path=str(p["requests_control"]), journal_path=str(journal_of(p)),
+        out_path=str(o / "s.jsonl"), receipt_path=str(p["launch_control"]), preflight_path=str(p["preflight_control"]),
+        phase_path=str(p["answers_control"])),
+        ["dataset", "requests_control", "launch_control", "preflight_control", "answers_control"]),
     "score": (lambda p, o: quality_stage.score_stage(
         dataset_path=str(p["dataset"]), sampled_path=str(p["sampled_control"]), out_path=str(o / "sc.jsonl"),
         sandbox_limits={}),
         ["dataset", "sampled_control"]),
     "paired": (lambda p, o: quality_stage.paired_stage(
         dataset_path=str(p["dataset"]),
-        sampled_paths={a: str(p[f"sampled_{a}"]) for a in ("control", "candidate")},
-        score_paths={a: str(p[f"scores_{a}"]) for a in ("control", "candidate")}, out_path=str(o / "p.json"),
+        sampled_paths={a: str(p[f"sampled_{a}"]) for a in ARMS},
+        score_paths={a: str(p[f"scores_{a}"]) for a in ARMS}, out_path=str(o / "p.json"),
         quality_params={}),
         ["dataset", "sampled_control", "sampled_candidate", "scores_control", "scores_candidate"]),
     "diagnostics": (lambda p, o: diagnostics_stage.diagnostics_phase(
         dataset_paths={"ds": str(p["dataset"])}, paired_paths={"ds": str(p["paired"])},
-        receipt_paths={a: str(p[f"launch_{a}"]) for a in ("control", "candidate")},
-        preflight_paths={a: str(p[f"preflight_{a}"]) for a in ("control", "candidate")}, arm_cfgs=_arms(),
+        receipt_paths={a: str(p[f"launch_{a}"]) for a in ARMS},
+        preflight_paths={a: str(p[f"preflight_{a}"]) for a in ARMS}, spec_paths=_specs(p),
         greedy_cfg={}, chat_template_kwargs={}, journal_dir=str(o / "journal"),
-        greedy_paths={"ds": {a: str(o / f"g-{a}.jsonl") for a in ("control", "candidate")}},
-        divergence_paths={"ds": str(o / "d.json")}, server_logs={a: str(o / f"{a}.log") for a in ("control", "candidate")},
+        greedy_paths={"ds": {a: str(o / f"g-{a}.jsonl") for a in ARMS}},
+        divergence_paths={"ds": str(o / "d.json")}, server_logs={a: str(o / f"{a}.log") for a in ARMS},
         starts_log=str(o / "starts.jsonl"), phase_path=str(o / "phase.json")),
-        ["dataset", "paired", "launch_control", "launch_candidate", "preflight_control", "preflight_candidate"]),
-    "boundary": (lambda p, o: boundary.boundary_stage(
-        arm="control", arm_cfg=DEAD_ARM, launch_path=str(p["launch_control"]), out_path=str(o / "b.json"),
-        server_log=str(o / "s.log"), cfg={}, salt_prefix="t"),
-        ["launch_control"]),
+        ["dataset", "paired", "launch_control", "launch_candidate", "preflight_control", "preflight_candidate",
+         "spec_control", "spec_candidate"]),
     "boundary_gate": (lambda p, o: boundary_stage.boundary_gate_stage(
-        arm_paths={a: str(p[f"boundary_{a}"]) for a in ("control", "candidate")},
-        launch_paths={a: str(p[f"launch_{a}"]) for a in ("control", "candidate")}, out_path=str(o / "bg.json")),
-        ["boundary_control", "boundary_candidate"]),
+        arm_paths={a: str(p[f"boundary_{a}"]) for a in ARMS},
+        launch_paths={a: str(p[f"launch_{a}"]) for a in ARMS}, spec_paths=_specs(p), out_path=str(o / "bg.json")),
+        ["boundary_control", "boundary_candidate", "launch_control", "launch_candidate", "spec_control",
+         "spec_candidate"]),
     "speed": (lambda p, o: speed_stage.speed_stage(
-        launch_paths={a: str(p[f"launch_{a}"]) for a in ("control", "candidate")},
-        preflight_paths={a: str(p[f"preflight_{a}"]) for a in ("control", "candidate")}, arm_cfgs=_arms(),
+        launch_paths={a: str(p[f"launch_{a}"]) for a in ARMS},
+        preflight_paths={a: str(p[f"preflight_{a}"]) for a in ARMS}, spec_paths=_specs(p),
         speed_cfg={"cells": [{"name": "c", "prompt": "short"}], "repeats": 2, "waves": 1, "output_len": 4},
         audit="t", out_path=str(o / "sp.json"), streams_path=str(o / "st.jsonl"),
         archive_path=str(o / "archive.jsonl"), server_logs={s: str(o / f"{s}.log") for s in ("s1", "s2", "s3")}),
-        ["launch_control", "launch_candidate", "preflight_control", "preflight_candidate"]),
+        ["launch_control", "launch_candidate", "preflight_control", "preflight_candidate", "spec_control",
+         "spec_candidate"]),
     "promotion": (lambda p, o: report.promotion_stage(
         [p["paired"]], [p["launch_control"], p["launch_candidate"]],
         [p["preflight_control"], p["preflight_candidate"]], o / "decision.json", o / "report.md",
@@ -156,7 +189,7 @@ def test_every_consumer_refuses_an_edited_input_by_name(stage, name, tmp_path):
     assert not [p for p in (tmp_path / "out").glob("*") if p.suffix in (".json", ".jsonl")]  # nothing written
 
 
-@pytest.mark.parametrize("stage", [s for s in CONSUMERS if s in ("sampled", "diagnostics", "boundary", "speed")])
+@pytest.mark.parametrize("stage", [s for s in CONSUMERS if s in ("answers", "diagnostics", "speed")])
 def test_unedited_inputs_get_as_far_as_the_server(stage, tmp_path):
     """The control case: the same inputs unedited pass every read, so the server start is what fails."""
     paths = write_inputs(tmp_path / "results")
@@ -168,6 +201,16 @@ def test_unedited_inputs_get_as_far_as_the_server(stage, tmp_path):
         return
     with pytest.raises(ServerError):
         call(paths, tmp_path / "out")
+
+
+@pytest.mark.parametrize("stage", ["requests", "sampled", "boundary_gate"])
+def test_unedited_inputs_are_used_by_the_stages_without_a_server(stage, tmp_path):
+    """The control case of the stages that start no server: unedited, every read passes and the output is written."""
+    paths = write_inputs(tmp_path / "results")
+    call, _ = CONSUMERS[stage]
+    doc = call(paths, tmp_path / "out")
+    assert doc["schema"] in (contracts.REQUESTS_SCHEMA, contracts.SAMPLED_SCHEMA, contracts.BOUNDARY_GATE_SCHEMA)
+    assert len([p for p in (tmp_path / "out").glob("*") if p.suffix in (".json", ".jsonl")]) == 1
 
 
 def test_reformatting_or_touching_an_artifact_is_not_an_edit(tmp_path):

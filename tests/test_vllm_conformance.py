@@ -18,6 +18,7 @@ import requests
 from vllm_fixture import MML, MODEL
 
 from pairaudit.serving.client import Endpoint, clamping
+from pairaudit.serving.launch import resolve_spec
 from pairaudit.serving.preflight import run_preflight
 
 pytestmark = [pytest.mark.vllm, pytest.mark.server]
@@ -169,7 +170,7 @@ def c_metrics(url):
 
 
 def c_preflight(url):
-    spec = {"arm": "control", "model": MODEL, "served_model_name": MODEL, "max_model_len": MML, "speculative": False}
+    spec = resolve_spec("control", {"mode": "attach", "url": url, "model": MODEL, "max_model_len": MML})
     res = run_preflight(Endpoint(url, model=MODEL, timeout_s=300), spec)
     return {"verdict": res["verdict"], "failed_probe": res["failed_probe"],
             "reason": None if res["verdict"] == "PASS" else res["probes"][-1]["reason"]}

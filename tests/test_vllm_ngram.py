@@ -20,6 +20,7 @@ from vllm_fixture import MML, MODEL, NGRAM, VllmServer, vllm_python_or_skip
 from pairaudit.answers import stage as answers_stage
 from pairaudit.plans import stage as plan_stage
 from pairaudit.serving.client import Endpoint
+from pairaudit.serving.launch import resolve_spec
 from pairaudit.serving.preflight import PreflightError, require_pass, run_preflight
 
 pytestmark = pytest.mark.vllm
@@ -35,8 +36,8 @@ def ngram_server(tmp_path_factory):
 
 
 def test_preflight_records_the_engines_500_and_the_servers_death(ngram_server):
-    spec = {"arm": "candidate", "model": MODEL, "served_model_name": MODEL, "max_model_len": MML,
-            "speculative": True}
+    spec = resolve_spec("candidate", {"mode": "attach", "url": ngram_server.url, "model": MODEL, "max_model_len": MML,
+                                      "speculative": True})
     result = run_preflight(Endpoint(ngram_server.url, model=MODEL, timeout_s=300), spec)
     assert result["verdict"] == "FAIL"
     # every probe before it passed: greedy completions, logprobs and prompt_logprobs work with speculation on
@@ -84,7 +85,7 @@ def test_the_answers_phase_turns_the_engine_death_into_a_confirmed_rejection(tmp
     plan_stage.requests_stage(dataset_path=str(ds), spec_path=str(out / "specs/candidate.json"), sampling=sampling,
                          audit="ngram", out_path=str(out / "requests/one/candidate.json"))
     doc = answers_stage.answers_phase(
-        arm="candidate", arm_cfg=cfg, requests_paths={"one": str(out / "requests/one/candidate.json")},
+        arm="candidate", spec_path=str(out / "specs/candidate.json"), requests_paths={"one": str(out / "requests/one/candidate.json")},
         sampling=sampling, audit="ngram", boundary_plan_path=None, journal_dir=str(out / "journal"),
         receipt_path=str(out / "launch/candidate.json"), preflight_path=str(out / "preflight/candidate.json"),
         phase_path=str(out / "answers/candidate.json"), boundary_path=None,

@@ -32,15 +32,16 @@ import json
 import logging
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
+from typing import Any, Mapping, cast
 
 from pairaudit.core import artifacts, lifecycle
-from pairaudit.core.contracts import DATASET_SCHEMA, SAMPLED_SCHEMA
+from pairaudit.core.contracts import SAMPLED_SCHEMA, JournalAttempt, SampledRecord
 from pairaudit.core.jsonlog import AppendLog, read_log
 from pairaudit.core.progress import Progress
-from pairaudit.plans.requests import body_sha256, dataset_bodies
+from pairaudit.plans.requests import body_sha256
 from pairaudit.serving import failures
 from pairaudit.serving.client import Endpoint
-from pairaudit.serving.launch import Server, resolve_spec
+from pairaudit.serving.launch import Server
 
 log = logging.getLogger("pairaudit")
 
@@ -50,15 +51,15 @@ class SampledError(RuntimeError):
     pass
 
 
-def is_final(attempt: dict) -> bool:
+def is_final(attempt: Mapping[str, Any]) -> bool:
     # 429 is "not now", not an answer: like a transport error, the item stays open
     status = attempt.get("status")
     return status is not None and status < 500 and status != 429
 
 
-def read_journal(path: Path) -> list[dict]:
+def read_journal(path: Path) -> list[JournalAttempt]:
     """Every parseable attempt; a line cut short by a crash is skipped, never repaired in place."""
-    return read_log(path)
+    return cast(list[JournalAttempt], read_log(path))  # the journal holds what ask() wrote
 
 
 def Journal(path: Path, *, owner: str = "") -> AppendLog:
@@ -66,7 +67,7 @@ def Journal(path: Path, *, owner: str = "") -> AppendLog:
     return AppendLog(path, owner=owner)
 
 
-def ask(endpoint: Endpoint, index: int, body: dict, attempt: int, server: dict, timeout_s: float) -> dict:
+def ask(endpoint: Endpoint, index: int, body: dict, attempt: int, server: dict, timeout_s: float) -> JournalAttempt:
     res = endpoint.post_json("/v1/chat/completions", body, timeout_s=timeout_s)
     response = res["body"] if res["status"] == 200 and isinstance(res["body"], dict) else None
     choices = (response or {}).get("choices") or [{}]
@@ -87,9 +88,10 @@ def ask(endpoint: Endpoint, index: int, body: dict, attempt: int, server: dict, 
     }
 
 
-def pending_items(bodies: dict[int, dict], attempts: list[dict]) -> tuple[dict[int, list], set[int]]:
+def pending_items(bodies: Mapping[int, dict], attempts: list[JournalAttempt]) \
+        -> tuple[dict[int, list[JournalAttempt]], set[int]]:
     """(attempts per index that match the current body, indices already answered)."""
-    by_index: dict[int, list] = {i: [] for i in bodies}
+    by_index: dict[int, list[JournalAttempt]] = {i: [] for i in bodies}
     for a in attempts:
         i = a.get("index")
         if i in bodies and a.get("body_sha256") == body_sha256(bodies[i]):
@@ -99,7 +101,7 @@ def pending_items(bodies: dict[int, dict], attempts: list[dict]) -> tuple[dict[i
 
 
 def run_items(endpoint: Endpoint, bodies: dict[int, dict], journal: AppendLog, *, concurrency: int,
-              server: dict, timeout_s: float, prior: dict[int, list], alive=None,
+              server: dict, timeout_s: float, prior: dict[int, list[JournalAttempt]], alive=None,
               progress: Progress | None = None) -> None:
     """Ask every open item once, ``concurrency`` at a time, journaling each answer as it arrives.
 
@@ -131,8 +133,10 @@ def run_items(endpoint: Endpoint, bodies: dict[int, dict], journal: AppendLog, *
     lifecycle.check_stop()
 
 
-def collect(bodies: dict[int, dict], by_index: dict[int, list]) -> tuple[list[dict], list[int]]:
-    records, open_items = [], []
+def collect(bodies: Mapping[int, dict], by_index: Mapping[int, list[JournalAttempt]]) \
+        -> tuple[list[SampledRecord], list[int]]:
+    records: list[SampledRecord] = []
+    open_items: list[int] = []
     for i in sorted(bodies):
         atts = by_index[i]
         final = next((a for a in atts if is_final(a)), None)
@@ -140,7 +144,8 @@ def collect(bodies: dict[int, dict], by_index: dict[int, list]) -> tuple[list[di
             open_items.append(i)
             continue
         # journal order, not attempt numbers: two writers could both have numbered an attempt 1
-        records.append({**final, "prior_attempts": atts[:atts.index(final)]})
+        rec: SampledRecord = {**final, "prior_attempts": atts[:atts.index(final)]}
+        records.append(rec)
     return records, open_items
 
 
@@ -149,7 +154,7 @@ def answer_dataset(srv: Server, name: str, bodies: dict[int, dict], journal: App
     """Ask the running server every item the journal has no answer for; return counts."""
     by_index, done = pending_items(bodies, read_journal(journal.path))
     todo = {i: b for i, b in bodies.items() if i not in done}
-    arm = srv.spec["arm"]
+    arm = srv.spec.arm
     if todo:
         facts = srv.facts()
         server = {"url": facts["url"], "pid": facts["pid"]}
@@ -198,27 +203,3 @@ def assemble_records(*, name: str, arm: str, bodies: dict[int, dict], journal_pa
     }
     artifacts.write_jsonl(out_path, header, records)
     return header
-
-
-def sampled_stage(*, dataset_path: str, launch_path: str, preflight_path: str, out_path: str, journal_path: str,
-                  arm: str, arm_cfg: dict, sampling: dict, audit: str, server_log: str) -> dict:
-    """One dataset on one arm on a server of its own: answer (or resume), then assemble the artifact.
-
-    The workflow runs every dataset of an arm on one server (``phases``); this
-    is the same work for a single dataset, for library use and tests.
-    """
-    dataset = artifacts.check_schema(artifacts.read_json(dataset_path), DATASET_SCHEMA, dataset_path)
-    receipt = artifacts.read_json(launch_path)
-    preflight = artifacts.read_json(preflight_path)
-    if preflight.get("verdict") != "PASS":
-        raise SampledError(f"{preflight_path}: preflight of arm {arm} is {preflight.get('verdict')} "
-                           f"(failed probe: {preflight.get('failed_probe')}); not sampling")
-    spec = resolve_spec(arm, arm_cfg)  # the Server checks it against the receipt's identity hash
-    bodies = dataset_bodies(dataset, sampling, model=spec["served_model_name"], audit=audit)
-    _, done = pending_items(bodies, read_journal(Path(journal_path)))
-    if len(done) < len(bodies):
-        with Journal(Path(journal_path)) as journal, Server(spec, log_path=server_log, receipt=receipt) as srv:
-            answer_dataset(srv, dataset["name"], bodies, journal, sampling=sampling)
-    return assemble_records(name=dataset["name"], arm=arm, bodies=bodies, journal_path=journal_path,
-                            out_path=out_path, consumed=[dataset_path, launch_path, preflight_path],
-                            params={"sampling": sampling, "audit": audit})

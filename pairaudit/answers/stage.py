@@ -1,24 +1,23 @@
-"""The answers phase (one server start per arm: receipt, preflight, the sampled runs of every dataset, the boundary cases) and the assembly of one dataset's answers from the journal.
-
-The `answers` and `sampled` rules call these; ``pairaudit.serving.phase`` says why a phase, not a job, owns a server.
-"""
+"""The answers phase (one start of an arm's server: receipt, preflight, sampled runs, boundary cases) and the
+assembly of each dataset's sampled artifact from the phase's journal (``pairaudit.serving.phase``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
-from pairaudit.answers.sampled import Journal, answer_dataset, assemble_records, is_final
+from pairaudit.answers.sampled import Journal, answer_dataset, assemble_records, is_final, read_journal
 from pairaudit.boundary import cases as boundary
 from pairaudit.core import artifacts, contracts
-from pairaudit.core.contracts import PHASE_SCHEMA
+from pairaudit.core.contracts import PHASE_SCHEMA, BoundaryCase, JournalAttempt, journal_path
 from pairaudit.core.jsonlog import AppendLog, append_record, read_log
 from pairaudit.plans import requests as plans
 from pairaudit.plans.requests import bodies, read_requests
-from pairaudit.serving import failures, launch, preflight
+from pairaudit.serving import armspec, failures, launch, preflight
+from pairaudit.serving.armspec import ArmSpec
 from pairaudit.serving.client import ServerError
 from pairaudit.serving.launch import Server
-from pairaudit.serving.phase import PhaseServer, _journal_path, log
+from pairaudit.serving.phase import PhaseServer, log
 
 
 def boundary_key(params: Mapping[str, Any], max_model_len: int, model: str, salt_prefix: str) -> str:
@@ -28,7 +27,7 @@ def boundary_key(params: Mapping[str, Any], max_model_len: int, model: str, salt
 
 def _probe_failure(arm: str, result: dict, srv: Server) -> failures.FailureRecord:
     name = result.get("failed_probe")
-    probe = next((p for p in result.get("probes", []) if p["name"] == name), {})
+    probe: dict = next((p for p in result.get("probes", []) if p["name"] == name), {})
     last = (probe.get("calls") or [{}])[-1]
     status = probe.get("status")
     alive = srv.proc is None or srv.proc.poll() is None
@@ -45,14 +44,14 @@ def _probe_failure(arm: str, result: dict, srv: Server) -> failures.FailureRecor
 def _item_failure(arm: str, dataset: str, journal_path: Path, srv: Server, exc: Exception | None) -> \
         failures.FailureRecord | None:
     """The first item of ``dataset`` whose last attempt got no answer or a server error, if any."""
-    last: dict[int, dict] = {}
-    for a in read_log(journal_path):
-        last[a["index"]] = a
+    last: dict[int, JournalAttempt] = {}
+    for att in read_journal(journal_path):
+        last[att["index"]] = att
     open_ = [a for a in last.values() if not is_final(a)]
     if not open_ and exc is None:
         return None
     alive = srv.proc is None or srv.proc.poll() is None
-    a = min(open_, key=lambda x: x["index"]) if open_ else {}
+    a: Mapping[str, Any] = min(open_, key=lambda x: x["index"]) if open_ else {}
     return {"arm": arm, "stage": "sampled", "what": f"{dataset} item {a.get('index')}",
             "kind": failures.classify(a.get("status"), server_alive=alive and exc is None),
             "status": a.get("status"), "request": {"method": "POST", "path": "/v1/chat/completions",
@@ -61,7 +60,7 @@ def _item_failure(arm: str, dataset: str, journal_path: Path, srv: Server, exc: 
             "log_tail": srv.log_tail(40), "at": artifacts.utc_now()}
 
 
-def _confirm(spec: dict, failure: failures.FailureRecord, *, primary: dict, server_log: str, starts_log: str,
+def _confirm(spec: ArmSpec, failure: failures.FailureRecord, *, primary: dict, server_log: str, starts_log: str,
              receipt: dict) -> dict:
     """The failed request once more on a fresh start of the same server (stored beside the first failure)."""
     conf: dict = {"at": artifacts.utc_now(), "kind": None, "status": None, "error": None, "error_body": None}
@@ -72,7 +71,7 @@ def _confirm(spec: dict, failure: failures.FailureRecord, *, primary: dict, serv
             if failure["stage"] == "preflight":
                 res = preflight.run_preflight(srv.endpoint, spec, primary=primary)
                 conf["preflight"] = res
-                again = _probe_failure(spec["arm"], res, srv) if res["verdict"] != "PASS" else None
+                again = _probe_failure(spec.arm, res, srv) if res["verdict"] != "PASS" else None
                 conf.update(kind=again["kind"] if again else "answered", status=again["status"] if again else 200,
                             error=again["error"] if again else None,
                             error_body=again["error_body"] if again else None)
@@ -91,7 +90,7 @@ def _confirm(spec: dict, failure: failures.FailureRecord, *, primary: dict, serv
     return conf
 
 
-def answers_phase(*, arm: str, arm_cfg: dict, requests_paths: Mapping[str, str], sampling: dict, audit: str,
+def answers_phase(*, arm: str, spec_path: str, requests_paths: Mapping[str, str], sampling: dict, audit: str,
                   boundary_plan_path: str | None, journal_dir: str, receipt_path: str, preflight_path: str,
                   phase_path: str, boundary_path: str | None, server_log: str, starts_log: str) -> dict:
     """Receipt, preflight, every dataset's sampled runs and the boundary cases of one arm on one start.
@@ -100,9 +99,10 @@ def answers_phase(*, arm: str, arm_cfg: dict, requests_paths: Mapping[str, str],
     with a 5xx or not at all, a process that exits) ends the phase with a
     failure record instead of an error: the outputs are written, the work not
     done is marked so, and a server failure is confirmed once on a fresh
-    start (``pairaudit.serving.failures``).
+    start (``pairaudit.serving.failures``).  The arm's server is the one
+    ``spec_path`` (``specs/<arm>.json``) describes.
     """
-    spec = launch.resolve_spec(arm, arm_cfg)
+    spec = armspec.read_spec(spec_path, arm=arm)
     rec = launch.receipt(spec)
     requests = {name: plans.bodies(plans.read_requests(p)) for name, p in requests_paths.items()}
     boundary_cfg = artifacts.read_json(boundary_plan_path)["params"] if boundary_plan_path else None
@@ -114,13 +114,13 @@ def answers_phase(*, arm: str, arm_cfg: dict, requests_paths: Mapping[str, str],
                      timeout_s=float(sampling.get("request_timeout_s", 900))) as ps:
         srv = ps.get()
         launch.record_start(rec, spec, srv.facts())
-        rec["provenance"] = artifacts.provenance([], {"arm_config": arm_cfg})
+        rec["provenance"] = artifacts.provenance([spec_path], {})
         artifacts.write_json(receipt_path, rec)
 
         result = preflight.run_preflight(srv.endpoint, spec, primary=primary)
         result["provenance"] = artifacts.provenance([receipt_path], {"primary": primary})
         # every start's rehearsal is kept; the artifact is the one that rehearsed this start
-        append_record(_journal_path(journal_dir, "preflight", arm), result)
+        append_record(journal_path(journal_dir, contracts.JOURNAL_PREFLIGHT, arm=arm), result)
         if result.get("verdict") != "PASS":
             failure = _probe_failure(arm, result, srv)
             log.error("preflight of arm %s failed: %s", arm, failures.summary(failure))
@@ -131,7 +131,7 @@ def answers_phase(*, arm: str, arm_cfg: dict, requests_paths: Mapping[str, str],
         for name, bodies in requests.items():
             if failure is not None:
                 break
-            jpath = _journal_path(journal_dir, "sampled", name, arm)
+            jpath = Path(journal_path(journal_dir, contracts.JOURNAL_SAMPLED, dataset=name, arm=arm))
             try:
                 with Journal(jpath, owner=f"answers {arm}") as journal:
                     counts[name] = answer_dataset(srv, name, bodies, journal, sampling=sampling)
@@ -144,7 +144,8 @@ def answers_phase(*, arm: str, arm_cfg: dict, requests_paths: Mapping[str, str],
         if boundary_path is not None and failure is None:
             try:
                 boundary_doc = boundary_cases(ps, arm=arm, cfg=boundary_cfg, audit=audit,
-                                              journal=_journal_path(journal_dir, "boundary", arm),
+                                              journal=Path(journal_path(journal_dir, contracts.JOURNAL_BOUNDARY,
+                                                                        arm=arm)),
                                               receipt_path=receipt_path)
                 ps.verify()
             except ServerError as exc:
@@ -156,20 +157,20 @@ def answers_phase(*, arm: str, arm_cfg: dict, requests_paths: Mapping[str, str],
         if failures.is_server_failure(failure["kind"]):
             failure["confirmation"] = _confirm(spec, failure, primary=primary, server_log=server_log,
                                                starts_log=starts_log, receipt=rec)
-        append_record(_journal_path(journal_dir, "failures", arm), dict(failure))
+        append_record(journal_path(journal_dir, contracts.JOURNAL_FAILURES, arm=arm), dict(failure))
     if boundary_path is not None and boundary_doc is None:
-        boundary_doc = {"schema": contracts.BOUNDARY_SCHEMA, "arm": arm, "served_model_name": spec["served_model_name"],
+        boundary_doc = {"schema": contracts.BOUNDARY_SCHEMA, "arm": arm, "served_model_name": spec.served_model_name,
                         "max_model_len": None, "params": boundary.settings(boundary_cfg), "cases": [],
                         "first_long": None, "not_run": failures.summary(failure or {}),
                         "provenance": artifacts.provenance([receipt_path], {})}
-    if boundary_path is not None:
+    if boundary_path is not None and boundary_doc is not None:
         artifacts.write_json(boundary_path, boundary_doc)
     doc = {"schema": PHASE_SCHEMA, "phase": "answers", "arm": arm, "spec_sha256": rec["spec_sha256"],
            "starts": ps.starts, "server": facts, "preflight": result["verdict"], "datasets": counts,
            "boundary_cases": len(boundary_doc["cases"]) if boundary_doc else None, "failure": failure,
            "provenance": artifacts.provenance(
-               [*requests_paths.values(), *([boundary_plan_path] if boundary_plan_path else []), receipt_path,
-                preflight_path], {"sampling": sampling, "audit": audit})}
+               [spec_path, *requests_paths.values(), *([boundary_plan_path] if boundary_plan_path else []),
+                receipt_path, preflight_path], {"sampling": sampling, "audit": audit})}
     artifacts.write_json(phase_path, doc)
     return doc
 
@@ -180,12 +181,13 @@ def boundary_cases(ps: PhaseServer, *, arm: str, cfg: dict | None, audit: str, j
     params = boundary.settings(cfg)
     srv = ps.get()
     spec = ps.spec
-    model = spec["served_model_name"]
+    model = spec.served_model_name
     mml = boundary.server_max_model_len(srv.endpoint, spec)
     key = boundary_key(params, mml, model, audit)
-    done = {}
-    for r in read_log(journal):
-        if r.get("key") == key and r.get("status") is not None and r["status"] < 500:
+    done: dict[str, BoundaryCase] = {}
+    for r in cast(list[BoundaryCase], read_log(journal)):  # the journal holds the cases run_boundary recorded
+        status = r.get("status")
+        if r.get("key") == key and status is not None and status < 500:
             done.setdefault(r["case"], r)
     with AppendLog(journal, owner=f"boundary {arm}") as jl:
         res = boundary.run_boundary(srv.endpoint, model, mml, params, arm=arm, salt_prefix=audit, done=done,
@@ -201,9 +203,13 @@ def assemble(*, dataset_path: str, requests_path: str, journal_path: str, out_pa
     """The workflow's sampled job: the answers phase's journal for the planned requests of one dataset."""
 
     req = read_requests(requests_path)
-    preflight = artifacts.read_json(preflight_path)
-    mml = preflight.get("max_model_len") or artifacts.read_json(receipt_path).get("max_model_len")
+    preflight = artifacts.check_schema(artifacts.read_json(preflight_path), contracts.PREFLIGHT_SCHEMA, preflight_path)
+    receipt = artifacts.check_schema(artifacts.read_json(receipt_path), contracts.LAUNCH_SCHEMA, receipt_path)
+    phase = artifacts.check_schema(artifacts.read_json(phase_path), PHASE_SCHEMA, phase_path)
+    # Recorded as consumed, so checked like every input read: an edited dataset is refused here too.
+    artifacts.verify_file(dataset_path)
+    mml = preflight.get("max_model_len") or receipt.get("max_model_len")
     return assemble_records(name=req["dataset"], arm=req["arm"], bodies=bodies(req), journal_path=journal_path,
                             out_path=out_path,
                             consumed=[dataset_path, requests_path, receipt_path, preflight_path],
-                            params={}, failure=artifacts.read_json(phase_path).get("failure"), max_model_len=mml)
+                            params={}, failure=phase.get("failure"), max_model_len=mml)

@@ -48,11 +48,12 @@ import re
 import secrets
 from typing import Any, Callable, Mapping, Sequence
 
-from pairaudit.core import artifacts, defaults
+from pairaudit.core import defaults
 from pairaudit.core.artifacts import sha256_json
-from pairaudit.core.contracts import BOUNDARY_SCHEMA
+from pairaudit.core.contracts import BoundaryCase
 from pairaudit.core.progress import Progress
 from pairaudit.serving import launch
+from pairaudit.serving.armspec import ArmSpec
 from pairaudit.serving.client import Endpoint, clamping, error_message, safe_salt
 
 log = logging.getLogger("pairaudit")
@@ -242,7 +243,7 @@ def case_salt(salt_prefix: str, arm: str, case: str) -> str:
 
 def run_case(ep: Endpoint, model: str, plan: Mapping[str, Any], cfg: Mapping[str, Any], *,
              tokenize: Callable[[str], list[int]], arm: str, salt_prefix: str,
-             max_model_len: int | None = None) -> dict:
+             max_model_len: int | None = None) -> BoundaryCase:
     case = plan["case"]
     values = planted_values(cfg["seed"], case, cfg["values"], cfg["digits"])
     hay = build_haystack(tokenize, plan["prompt_tokens"], values=values, seed=cfg["seed"], case=case,
@@ -257,7 +258,7 @@ def run_case(ep: Endpoint, model: str, plan: Mapping[str, Any], cfg: Mapping[str
         config_error = f"HTTP {status}: {error_message(res['body'])}"
     extracted = extract_numbers(res["text"]) if res["error"] is None else []
     ttft = res["ttft_s"]
-    rec = {
+    rec: BoundaryCase = {
         "case": case, "kind": plan["kind"], "prompt_tokens": len(hay["ids"]), "max_tokens": plan["max_tokens"],
         "planted": values, "expected": " ".join(map(str, values)), "positions": hay["positions"],
         "prompt_sha256": sha256_json(hay["ids"]),
@@ -271,7 +272,8 @@ def run_case(ep: Endpoint, model: str, plan: Mapping[str, Any], cfg: Mapping[str
         "started_at": res["started_at"],
     }
     clamp = clamping(body, res["finish_reason"], res.get("usage"), max_model_len)
-    rec["clamped"], rec["clamp"] = clamp["clamped"], clamp if clamp["clamped"] else None
+    rec["clamped"] = clamp["clamped"]
+    rec["clamp"] = clamp if clamp["clamped"] else None
     if clamp["clamped"]:
         # The server lowered max_tokens instead of refusing (vLLM >= 0.32): the
         # answer was cut by the server, so it is never a correct boundary answer.
@@ -289,22 +291,22 @@ def run_case(ep: Endpoint, model: str, plan: Mapping[str, Any], cfg: Mapping[str
     return rec
 
 
-def server_max_model_len(ep: Endpoint, spec: Mapping[str, Any]) -> int:
+def server_max_model_len(ep: Endpoint, spec: ArmSpec) -> int:
     res = ep.get_json("/v1/models")
     try:
         cards = res["body"]["data"]
-        mml = next(c.get("max_model_len") for c in cards if c.get("id") == spec["served_model_name"])
+        mml = next(c.get("max_model_len") for c in cards if c.get("id") == spec.served_model_name)
     except (TypeError, KeyError, StopIteration):
         mml = None
-    mml = mml or spec.get("max_model_len")
+    mml = mml or spec.max_model_len
     if not isinstance(mml, int) or mml < 1:
         raise BoundaryError(f"max_model_len unknown: /v1/models gave {res['body']!r} and the arm sets none")
     return mml
 
 
 def run_boundary(ep: Endpoint, model: str, max_model_len: int, cfg: Mapping[str, Any], *, arm: str,
-                 salt_prefix: str, done: Mapping[str, dict] | None = None,
-                 record: Callable[[dict], None] | None = None) -> dict:
+                 salt_prefix: str, done: Mapping[str, BoundaryCase] | None = None,
+                 record: Callable[[BoundaryCase], None] | None = None) -> dict:
     """Every case of the plan on one server; returns {"cases", "first_long"}.
 
     ``done`` holds cases answered by an earlier run (by case name): they are
@@ -315,10 +317,12 @@ def run_boundary(ep: Endpoint, model: str, max_model_len: int, cfg: Mapping[str,
     plan = case_plan(cfg, max_model_len)
     done = done or {}
     prog = Progress(len(plan), f"boundary {arm}", done=sum(1 for p in plan if p["case"] in done))
-    cases = []
+    cases: list[BoundaryCase] = []
     for p in plan:
         if p["case"] in done:
-            cases.append({k: v for k, v in done[p["case"]].items() if k != "key"})
+            kept = done[p["case"]].copy()
+            kept.pop("key", None)  # the journal's, not the case's
+            cases.append(kept)
             continue
         rec = run_case(ep, model, p, cfg, tokenize=tokenize, arm=arm, salt_prefix=salt_prefix,
                        max_model_len=max_model_len)
@@ -333,26 +337,3 @@ def run_boundary(ep: Endpoint, model: str, max_model_len: int, cfg: Mapping[str,
                        for rec in cases if rec["ttft_s"] is not None and 2 * rec["prompt_tokens"] >= max_model_len),
                       None)
     return {"cases": cases, "first_long": first_long}
-
-
-def boundary_stage(*, arm: str, arm_cfg: dict, launch_path: str, out_path: str, server_log: str,
-                   cfg: dict | None, salt_prefix: str) -> dict:
-    """All boundary cases of one arm on a fresh server (identity checked against the launch receipt)."""
-    params = settings(cfg)
-    receipt = artifacts.read_json(launch_path)
-    spec = launch.resolve_spec(arm, arm_cfg)
-    model = spec["served_model_name"]
-    with launch.Server(spec, log_path=server_log, receipt=receipt) as srv:
-        mml = server_max_model_len(srv.endpoint, spec)
-        res = run_boundary(srv.endpoint, model, mml, params, arm=arm, salt_prefix=salt_prefix)
-        facts = srv.facts()
-    doc = {"schema": BOUNDARY_SCHEMA, "arm": arm, "served_model_name": model, "max_model_len": mml, "params": params,
-           "cases": res["cases"], "first_long": res["first_long"], "server": facts,
-           "provenance": artifacts.provenance([launch_path], {"boundary": params, "salt_prefix": salt_prefix})}
-    artifacts.write_json(out_path, doc)
-    return doc
-
-
-# --------------------------------------------------------------------- gate
-
-

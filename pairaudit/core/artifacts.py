@@ -36,16 +36,17 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
+
+from pairaudit.core import contracts
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
 CONTENT_KEY = "content_sha256"
 # Directories under an audit that hold no artifacts: the append-only journals
-# (resume logs, re-read line by line) and the job and server logs.
-# append-only logs (journals, the log of server starts) and job logs are not artifacts
-NOT_ARTIFACT_DIRS = ("journal", "logs", "servers")
+# (resume logs, re-read line by line), the log of server starts and the job logs.
+NOT_ARTIFACT_DIRS = contracts.NOT_ARTIFACT_DIRS
 
 
 class ArtifactError(RuntimeError):
@@ -179,7 +180,7 @@ def _refuse(path, recorded: str | None, actual: str) -> ArtifactError:
         f"--forcerun {path}) so it is recomputed from its inputs")
 
 
-def write_json(path: str | os.PathLike, doc: dict) -> None:
+def write_json(path: str | os.PathLike, doc: Mapping[str, Any]) -> None:
     body = _round_trip({k: v for k, v in doc.items() if k != CONTENT_KEY})
     body[CONTENT_KEY] = content_sha256_doc(body)
     _atomic_write(Path(path), json.dumps(body, indent=1, ensure_ascii=False) + "\n")
@@ -201,7 +202,7 @@ def read_json(path: str | os.PathLike, *, verify: bool = True) -> dict:
     return doc
 
 
-def write_jsonl(path: str | os.PathLike, header: dict, records: Iterable[dict]) -> None:
+def write_jsonl(path: str | os.PathLike, header: dict, records: Iterable[Mapping[str, Any]]) -> None:
     head = _round_trip({k: v for k, v in header.items() if k not in ("kind", CONTENT_KEY)})
     recs = [_round_trip({k: v for k, v in r.items() if k != "kind"}) for r in records]
     head[CONTENT_KEY] = content_sha256_table({k: v for k, v in head.items() if k != CONTENT_KEY}, recs)
@@ -278,7 +279,7 @@ def verify_tree(root: str | os.PathLike) -> list[str]:
     return problems
 
 
-def check_consumed(doc: dict, inputs: Iterable[str | os.PathLike], *, where: str) -> None:
+def check_consumed(doc: Mapping[str, Any], inputs: Iterable[str | os.PathLike], *, where: str) -> None:
     """Every input this job also holds must still be the file ``doc`` was computed from."""
     recorded = (doc.get("provenance") or {}).get("consumed") or {}
     for p in inputs:

@@ -4,8 +4,10 @@ A schema id is written into each artifact's ``"schema"`` field by its stage and
 checked by every reader (``artifacts.check_schema``); the constants below are
 the only spelling of those ids. ``PATHS`` gives where each artifact lands,
 relative to ``results/<audit>/`` unless it starts with ``results/`` (logs shared
-by every audit); the rules take their input and output patterns from it
-(``artifact`` in ``rules/common.smk``).
+by every audit), and where the files that are no artifact of their own go
+(journals, logs, the promotion's reports); the rules take their input, output
+and log patterns from it (``artifact`` in ``rules/common.smk``), the library
+every path it composes (``audit_path``, ``journal_path``).
 
 The TypedDicts at the end document the fields of the main records once; the
 modules that write them point here.
@@ -15,7 +17,7 @@ This module imports nothing from the package, so every module can import it.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 ARMS = ("control", "candidate")
 # The finish reason of an answer the model ended itself; anything else (a
@@ -49,6 +51,32 @@ SPEED_DECISION_SCHEMA = "pairaudit.speed_decision/v1"
 SPEED_STREAMS_SCHEMA = "pairaudit.speed_streams/v1"
 
 # ------------------------------------------------------------------ paths
+# Keys of PATHS that are no schema of their own: the files and directories an
+# audit writes beside its artifacts.  A journal pattern is relative to the
+# audit directory like the rest; the phases take the journal directory and
+# place each journal under it by its pattern (``journal_path``).
+
+DIAGNOSTICS_PHASE = "diagnostics-phase"    # the diagnostics phase's record (PHASE_SCHEMA, like answers/{arm}.json)
+JOURNAL = "journal"                        # the append-only journals, outside every job's outputs
+JOURNAL_SAMPLED = "journal-sampled"        # every attempt at every item (JournalAttempt)
+JOURNAL_PREFLIGHT = "journal-preflight"    # every start's preflight rehearsal
+JOURNAL_BOUNDARY = "journal-boundary"      # every boundary case answered
+JOURNAL_FAILURES = "journal-failures"      # every server failure of an answers phase, with its confirmation
+JOURNAL_GREEDY = "journal-greedy"          # every greedy run and determinism repeat
+JOURNAL_PROBES = "journal-probes"          # every forced-prefix probe
+LOGS = "logs"                              # the jobs' logs, logs/<stage>/...
+SERVER_LOG = "server-log"                  # one phase's server output, by phase and arm (or bracket start)
+REPORT_MD = "report-md"                    # the promotion's reports and figures (promotion_stage writes them)
+REPORT_SUMMARY = "report-summary"
+REPORT_HTML = "report-html"
+REPORT_PAIRED_PLOT = "report-paired-plot"
+REPORT_DIVERGENCE_PLOT = "report-divergence-plot"
+REPORT_BOUNDARY = "report-boundary"
+REPORT_SPEED_PLOT = "report-speed-plot"
+REPORT_ARCHIVE_PLOT = "report-archive-plot"
+
+# Every audit's directory is results/<audit>/; what every audit shares sits in results/ itself.
+RESULTS = "results"
 
 PATHS = {
     ARM_SPEC_SCHEMA: "specs/{arm}.json",
@@ -74,7 +102,54 @@ PATHS = {
     LEDGER_SCHEMA: "results/ledger.jsonl",
     CONTROL_ARCHIVE_SCHEMA: "results/control-archive.jsonl",
     CALIBRATION_LOG_SCHEMA: "results/calibrations.jsonl",
+    DIAGNOSTICS_PHASE: "diagnostics/phase.json",
+    JOURNAL: "journal",
+    JOURNAL_SAMPLED: "journal/sampled/{dataset}/{arm}.jsonl",
+    JOURNAL_PREFLIGHT: "journal/preflight/{arm}.jsonl",
+    JOURNAL_BOUNDARY: "journal/boundary/{arm}.jsonl",
+    JOURNAL_FAILURES: "journal/failures/{arm}.jsonl",
+    JOURNAL_GREEDY: "journal/greedy/{dataset}/{arm}.jsonl",
+    JOURNAL_PROBES: "journal/probes/{dataset}/{arm}.jsonl",
+    LOGS: "logs",
+    SERVER_LOG: "logs/servers/{name}.log",
+    REPORT_MD: "promotion/report.md",
+    REPORT_SUMMARY: "promotion/summary.rst",
+    REPORT_HTML: "promotion/decision.html",
+    REPORT_PAIRED_PLOT: "promotion/paired.png",
+    REPORT_DIVERGENCE_PLOT: "promotion/divergence.png",
+    REPORT_BOUNDARY: "promotion/boundary.html",
+    REPORT_SPEED_PLOT: "promotion/speed.png",
+    REPORT_ARCHIVE_PLOT: "promotion/control_archive.png",
 }
+
+# Directories of an audit that hold no artifacts (append-only logs and job
+# logs): the load-time check of every artifact's self-hash skips them.
+NOT_ARTIFACT_DIRS = tuple(PATHS[k].split("/")[0] for k in (JOURNAL, LOGS, SERVER_START_SCHEMA))
+
+
+def audit_dir(audit: str) -> str:
+    """``results/<audit>``: where an audit's artifacts land."""
+    return f"{RESULTS}/{audit}"
+
+
+def audit_path(key: str, audit: str | None = None) -> str:
+    """Where ``PATHS[key]`` lands: under ``results/<audit>/`` unless shared by every audit (``results/...``).
+
+    Without ``audit``, the path relative to the audit directory (shared paths stay as they are).
+    """
+    path = PATHS[key]
+    if path.startswith(f"{RESULTS}/") or audit is None:
+        return path
+    return f"{audit_dir(audit)}/{path}"
+
+
+def journal_path(journal_dir: str, key: str, **fields: str) -> str:
+    """The journal ``key`` (``JOURNAL_*``) with its fields filled, under the audit's ``journal_dir``."""
+    rel = PATHS[key].format(**fields)
+    root = PATHS[JOURNAL]
+    if not rel.startswith(f"{root}/"):
+        raise KeyError(f"{key}: {rel} is not a journal (under {root}/)")
+    return f"{journal_dir}/{rel[len(root) + 1:]}"
 
 
 # ---------------------------------------------------------------- records
@@ -95,7 +170,8 @@ class JournalAttempt(TypedDict):
     body_sha256: str                # sha256 of the request body without ``model``: equal across arms
     body: dict                      # the request as sent, every sampling field explicit
     status: int | None              # HTTP status; None = transport error (the item stays open)
-    response: dict | None
+    response: dict | None           # the body of a 200
+    error_body: Any                 # the server's own words on any other status
     error: str | None
     finish_reason: str | None
     usage: dict | None
@@ -122,11 +198,25 @@ class ScoreRecord(TypedDict, total=False):
     reasoning: str | None           # message.reasoning / reasoning_content, kept, never scored
     clamped: bool                   # the server lowered max_tokens (client.clamping); never a natural finish
     clamp: dict | None              # the client.clamping record when clamped
-    # gsm8k: gold, flexible {extracted, correct} (last number), comparison "numeric", lm_eval_exact_match
-    # math: gold, boxed_command, math_verify {equal, error}
-    # mbpp / humaneval: code_source, tests_total, tests_failed, first_failure, sandbox (mechanism,
-    #   fallback_reason, isolation, harness report), stderr_tail, judged_by ("split": split {assertions,
-    #   calls, failed, incomplete}; "in_sandbox": split_refused, why the tests did not split)
+    # gsm8k
+    gold: Any                       # the reference answer (gsm8k, math)
+    flexible: dict                  # {extracted, correct}: the last number, as lm-eval's flexible filter
+    comparison: str                 # "numeric"
+    lm_eval_exact_match: bool
+    # math
+    boxed_command: str | None       # "boxed" | "fbox"
+    math_verify: dict | None        # {equal, error}
+    # mbpp / humaneval
+    code_source: str                # where the code was read from (a fenced block, the whole text)
+    program_layout: str             # humaneval: how prompt and completion were joined
+    tests_total: int
+    tests_failed: int | None
+    first_failure: str | None
+    sandbox: dict                   # mechanism, fallback_reason, isolation, harness report
+    stderr_tail: str
+    judged_by: str                  # code: "split" (calls in the sandbox, expectations compared outside) | "in_sandbox"
+    split: dict                     # judged_by split: {assertions, calls, failed, incomplete}
+    split_refused: str              # judged_by in_sandbox: why the tests did not split
 
 
 class PairedTable(TypedDict):
@@ -170,11 +260,18 @@ class GreedyRecord(TypedDict, total=False):
     clamped: bool                   # the server lowered max_tokens
     clamp: dict | None
     timings: Timings
+    # journaled by the diagnostics phase's GreedyPlan beside each run:
+    run: str                        # "greedy" | "determinism"
+    slot: Any                       # the item index (greedy) or the repeat number (determinism)
+    key: dict                       # what the run was asked under (max_tokens, determinism index, template kwargs)
+    prompt_ids: list[int]           # the chat prompt as the server's own template rendered it
 
 
 class ProbeResult(TypedDict, total=False):
-    """A forced-prefix top-20 probe (``greedy.run_probe``; ``probes_for_arm`` adds ``index``)."""
+    """A forced-prefix top-20 probe (``greedy.run_probe``; ``divergence.probe_arm`` adds the item's place)."""
     index: Any
+    first_divergence: int           # the position probed (after the shared prefix)
+    prefix_key: str                 # journal only: which prompt + prefix was probed
     top20: list[list[float]] | None  # [[id, logprob], ...] after prompt + shared prefix
     token_id: int | None
     salt: str
@@ -203,6 +300,7 @@ class DivergenceRecord(TypedDict):
     candidate_greedy_top: list | None
     clamped: list[str]              # arms whose server lowered max_tokens
     error: str | None
+    prompt_ids_equal: NotRequired[bool]  # set by the phase: both arms' templates rendered the same prompt
 
 
 class BoundaryCase(TypedDict, total=False):
@@ -225,12 +323,14 @@ class BoundaryCase(TypedDict, total=False):
     correct: bool                   # exactly the planted values, in order
     ttft_s: float | None
     e2el_s: float | None
+    started_at: str                 # ISO-8601 UTC, when the request was sent
     input_tokens_per_s: float | None  # prompt tokens / TTFT
     error: str | None
     error_body: Any
     clamped: bool                   # max_tokens silently lowered
     clamp: dict | None
     config_error: str | None        # the server refused the request (4xx), or clamped a case that did not fit
+    key: str                        # journal only: the plan, context and salt the case was asked under
 
 
 class SpeedDecision(TypedDict, total=False):

@@ -17,7 +17,7 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 
 class LogBusy(RuntimeError):
@@ -104,7 +104,7 @@ class AppendLog:
             raise LogIOError(exc.errno, f"cannot append to {self.path}: {exc.strerror} "
                                         "(records already written are kept)") from exc
 
-    def append(self, record: dict[str, Any]) -> None:
+    def append(self, record: Mapping[str, Any]) -> None:
         line = json.dumps(record, ensure_ascii=False) + "\n"
         with self._lock:
             if self.exclusive:
@@ -134,7 +134,7 @@ class AppendLog:
         self.close()
 
 
-def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
+def append_record(path: str | os.PathLike, record: Mapping[str, Any]) -> None:
     """Append one record to a shared log (ledger, archive) under a short lock."""
     log = AppendLog(path, exclusive=False)
     try:

@@ -26,11 +26,11 @@ Output of :func:`paired_table` (the quality table): ``contracts.PairedTable``.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from pairaudit.core.contracts import ARMS, NATURAL_FINISH
+from pairaudit.core.contracts import ARMS, NATURAL_FINISH, PairedTable, SampledRecord, ScoreRecord
 
 # scipy.stats is imported where it is used: it takes seconds to import, and the
 # workflow imports this module (through the rules) every time it loads.
@@ -54,8 +54,8 @@ def mcnemar_exact_p(b: int, c: int) -> float:
     return float(min(1.0, 2.0 * _st.binom.cdf(min(b, c), n, 0.5)))
 
 
-def _by_index(records: Sequence[dict], what: str) -> dict[int, dict]:
-    out: dict[int, dict] = {}
+def _by_index(records: Sequence[Mapping[str, Any]], what: str) -> dict[int, Mapping[str, Any]]:
+    out: dict[int, Mapping[str, Any]] = {}
     for r in records:
         if not isinstance(r, dict) or "index" not in r:
             raise ValueError(f"{what}: record without an 'index': {r!r}")
@@ -69,11 +69,11 @@ def _by_index(records: Sequence[dict], what: str) -> dict[int, dict]:
 
 
 def paired_table(
-    control_scores: Sequence[dict],
-    candidate_scores: Sequence[dict],
-    control_records: Sequence[dict],
-    candidate_records: Sequence[dict],
-) -> dict[str, Any]:
+    control_scores: Sequence[ScoreRecord],
+    candidate_scores: Sequence[ScoreRecord],
+    control_records: Sequence[SampledRecord],
+    candidate_records: Sequence[SampledRecord],
+) -> PairedTable:
     """Pair both arms item by item and build the quality table (schema above).
 
     The four inputs must cover exactly the same item indices: pairing a
@@ -102,9 +102,9 @@ def paired_table(
 
     control_only, candidate_only, both, neither = [], [], 0, 0
     text_match, body_mismatch = [], []
-    unnatural = {a: [] for a in ARMS}
-    unanswered = {a: [] for a in ARMS}
-    errors = {a: [] for a in ARMS}
+    unnatural: dict[str, list[int]] = {a: [] for a in ARMS}
+    unanswered: dict[str, list[int]] = {a: [] for a in ARMS}
+    errors: dict[str, list[int]] = {a: [] for a in ARMS}
     for i in idx:
         a, b = bool(cs[i].get("correct")), bool(ks[i].get("correct"))
         if a and b:
@@ -234,7 +234,7 @@ def _fail_limits(n: int, alpha: float, max_net_loss: int) -> np.ndarray:
     # Checking its neighbours with the exact test formula keeps float edge
     # cases (a cdf exactly at alpha/2) on the same side as mcnemar_exact_p.
     c0 = np.nan_to_num(_st.binom.ppf(alpha / 2.0, k, 0.5), nan=-1.0).astype(int)
-    lim = np.full(n + 1, -1, dtype=int)
+    lim: Any = np.full(n + 1, -1, dtype=int)
     for shift in (-2, -1, 0, 1):
         c = c0 + shift
         ok = (c >= 0) & (c <= k) & (2.0 * _st.binom.cdf(c, k, 0.5) < alpha)

@@ -145,7 +145,7 @@ def _package_file(spec, where: str) -> tuple[Path, dict]:
     # The file must be one the distribution records as its own, not any path.
     for f in d.files or []:
         if str(f).replace("\\", "/") == rel:
-            path = Path(d.locate_file(f))
+            path = Path(str(d.locate_file(f)))
             if path.is_file():
                 return path, {"dist": dist, "version": d.version, "file": rel}
     raise DatasetError(f"{where}.package: {dist} {d.version} ships no file {rel!r}")
@@ -477,7 +477,8 @@ def check_entry(cfg: dict, where: str) -> None:
         raise _one_of(f"{where}.prompt_template", template, tuple(TEMPLATES[fmt]))
     source = cfg["source"]
     if isinstance(source, dict) and "generated" in source and isinstance(source["generated"], dict):
-        gen_fmt = suites.SUITES.get(source["generated"].get("kind"), (None,))[0]
+        suite = suites.SUITES.get(str(source["generated"].get("kind")))
+        gen_fmt = suite[0] if suite else None
         if gen_fmt is not None and gen_fmt != fmt:
             raise DatasetError(f"{where}.source.generated.kind: {source['generated']['kind']!r} "
                                f"makes {gen_fmt} rows, but format is {fmt}")

@@ -168,11 +168,11 @@ def _algebra_item(rng: random.Random) -> tuple[str, str, Fraction, dict]:
         return problem, solution, x, {"kind": kind, "a": a, "b": b, "c": c}
     if kind == "expression":
         a, b, c, d = (rng.randint(2, 15) for _ in range(4))
-        value = a + b * c - d * d
+        total = a + b * c - d * d
         problem = f"Compute ${a} + {b} \\cdot {c} - {d}^2$."
         solution = (f"${b} \\cdot {c} = {b * c}$ and ${d}^2 = {d * d}$, so the value is "
-                    f"${a} + {b * c} - {d * d} = \\boxed{{{value}}}$.")
-        return problem, solution, Fraction(value), {"kind": kind, "a": a, "b": b, "c": c, "d": d}
+                    f"${a} + {b * c} - {d * d} = \\boxed{{{total}}}$.")
+        return problem, solution, Fraction(total), {"kind": kind, "a": a, "b": b, "c": c, "d": d}
     if kind == "range_sum":
         m = rng.randint(-10, 20)
         k = rng.randint(3, 30)

@@ -1,15 +1,14 @@
-"""Divergences between the arms' greedy runs and the teacher-forced probes at the first differing token.
-"""
+"""First divergences between the arms' greedy runs, and each arm's forced-prefix top-20 probes (diagnostics)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping, Sequence, cast
 
 from pairaudit import gates
 from pairaudit.answers.sampled import Journal
 from pairaudit.core import artifacts, lifecycle
-from pairaudit.core.contracts import ARMS, DIVERGENCE_SCHEMA
+from pairaudit.core.contracts import ARMS, DIVERGENCE_SCHEMA, DivergenceRecord, GreedyRecord, ProbeResult
 from pairaudit.core.jsonlog import read_log
 from pairaudit.diagnostics import greedy
 from pairaudit.serving.phase import PhaseServer
@@ -19,32 +18,34 @@ def _prefix_key(prompt_ids: list[int], prefix: list[int]) -> str:
     return artifacts.sha256_json({"prompt": prompt_ids, "prefix": prefix})
 
 
-def probe_arm(ps: PhaseServer, divergences: list[dict], prompt_ids: Mapping[int, list[int]],
-              journal: Path) -> list[dict]:
+def probe_arm(ps: PhaseServer, divergences: Sequence[DivergenceRecord], prompt_ids: Mapping[Any, list[int]],
+              journal: Path) -> list[ProbeResult]:
     """Top-20 probes of one arm at every divergence, journaled: a rerun probes only what is missing."""
-    done = {}
-    for r in read_log(journal):
-        if r.get("status") is not None and r["status"] < 500:
+    done: dict[tuple, ProbeResult] = {}
+    for r in cast(list[ProbeResult], read_log(journal)):  # the journal holds what this function wrote
+        status = r.get("status")
+        if status is not None and status < 500:
             done.setdefault((r["index"], r.get("prefix_key")), r)
-    out = []
-    want = [(d, _prefix_key(prompt_ids[d["index"]], d["shared_prefix"])) for d in divergences]
+    out: list[ProbeResult] = []
+    want = [(d, _prefix_key(prompt_ids[d["index"]], d["shared_prefix"] or [])) for d in divergences]
     if any((d["index"], k) not in done for d, k in want):
         srv = ps.get()
-        model = ps.spec["served_model_name"]
-        with Journal(journal, owner=f"probes {ps.spec['arm']}") as jl:
+        model = ps.spec.served_model_name
+        with Journal(journal, owner=f"probes {ps.spec.arm}") as jl:
             for d, k in want:
                 if (d["index"], k) in done:
                     continue
                 lifecycle.check_stop()
-                res = greedy.run_probe(srv.endpoint, model, prompt_ids[d["index"]], d["shared_prefix"])
-                rec = {"index": d["index"], "first_divergence": d["first_divergence"], "prefix_key": k, **res}
+                res = greedy.run_probe(srv.endpoint, model, prompt_ids[d["index"]], d["shared_prefix"] or [])
+                rec: ProbeResult = {"index": d["index"], "first_divergence": d["first_divergence"] or 0,
+                                    "prefix_key": k, **res}
                 jl.append(rec)
                 done[(d["index"], k)] = rec
                 srv.assert_alive()
     for d, k in want:
-        rec = dict(done[(d["index"], k)])
-        rec.pop("prefix_key", None)
-        out.append(rec)
+        kept = done[(d["index"], k)].copy()
+        kept.pop("prefix_key", None)
+        out.append(kept)
     return out
 
 
@@ -66,7 +67,8 @@ def divergence_doc(name: str, headers: dict, probes: dict, probed: list, diverge
     }
 
 
-def find_divergences(records: Mapping[str, list[dict]]) -> tuple[list, list, dict, list]:
+def find_divergences(records: Mapping[str, Sequence[GreedyRecord]]) \
+        -> tuple[list, list[DivergenceRecord], dict[Any, list[int]], list[DivergenceRecord]]:
     """(item order, divergences, prompt ids by item, the divergences to probe)."""
     by_arm = {arm: {r["index"]: r for r in records[arm]} for arm in ARMS}
     if sorted(by_arm["control"]) != sorted(by_arm["candidate"]):

@@ -18,17 +18,20 @@ Nothing here raises on an HTTP failure except ``prompt_ids`` (no prompt, no
 run): errors are recorded next to the server's body and the rules STOP on
 the missing evidence.
 
-Records (plain JSON dicts): ``greedy_one`` and ``determinism_run`` write
-``contracts.GreedyRecord``, ``run_probe`` ``contracts.ProbeResult`` and
-``divergence_records`` ``contracts.DivergenceRecord``.
+Records (plain JSON dicts): ``greedy_one`` writes ``contracts.GreedyRecord``
+(the diagnostics phase's ``GreedyPlan`` runs it for every item and
+determinism repeat, one at a time), ``run_probe`` ``contracts.ProbeResult``
+(``divergence.probe_arm``) and ``divergence_records``
+``contracts.DivergenceRecord``.
 """
 
 from __future__ import annotations
 
 import secrets
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from pairaudit.core.artifacts import sha256_json
+from pairaudit.core.contracts import DivergenceRecord, GreedyRecord, ProbeResult
 from pairaudit.serving.client import Endpoint, clamping
 
 TOP_K_LOGPROBS = 20  # vLLM's default max_logprobs; 21 is refused
@@ -173,7 +176,7 @@ def _post_completion(endpoint: Endpoint, body: dict) -> tuple[dict, dict]:
 
 # ------------------------------------------------------------------ greedy
 
-def greedy_one(endpoint: Endpoint, model: str, ids: list[int], *, max_tokens: int, index: Any = None) -> dict:
+def greedy_one(endpoint: Endpoint, model: str, ids: list[int], *, max_tokens: int, index: Any = None) -> GreedyRecord:
     salt = fresh_salt()
     body = greedy_body(model, ids, max_tokens=max_tokens, salt=salt)
     res, parsed = _post_completion(endpoint, body)
@@ -197,19 +200,8 @@ def greedy_one(endpoint: Endpoint, model: str, ids: list[int], *, max_tokens: in
         "output_sha256": sha256_json(token_ids) if res["error"] is None else None,
         "clamped": clamp["clamped"],
         "clamp": clamp if clamp["clamped"] else None,
-        "timings": {"started_at": res.get("started_at"), "elapsed_s": res.get("elapsed_s")},
+        "timings": {"started_at": res["started_at"], "elapsed_s": res["elapsed_s"]},
     }
-
-
-def run_greedy(endpoint: Endpoint, model: str, items: Iterable[Mapping[str, Any]], *, max_tokens: int) -> list[dict]:
-    """One greedy generation per item, strictly one at a time.
-
-    Concurrency 1 because batch composition changes numerics (measured: a
-    one-row and an eight-row forward of the same prefix differ in BF16):
-    a divergence must not depend on which other request shared the step.
-    """
-    return [greedy_one(endpoint, model, list(it["prompt_ids"]), max_tokens=max_tokens, index=it["index"])
-            for it in items]
 
 
 # -------------------------------------------------------------- divergence
@@ -238,7 +230,8 @@ def _at(seq: Sequence, k: int | None):
     return seq[k] if k is not None and 0 <= k < len(seq) else None
 
 
-def divergence_records(control_greedy: Sequence[Mapping], candidate_greedy: Sequence[Mapping]) -> list[dict]:
+def divergence_records(control_greedy: Sequence[GreedyRecord],
+                       candidate_greedy: Sequence[GreedyRecord]) -> list[DivergenceRecord]:
     """Pair the two arms' greedy records by item index and locate each first divergence."""
     ctrl = {r["index"]: r for r in control_greedy}
     cand = {r["index"]: r for r in candidate_greedy}
@@ -247,41 +240,36 @@ def divergence_records(control_greedy: Sequence[Mapping], candidate_greedy: Sequ
     if set(ctrl) != set(cand):
         raise ValueError(f"greedy arms cover different items: control-only {sorted(set(ctrl) - set(cand), key=repr)}, "
                          f"candidate-only {sorted(set(cand) - set(ctrl), key=repr)}")
-    out = []
+    out: list[DivergenceRecord] = []
     for idx in ctrl:  # the control's order: items stay in the order they were run
         a, b = ctrl[idx], cand[idx]
         errs = [f"{arm}: {r['error']}" for arm, r in (("control", a), ("candidate", b)) if r.get("error")]
         a_ids, b_ids = list(a.get("token_ids") or []), list(b.get("token_ids") or [])
-        rec: dict[str, Any] = {"index": idx, "control_len": len(a_ids), "candidate_len": len(b_ids),
-                               "clamped": [arm for arm, r in (("control", a), ("candidate", b)) if r.get("clamped")]}
         k = None if errs else first_divergence(a_ids, b_ids)
         cut = [(arm, r) for arm, r, ids in (("control", a, a_ids), ("candidate", b, b_ids))
                if r.get("clamped") and k is not None and len(ids) == k]
         if not errs and cut:
             # Equal up to where the server cut an arm short: what it would
             # have generated next is unknown, so neither "diverged" nor "equal".
-            errs = [f"clamped: {arm}: {r['clamp']['reason']}" for arm, r in cut]
-        rec["error"] = "; ".join(errs) or None
-        if errs:
-            # No output, no comparison: an unknown, never "no divergence".
-            rec.update(diverged=None, first_divergence=None, control_token_id=None, candidate_token_id=None,
-                       shared_prefix=None, prefix_equal=False, control_greedy_top=None, candidate_greedy_top=None)
-        else:
-            rec.update(
-                diverged=k is not None,
-                first_divergence=k,
-                control_token_id=_at(a_ids, k),
-                candidate_token_id=_at(b_ids, k),
-                shared_prefix=a_ids[:k] if k is not None else None,
-                prefix_equal=prefix_equal(a_ids, b_ids, k if k is not None else len(a_ids)),
-                control_greedy_top=_at(a.get("top20") or [], k),
-                candidate_greedy_top=_at(b.get("top20") or [], k),
-            )
-        out.append(rec)
+            errs = [f"clamped: {arm}: {(r.get('clamp') or {}).get('reason')}" for arm, r in cut]
+        known = not errs  # no output, no comparison: an unknown, never "no divergence"
+        out.append({
+            "index": idx, "control_len": len(a_ids), "candidate_len": len(b_ids),
+            "clamped": [arm for arm, r in (("control", a), ("candidate", b)) if r.get("clamped")],
+            "error": "; ".join(errs) or None,
+            "diverged": (k is not None) if known else None,
+            "first_divergence": k if known else None,
+            "control_token_id": _at(a_ids, k) if known else None,
+            "candidate_token_id": _at(b_ids, k) if known else None,
+            "shared_prefix": a_ids[:k] if known and k is not None else None,
+            "prefix_equal": known and prefix_equal(a_ids, b_ids, k if k is not None else len(a_ids)),
+            "control_greedy_top": _at(a.get("top20") or [], k) if known else None,
+            "candidate_greedy_top": _at(b.get("top20") or [], k) if known else None,
+        })
     return out
 
 
-def comparison_counts(items: Sequence[Any], divergences: Sequence[Mapping]) -> dict:
+def comparison_counts(items: Sequence[Any], divergences: Sequence[DivergenceRecord]) -> dict:
     """How many greedy items were selected, compared, diverged, or could not be compared.
 
     items: the greedy selection's indices (the divergence artifact's
@@ -303,7 +291,7 @@ def comparison_counts(items: Sequence[Any], divergences: Sequence[Mapping]) -> d
 
 # ------------------------------------------------------------------- probes
 
-def run_probe(endpoint: Endpoint, model: str, prompt_ids: Sequence[int], prefix: Sequence[int]) -> dict:
+def run_probe(endpoint: Endpoint, model: str, prompt_ids: Sequence[int], prefix: Sequence[int]) -> ProbeResult:
     """Top-20 after prompt + forced prefix, with a salt of its own (never the generation's)."""
     forced = list(prompt_ids) + list(prefix)
     salt = fresh_salt()
@@ -322,29 +310,8 @@ def run_probe(endpoint: Endpoint, model: str, prompt_ids: Sequence[int], prefix:
         "response_body": res["body"] if res["error"] is not None else None,
         "prompt_tokens": usage.get("prompt_tokens"),
         "sent_prompt_len": len(forced),
-        "timings": {"started_at": res.get("started_at"), "elapsed_s": res.get("elapsed_s")},
+        "timings": {"started_at": res["started_at"], "elapsed_s": res["elapsed_s"]},
     }
-
-
-def _lookup(mapping: Mapping, idx: Any):
-    # Indices come back as strings after a JSON round trip of a dict.
-    if idx in mapping:
-        return mapping[idx]
-    if str(idx) in mapping:
-        return mapping[str(idx)]
-    raise KeyError(f"no prompt ids for item index {idx!r}")
-
-
-def probes_for_arm(endpoint: Endpoint, model: str, divergences: Sequence[Mapping],
-                   prompt_ids_by_index: Mapping) -> list[dict]:
-    """Probe one arm at every divergent item's shared prefix (the caller runs one arm's server at a time)."""
-    out = []
-    for d in divergences:
-        if not d.get("diverged"):
-            continue
-        res = run_probe(endpoint, model, _lookup(prompt_ids_by_index, d["index"]), d["shared_prefix"])
-        out.append({"index": d["index"], "first_divergence": d["first_divergence"], **res})
-    return out
 
 
 def _by_index(probes: Mapping | Sequence[Mapping] | None) -> dict:
@@ -355,7 +322,7 @@ def _by_index(probes: Mapping | Sequence[Mapping] | None) -> dict:
     return {str(p["index"]): p for p in probes}
 
 
-def grid_tie_inputs(divergences: Sequence[Mapping], control_probes, candidate_probes) -> list[dict]:
+def grid_tie_inputs(divergences: Sequence[DivergenceRecord], control_probes, candidate_probes) -> list[dict]:
     """The exact per-probe input records of ``rules.grid_tie_v1``, one per divergent item.
 
     Compared ids come from the greedy outputs; the top lists and prefix
@@ -381,29 +348,3 @@ def grid_tie_inputs(divergences: Sequence[Mapping], control_probes, candidate_pr
             "candidate_prefix_len": kp.get("prompt_tokens") if not kp.get("error") else None,
         })
     return out
-
-
-def run_divergence(control_ep: Endpoint, candidate_ep: Endpoint, model_by_arm: Mapping[str, str],
-                   greedy_control: Sequence[Mapping], greedy_candidate: Sequence[Mapping],
-                   prompt_ids_by_index: Mapping) -> dict:
-    """Both arms' probes when both servers are up at once; the composition of the pieces above."""
-    divs = divergence_records(greedy_control, greedy_candidate)
-    cp = probes_for_arm(control_ep, model_by_arm["control"], divs, prompt_ids_by_index)
-    kp = probes_for_arm(candidate_ep, model_by_arm["candidate"], divs, prompt_ids_by_index)
-    return {"divergences": divs, "control_probes": cp, "candidate_probes": kp,
-            "grid_tie_inputs": grid_tie_inputs(divs, cp, kp)}
-
-
-# -------------------------------------------------------------- determinism
-
-def determinism_run(endpoint: Endpoint, model: str, prompt_ids: Sequence[int], *, repeats: int = 3,
-                    max_tokens: int) -> dict:
-    """The same greedy request ``repeats`` times, each with a fresh salt (no cache reuse).
-
-    A failed repeat contributes an ``error:`` pseudo-hash rather than being
-    dropped: determinism_v1 then sees distinct values and flags the arm, so
-    an error can never be counted as a repeat that matched.
-    """
-    records = [greedy_one(endpoint, model, list(prompt_ids), max_tokens=max_tokens, index=i) for i in range(repeats)]
-    hashes = [r["output_sha256"] if r["error"] is None else f"error:{i}:{r['error']}" for i, r in enumerate(records)]
-    return {"hashes": hashes, "records": records, "repeats": repeats, "max_tokens": max_tokens}

@@ -1,14 +1,14 @@
-"""Which items the diagnostics phase runs greedily, and what each arm still has to ask.
-"""
+"""One dataset's greedy work on one arm (the diagnostics phase): which items, what the journal already holds."""
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any, cast
 
 from pairaudit.answers.sampled import Journal, is_final
 from pairaudit.core import artifacts, lifecycle
-from pairaudit.core.contracts import GREEDY_SCHEMA
+from pairaudit.core.contracts import GREEDY_SCHEMA, GreedyRecord
 from pairaudit.core.jsonlog import read_log
 from pairaudit.core.progress import Progress
 from pairaudit.diagnostics import greedy
@@ -42,8 +42,8 @@ class GreedyPlan:
         self.key = {"max_tokens": cfg["max_tokens"], "determinism_index": self.det_index,
                     "chat_template_kwargs": chat_template_kwargs}
         self.chat_template_kwargs = chat_template_kwargs
-        self.done: dict = {}
-        for rec in read_log(journal):
+        self.done: dict[tuple[str, Any], GreedyRecord] = {}
+        for rec in cast(list[GreedyRecord], read_log(journal)):  # the journal holds what run() wrote
             if rec.get("key") == self.key and is_final(rec):
                 self.done.setdefault((rec["run"], rec["slot"]), rec)
 
@@ -55,7 +55,7 @@ class GreedyPlan:
         todo = self.todo
         if not todo:
             return
-        model = srv.spec["served_model_name"]
+        model = srv.spec.served_model_name
         prompts: dict = {}
         progress = Progress(len(self.want), f"greedy {self.dataset['name']}/{arm}", done=len(self.want) - len(todo))
         with Journal(self.journal, owner=f"greedy {arm}") as journal:
@@ -67,25 +67,28 @@ class GreedyPlan:
                                                        self.chat_template_kwargs)
                 rec = greedy.greedy_one(srv.endpoint, model, prompts[index], max_tokens=self.cfg["max_tokens"],
                                         index=index)
-                rec.update(run=kind, slot=slot, key=self.key, prompt_ids=prompts[index])
+                rec.update({"run": kind, "slot": slot, "key": self.key, "prompt_ids": prompts[index]})
                 journal.append(rec)
                 if is_final(rec):
                     self.done.setdefault((kind, slot), rec)
                 srv.assert_alive()
                 progress.step()
 
-    def header_and_records(self, arm: str, consumed: list[str]) -> tuple[dict, list[dict]]:
+    def header_and_records(self, arm: str, consumed: list[str]) -> tuple[dict, list[GreedyRecord]]:
         missing = [w for w in self.want if w not in self.done]
         if missing:
             raise PhaseError(f"{self.dataset['name']}/{arm}: greedy runs without an answer: {missing}; "
                              "rerun to resume")
         records = [self.done[w] for w in self.want if w[0] == "greedy"]
         repeats = [self.done[w] for w in self.want if w[0] == "determinism"]
+        # A refused repeat gets a pseudo-hash of its own (its slot in it): two
+        # repeats refused alike are two failures, never two outputs that matched.
+        hashes = [r["output_sha256"] or f"error:{slot}:{r['error']}" for slot, r in enumerate(repeats)]
         header = {
             "schema": GREEDY_SCHEMA, "dataset": self.dataset["name"], "arm": arm,
             "selection": self.selection, "max_tokens": self.cfg["max_tokens"],
             "determinism": {"index": self.det_index,
-                            "hashes": [r["output_sha256"] or f"error:{r['error']}" for r in repeats],
+                            "hashes": hashes,
                             "records": repeats},
             "provenance": artifacts.provenance(consumed, {"greedy": self.cfg, "journal": str(self.journal)}),
         }

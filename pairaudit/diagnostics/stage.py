@@ -1,18 +1,16 @@
-"""The diagnostics phase: greedy runs and determinism repeats of every dataset on both arms, then the divergence probes.
-
-The `diagnostics` rule calls ``diagnostics_phase``.
-"""
+"""The diagnostics phase: greedy runs, determinism repeats and divergence probes of both arms, in few starts."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Mapping
 
 from pairaudit.core import artifacts, contracts, defaults
-from pairaudit.core.contracts import ARMS, DIVERGENCE_SCHEMA, GREEDY_SCHEMA, PAIRED_SCHEMA, PHASE_SCHEMA
+from pairaudit.core.contracts import ARMS, DIVERGENCE_SCHEMA, GREEDY_SCHEMA, PAIRED_SCHEMA, PHASE_SCHEMA, journal_path
 from pairaudit.diagnostics.divergence import divergence_doc, find_divergences, probe_arm
 from pairaudit.diagnostics.plan import GreedyPlan
-from pairaudit.serving import failures, launch
-from pairaudit.serving.phase import PhaseError, PhaseServer, _journal_path
+from pairaudit.serving import armspec, failures
+from pairaudit.serving.phase import PhaseError, PhaseServer
 
 
 def _diagnostics_not_run(names: list[str], failed: Mapping[str, str], greedy_paths, divergence_paths,
@@ -39,18 +37,20 @@ def _diagnostics_not_run(names: list[str], failed: Mapping[str, str], greedy_pat
 
 def diagnostics_phase(*, dataset_paths: Mapping[str, str], paired_paths: Mapping[str, str],
                       receipt_paths: Mapping[str, str], preflight_paths: Mapping[str, str],
-                      arm_cfgs: Mapping[str, dict], greedy_cfg: dict, chat_template_kwargs: dict,
+                      spec_paths: Mapping[str, str], greedy_cfg: dict, chat_template_kwargs: dict,
                       journal_dir: str, greedy_paths: Mapping[str, Mapping[str, str]],
                       divergence_paths: Mapping[str, str], server_logs: Mapping[str, str], starts_log: str,
                       phase_path: str, max_divergent: int = 3,
                       answers_paths: Mapping[str, str] | None = None) -> dict:
-    """Greedy runs, determinism repeats and divergence probes of every dataset, both arms, in few starts."""
+    """Greedy runs, determinism repeats and divergence probes of every dataset, both arms, in few starts.
+
+    Each arm's server is the one its ``specs/<arm>.json`` (``spec_paths``) describes.
+    """
     greedy_cfg = {**defaults.section("greedy"), **(greedy_cfg or {})}
     names = list(dataset_paths)
-    failed = {arm: (artifacts.read_json(answers_paths[arm]).get("failure") if answers_paths else None)
-              for arm in ARMS}
-    failed = {arm: failures.summary(f) for arm, f in failed.items() if f}
-    if failed:
+    answers = {arm: artifacts.read_json(answers_paths[arm]) for arm in ARMS} if answers_paths else {}
+    failed = {arm: failures.summary(doc["failure"]) for arm, doc in answers.items() if doc.get("failure")}
+    if answers_paths and failed:
         return _diagnostics_not_run(names, failed, greedy_paths, divergence_paths, phase_path,
                                     [*answers_paths.values()])
     specs, receipts = {}, {}
@@ -60,14 +60,18 @@ def diagnostics_phase(*, dataset_paths: Mapping[str, str], paired_paths: Mapping
         pf = artifacts.read_json(preflight_paths[arm])
         if pf.get("verdict") != "PASS":
             raise PhaseError(f"{preflight_paths[arm]}: preflight of arm {arm} did not pass; no greedy runs")
-        specs[arm] = launch.resolve_spec(arm, arm_cfgs[arm])
+        specs[arm] = armspec.read_spec(spec_paths[arm], arm=arm)
+
+    def journal(key: str, name: str, arm: str) -> Path:
+        return Path(journal_path(journal_dir, key, dataset=name, arm=arm))
+
     plans: dict[str, dict[str, GreedyPlan]] = {}
     for name in names:
         ds = artifacts.read_json(dataset_paths[name])
         paired = artifacts.check_schema(artifacts.read_json(paired_paths[name]), PAIRED_SCHEMA,
                                         paired_paths[name])
         plans[name] = {arm: GreedyPlan(ds, paired, greedy_cfg, chat_template_kwargs,
-                                       _journal_path(journal_dir, "greedy", name, arm)) for arm in ARMS}
+                                       journal(contracts.JOURNAL_GREEDY, name, arm)) for arm in ARMS}
 
     def session(arm: str) -> PhaseServer:
         return PhaseServer(specs[arm], phase="diagnostics", log_path=server_logs[arm], receipt=receipts[arm],
@@ -102,7 +106,7 @@ def diagnostics_phase(*, dataset_paths: Mapping[str, str], paired_paths: Mapping
             found[name] = find_divergences({arm: greedy_out[name][arm][1] for arm in ARMS})
             _, _, prompt_ids, probed = found[name]
             probes[name]["candidate"] = probe_arm(candidate, probed, prompt_ids,
-                                                  _journal_path(journal_dir, "probes", name, "candidate"))
+                                                  journal(contracts.JOURNAL_PROBES, name, "candidate"))
         candidate.verify()
     finally:
         candidate.close()
@@ -113,7 +117,7 @@ def diagnostics_phase(*, dataset_paths: Mapping[str, str], paired_paths: Mapping
         for name in names:
             _, _, prompt_ids, probed = found[name]
             probes[name]["control"] = probe_arm(control2, probed, prompt_ids,
-                                                _journal_path(journal_dir, "probes", name, "control"))
+                                                journal(contracts.JOURNAL_PROBES, name, "control"))
         control2.verify()
     finally:
         control2.close()
@@ -132,6 +136,6 @@ def diagnostics_phase(*, dataset_paths: Mapping[str, str], paired_paths: Mapping
     phase = {"schema": PHASE_SCHEMA, "phase": "diagnostics",
              "starts": [{"arm": a, "starts": n} for a, n in starts],
              "datasets": {name: {arm: {"greedy": len(greedy_out[name][arm][1])} for arm in ARMS} for name in names},
-             "provenance": artifacts.provenance([*paired_paths.values()], {"greedy": greedy_cfg})}
+             "provenance": artifacts.provenance([*paired_paths.values(), *spec_paths.values()], {"greedy": greedy_cfg})}
     artifacts.write_json(phase_path, phase)
     return phase

@@ -34,9 +34,9 @@ def boundary_v1(cases: Sequence[Mapping[str, Any]]) -> dict:
     not a model failure: it makes the verdict INCONCLUSIVE unless a real
     candidate failure elsewhere already FAILs.
     """
-    fails = {"control": [], "candidate": []}
-    seen = {"control": [], "candidate": []}
-    config_errors = []
+    fails: dict[str, list[dict[str, Any]]] = {"control": [], "candidate": []}
+    seen: dict[str, list[str]] = {"control": [], "candidate": []}
+    config_errors: list[dict[str, Any]] = []
     texts: dict[str, dict[str, Any]] = {}
     for c in cases:
         arm = c.get("arm")

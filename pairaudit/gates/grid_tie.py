@@ -302,7 +302,7 @@ def grid_tie_probe(probe: Mapping[str, Any]) -> dict:
         rec.update(residuals=residuals, max_residual=max(abs(r[4]) for r in residuals) if residuals else 0.0,
                    worst_pair=dict(zip(RESIDUAL_COLUMNS, worst)) if worst else None,
                    n_off_grid_pairs=len(off))
-        if off:
+        if off and worst is not None:
             w = worst
             reasons.append(f"all_gaps_on_grid: {len(off)} of {len(residuals)} gaps off the 2^{rec['step_exponent']} "
                            f"grid; worst tokens {w[0]},{w[1]} gap {w[2]!r} residual {w[4]:.3g} > tol {w[5]:.3g}")
@@ -524,8 +524,9 @@ def grid_tie_audit(per_dataset: Mapping[str, Mapping[str, Any] | None], *, max_d
     failed: list[str] = []
     unevaluated: list[str] = []
     unrecorded: list[str] = []
-    for ds in sorted(ds for ds, r in per_dataset.items() if r is not None):
-        rec = per_dataset[ds]
+    present = {ds: r for ds, r in per_dataset.items() if r is not None}
+    for ds in sorted(present):
+        rec = present[ds]
         if rec.get("rule") != "grid-tie-v1":
             raise ValueError(f"grid_tie:{ds}: expected a grid-tie-v1 record, got {rec.get('rule')!r}")
         inputs = [{k: p.get(k) for k in PROBE_INPUT_KEYS} for p in rec.get("probes") or []]

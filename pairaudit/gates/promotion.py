@@ -61,7 +61,7 @@ def promotion_v1(gates: Mapping[str, Mapping[str, Any] | None], *, identical_arm
             reasons.append(f"{name}: not evaluated")
         else:
             v, rule = res.get("verdict"), res.get("rule")
-            outcome = _GATE_OUTCOME.get(v, "INCONCLUSIVE")
+            outcome = _GATE_OUTCOME.get(str(v), "INCONCLUSIVE")
             if res.get("informational") is True and outcome != "REJECT":
                 outcome = "INFORMATIONAL"
             why = "; ".join(res.get("reasons", [])[:3])

@@ -309,7 +309,7 @@ def win2_v2_rates(*, rep_sd: float, start_sd: float, cells: int, repeats: int, g
     false_win / false_loss: identical arms; power: the candidate ``power_gain_pct`` % better.
     Guards carry the same noise as the primary.
     """
-    kw = dict(primary="primary", guards=list(guards), lower_is_better=(), win_pct=win_pct,
+    kw: dict[str, Any] = dict(primary="primary", guards=list(guards), lower_is_better=(), win_pct=win_pct,
               alpha_win=alpha_win, alpha_loss=alpha_loss, start_noise_pct=start_noise_pct)
     names = ["primary", *guards]
     rng = np.random.default_rng(seed)
@@ -428,7 +428,7 @@ def win2_v2(
         out.update(verdict="INCONCLUSIVE", reasons=reasons + [f"{n_rep} repeat(s): no within-start noise"],
                    cells={}, noise=None, rates=None)
         return out
-    kw = dict(primary=primary, guards=guards, lower_is_better=lib, win_pct=win_pct, alpha_win=alpha_win,
+    kw: dict[str, Any] = dict(primary=primary, guards=guards, lower_is_better=lib, win_pct=win_pct, alpha_win=alpha_win,
               alpha_loss=alpha_loss, start_noise_pct=start_noise_pct)
 
     def arr(cs, m):
@@ -436,7 +436,7 @@ def win2_v2(
 
     core = _win2_v2_core({m: arr(decide, m) for m in [primary, *guards]}, **kw)
     pn = core["noise"][primary]
-    noise = {"rep_sd_pct": float(pn["rep_sd"][0]), "start_sd_pct": float(pn["start_sd"][0]),
+    noise: dict[str, Any] = {"rep_sd_pct": float(pn["rep_sd"][0]), "start_sd_pct": float(pn["start_sd"][0]),
              "start_sd_used_pct": float(pn["start_sd_used"][0]),
              "s1_s3_diff_pct": _nums(core["per"][primary]["d13"]),
              "guards": {g: {"rep_sd_pct": float(core["noise"][g]["rep_sd"][0]),
@@ -445,7 +445,7 @@ def win2_v2(
                           cells=len(decide), repeats=n_rep, win_pct=win_pct, alpha_win=alpha_win)
     gain, half = float(core["pooled_gain"][0]), float(core["half_width"][0])
     verdict = str(core["verdict"][0])
-    per_cell = {}
+    per_cell: dict[str, dict[str, Any]] = {}
     for j, c in enumerate(decide):
         cell_loss = [m for m in core["loss_by"] if core["loss_by"][m][0, j]]
         cg = float(core["per"][primary]["gain"][0, j])
@@ -497,9 +497,9 @@ def win2_v2(
     rates = None
     if with_rates:
         zero = [g for g in guards if all(v == 0 for c in decide for tr in cells[c][g] for v in tr)]
-        common = dict(cells=len(decide), repeats=n_rep, guards=guards, zero_guards=zero, win_pct=win_pct,
-                      alpha_win=alpha_win, alpha_loss=alpha_loss, start_noise_pct=start_noise_pct,
-                      power_gain_pct=power_gain_pct)
+        common: dict[str, Any] = dict(cells=len(decide), repeats=n_rep, guards=guards, zero_guards=zero,
+                                      win_pct=win_pct, alpha_win=alpha_win, alpha_loss=alpha_loss,
+                                      start_noise_pct=start_noise_pct, power_gain_pct=power_gain_pct)
         rates = {"measured": win2_v2_rates(rep_sd=noise["rep_sd_pct"], start_sd=noise["start_sd_pct"], **common),
                  "assumed": win2_v2_rates(rep_sd=noise["rep_sd_pct"], start_sd=noise["start_sd_used_pct"], **common)}
         m_, a_ = rates["measured"], rates["assumed"]

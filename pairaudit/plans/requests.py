@@ -65,8 +65,3 @@ def request_body(item: dict, sampling: dict, *, model: str, audit: str, dataset:
 
 def body_sha256(body: dict) -> str:
     return artifacts.sha256_json({k: v for k, v in body.items() if k != "model"})
-
-
-def dataset_bodies(dataset: dict, sampling: dict, *, model: str, audit: str) -> dict[int, dict]:
-    return {it["index"]: request_body(it, sampling, model=model, audit=audit, dataset=dataset["name"])
-            for it in dataset["items"]}

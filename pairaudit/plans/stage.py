@@ -1,36 +1,31 @@
-"""What the phases will ask, written before any server starts: the arm specs, each dataset's request bodies, the boundary plan.
-
-The `arm_spec`, `requests` and `boundary_plan` rules call these.
-"""
+"""The plans: each arm's resolved spec, every request body per dataset and arm, the boundary settings (no server)."""
 
 from __future__ import annotations
 
 from pairaudit.boundary import cases as boundary
 from pairaudit.core import artifacts
-from pairaudit.core.artifacts import sha256_json
-from pairaudit.core.contracts import ARM_SPEC_SCHEMA, BOUNDARY_PLAN_SCHEMA, DATASET_SCHEMA, REQUESTS_SCHEMA
+from pairaudit.core.contracts import BOUNDARY_PLAN_SCHEMA, DATASET_SCHEMA, REQUESTS_SCHEMA
 from pairaudit.plans.requests import body_sha256, request_body
-from pairaudit.serving import launch
+from pairaudit.serving import armspec, launch
 
 
 def arm_spec_stage(*, arm: str, arm_cfg: dict, out_path: str) -> dict:
+    """The arm's spec, resolved from its config once for every phase (``armspec.read_spec`` reads it back)."""
     spec = launch.resolve_spec(arm, arm_cfg)
-    doc = {"schema": ARM_SPEC_SCHEMA, "arm": arm, "spec": spec,
-           "spec_sha256": sha256_json(launch.identity_fields(spec)),  # as the launch receipt hashes it
-           "provenance": artifacts.provenance([], {"arm_config": arm_cfg})}
+    doc = armspec.spec_doc(spec, provenance=artifacts.provenance([], {"arm_config": arm_cfg}))
     artifacts.write_json(out_path, doc)
     return doc
 
 
 def requests_stage(*, dataset_path: str, spec_path: str, sampling: dict, audit: str, out_path: str) -> dict:
     dataset = artifacts.check_schema(artifacts.read_json(dataset_path), DATASET_SCHEMA, dataset_path)
-    spec = artifacts.check_schema(artifacts.read_json(spec_path), ARM_SPEC_SCHEMA, spec_path)
-    model = spec["spec"]["served_model_name"]
+    spec = armspec.read_spec(spec_path)
+    model = spec.served_model_name
     items = []
     for it in dataset["items"]:
         body = request_body(it, sampling, model=model, audit=audit, dataset=dataset["name"])
         items.append({"index": it["index"], "body": body, "body_sha256": body_sha256(body)})
-    doc = {"schema": REQUESTS_SCHEMA, "dataset": dataset["name"], "arm": spec["arm"], "model": model,
+    doc = {"schema": REQUESTS_SCHEMA, "dataset": dataset["name"], "arm": spec.arm, "model": model,
            "n": len(items), "items": items,
            "provenance": artifacts.provenance([dataset_path, spec_path], {"sampling": sampling, "audit": audit})}
     artifacts.write_json(out_path, doc)

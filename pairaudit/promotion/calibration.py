@@ -67,11 +67,11 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
 from pairaudit.core.artifacts import sha256_json
-from pairaudit.core.contracts import CALIBRATION_LOG_SCHEMA, CALIBRATION_SCHEMA
+from pairaudit.core.contracts import CALIBRATION_LOG_SCHEMA, CALIBRATION_SCHEMA, PATHS, Decision, audit_dir
 from pairaudit.core.jsonlog import append_record, read_log
 
 SUFFIX = "-calibration"
-LOG = "results/calibrations.jsonl"
+LOG = PATHS[CALIBRATION_LOG_SCHEMA]
 
 # What each rule should say when control and candidate are the same server.
 # Speed: no gain is the right answer (NO_WIN); a WIN or a LOSS is a false
@@ -110,12 +110,12 @@ def check(config: Mapping[str, Any]) -> list[str]:
     if not of:
         if isinstance(audit, str) and audit.endswith(SUFFIX):
             return [f"audit: {audit!r} ends in {SUFFIX!r}, which names the calibration of audit "
-                    f"{audit[:-len(SUFFIX)]!r} (results/{audit}/); choose another name"]
+                    f"{audit[:-len(SUFFIX)]!r} ({audit_dir(audit)}/); choose another name"]
         return []
     problems = []
     if audit != f"{of}{SUFFIX}":
         problems.append(f"calibration.of: {of!r} calibrates audit {of!r}, whose results go to "
-                        f"results/{of}{SUFFIX}/, but audit is {audit!r}")
+                        f"{audit_dir(of + SUFFIX)}/, but audit is {audit!r}")
     arms = config.get("arms") or {}
     if arms.get("candidate") != arms.get("control"):
         problems.append("calibration.of is set: arms.candidate must equal arms.control (an A/A calibration "
@@ -192,7 +192,7 @@ def _finding(name: str, g: Mapping[str, Any], summary: Mapping[str, Any]) -> str
     return f"{name} {v} on identical arms (expected {'/'.join(g.get('expected') or ())}): {reason}"
 
 
-def summarize(decision: Mapping[str, Any], *, audit: str | None, of_audit: str | None,
+def summarize(decision: Decision, *, audit: str | None, of_audit: str | None,
               speed_doc: Mapping[str, Any] | None = None,
               divergence_docs: Mapping[str, Mapping[str, Any]] | None = None) -> dict:
     """calibration.json (module docstring) from a calibration-mode decision and the stage artifacts it read.
@@ -206,7 +206,9 @@ def summarize(decision: Mapping[str, Any], *, audit: str | None, of_audit: str |
         raise ValueError("a calibration summary needs a decision made in calibration mode on identical arms")
     ctrl = decision["arms"]["control"]
     host = host_facts(ctrl)  # the decision's arm summary keeps the receipt's machine facts
-    gates, flagged, findings = {}, [], []
+    gates: dict[str, dict[str, Any]] = {}
+    flagged: list[str] = []
+    findings: list[str] = []
     for name, g in decision["gates"].items():
         if g is None:
             gates[name] = {"rule": None, "verdict": None, "expected": None, "flagged": False,
@@ -323,7 +325,7 @@ def cite(records: Sequence[Mapping[str, Any]], control_spec_sha256: str | None,
     if not hits:
         return None
     r = max(hits, key=lambda h: (h[0], h[1]))[2]
-    return CalibrationRef(path=r.get("summary_path"), sha256=r.get("summary_sha256"), time=r.get("time"),
+    return CalibrationRef(path=str(r.get("summary_path")), sha256=str(r.get("summary_sha256")), time=r.get("time"),
                           audit=r.get("audit"), headline=r.get("headline") or "",
                           flagged=list(r.get("flagged") or []))
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from pairaudit import gates
-from pairaudit.core.contracts import ARMS, DECISION_SCHEMA
+from pairaudit.core.contracts import ARMS, DECISION_SCHEMA, Decision
 
 # Which registered rule each later gate must carry: a win2 result handed in
 # as "boundary" would otherwise be judged by the wrong vocabulary.
@@ -177,7 +177,7 @@ def gates_from(paired: Mapping[str, Mapping[str, Any]], *, divergence: Mapping[s
         gates["determinism"] = determinism
     _check_rule("speed", "speed", speed)
     gates["boundary"] = boundary_gate(boundary)
-    gates["speed"] = speed
+    gates["speed"] = dict(speed) if speed is not None else None
     return gates
 
 
@@ -293,7 +293,7 @@ def identical_arms(arms: Mapping[str, Mapping[str, Any]]) -> bool:
     return bool(c) and c == k
 
 
-def decision_deviations(found: Mapping[str, Mapping[str, Any] | None], *, calibration: bool = False,
+def decision_deviations(results: Mapping[str, Mapping[str, Any] | None], *, calibration: bool = False,
                         no_change: bool = False) -> list[dict]:
     """Every loosening of the registered gates, as ``{"gate", "what", "detail"}``, in gate order.
 
@@ -305,7 +305,7 @@ def decision_deviations(found: Mapping[str, Mapping[str, Any] | None], *, calibr
     visible beside it.
     """
     out: list[dict] = []
-    for name, res in found.items():
+    for name, res in results.items():
         if res is None:
             out.append({"gate": name, "what": "not evaluated",
                         "detail": "its stage did not run or is disabled: the gate was not applied, so the "
@@ -357,8 +357,8 @@ def _dataset_summary(doc: Mapping[str, Any], mde: Mapping[str, Any] | None = Non
 
 def decide(paired: Mapping[str, Mapping[str, Any]], launch: Mapping[str, Mapping[str, Any]],
            preflight: Mapping[str, Mapping[str, Any] | None], *, calibration: bool = False,
-           **later: Any) -> dict:
-    """decision.json (schema in the module docstring) by promotion-v1.
+           **later: Any) -> Decision:
+    """decision.json (schema in the module docstring and ``contracts.Decision``) by promotion-v1.
 
     paired: dataset -> paired doc; launch: arm -> launch record (both arms
     required: evidence without a receipt has no server to attribute it to);
@@ -377,16 +377,17 @@ def decide(paired: Mapping[str, Mapping[str, Any]], launch: Mapping[str, Mapping
     if not isinstance(calibration, bool):
         raise TypeError(f"calibration must be a bool, got {calibration!r}")
     servers = later.pop("servers", None)
-    found = gates_from(paired, **later)
+    # named apart from the gates module, whose rules decide over them
+    results = gates_from(paired, **later)
     if servers is not None:
-        found["servers"] = servers
-    found.update(preflight_gates(preflight))
+        results["servers"] = servers
+    results.update(preflight_gates(preflight))
     arms = {a: _arm_summary(launch[a], preflight.get(a)) for a in ARMS}
     same = identical_arms(arms)
-    prom = gates.promotion_v1(found, identical_arms=same and not calibration)
+    prom = gates.promotion_v1(results, identical_arms=same and not calibration)
 
     gate_docs: dict[str, dict | None] = {}
-    for name, res in found.items():
+    for name, res in results.items():
         if res is None:
             gate_docs[name] = None
             continue
@@ -405,10 +406,10 @@ def decide(paired: Mapping[str, Mapping[str, Any]], launch: Mapping[str, Mapping
         "gate_verdict": prom["gate_verdict"],
         "identical_arms": same,
         "calibration": calibration,
-        "deviations": decision_deviations(found, calibration=calibration, no_change=prom["no_change"]),
+        "deviations": decision_deviations(results, calibration=calibration, no_change=prom["no_change"]),
         "gates": gate_docs,
         "not_evaluated": prom["not_evaluated"],
-        "datasets": {ds: _dataset_summary(paired[ds], (found.get(f"quality:{ds}") or {}).get("mde"))
+        "datasets": {ds: _dataset_summary(paired[ds], (results.get(f"quality:{ds}") or {}).get("mde"))
                      for ds in sorted(paired)},
         "arms": arms,
         "switch_diff": env_diff(arms["control"].get("env") or {}, arms["candidate"].get("env") or {}),

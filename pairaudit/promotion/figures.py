@@ -51,6 +51,7 @@ def plot_paired(paired: Mapping[str, Mapping[str, Any]], out_png: str | os.PathL
     backend or figure state is touched (Snakemake jobs and tests share a process).
     """
     names = sorted(paired)
+    items = items or {}
     per_item = bool(items) and all(ds in items for ds in names)
     fig = _figure(max(4.0, 1.6 * len(names) + 2.0) + (6.0 if per_item else 0.0), max(4.0, 0.5 * len(names) + 2.5))
     ax = fig.add_subplot(1, 2, 1) if per_item else fig.add_subplot(1, 1, 1)
@@ -106,7 +107,7 @@ def load_item_outcomes(paired: Mapping[str, Mapping[str, Any]],
     for p in score_paths:
         header, records = read_jsonl(p)
         check_schema(header, SCORES_SCHEMA, p)
-        ds, arm = header.get("dataset"), header.get("arm")
+        ds, arm = str(header.get("dataset")), str(header.get("arm"))
         if ds not in paired or arm not in ARMS:
             raise ArtifactError(f"{p}: scores for {ds}/{arm}, which has no paired result")
         check_consumed(paired[ds], [p], where=f"paired {ds}")

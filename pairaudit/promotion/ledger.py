@@ -17,11 +17,11 @@ import os
 from typing import Any, Mapping, Sequence
 
 from pairaudit.core.artifacts import sha256_file, sha256_json
-from pairaudit.core.contracts import LEDGER_SCHEMA
+from pairaudit.core.contracts import LEDGER_SCHEMA, Decision
 from pairaudit.core.jsonlog import append_record
 
 
-def ledger_entry(decision: Mapping[str, Any], launch: Mapping[str, Mapping[str, Any]], *, audit: str | None,
+def ledger_entry(decision: Decision, launch: Mapping[str, Mapping[str, Any]], *, audit: str | None,
                  config: Any, decision_path: str) -> dict:
     """One line of results/ledger.jsonl: what was decided, on which evidence, for which candidate."""
     cand = launch.get("candidate") or {}

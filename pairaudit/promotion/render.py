@@ -19,7 +19,16 @@ from typing import Any, Mapping, Sequence
 
 from markdown_it import MarkdownIt
 
-from pairaudit.core.contracts import ARMS
+from pairaudit.core.contracts import (
+    ARMS,
+    BOUNDARY_GATE_SCHEMA,
+    DIVERGENCE_SCHEMA,
+    PAIRED_SCHEMA,
+    PATHS,
+    PREFLIGHT_SCHEMA,
+    SPEED_DECISION_SCHEMA,
+    Decision,
+)
 from pairaudit.promotion.decision import speed_primary
 
 NOT_ADJUSTED = (
@@ -87,16 +96,17 @@ def _one_line(text: str, limit: int = REASON_CHARS) -> str:
     return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
 
 
-def gate_rows(decision: Mapping[str, Any]) -> list[dict]:
+def gate_rows(decision: Decision) -> list[dict]:
     """One row per gate for the front page: name, verdict, effect, first reason, evidence artifact."""
     rows = []
     for name, g in decision["gates"].items():
         kind, _, ds = name.partition(":")
         # grid-tie judges the whole audit: its evidence is every dataset's divergence file
-        divergence = f"divergence/{ds}.json" if ds else "divergence/"
-        evidence = {"quality": f"paired/{ds}.json", "grid_tie": divergence, "determinism": divergence,
-                    "boundary": "boundary/gate.json", "speed": "speed/decision.json",
-                    "preflight": f"preflight/{ds}.json"}.get(kind)
+        divergence = PATHS[DIVERGENCE_SCHEMA].format(dataset=ds) if ds else \
+            PATHS[DIVERGENCE_SCHEMA].partition("{")[0]
+        evidence = {"quality": PATHS[PAIRED_SCHEMA].format(dataset=ds), "grid_tie": divergence,
+                    "determinism": divergence, "boundary": PATHS[BOUNDARY_GATE_SCHEMA],
+                    "speed": PATHS[SPEED_DECISION_SCHEMA], "preflight": PATHS[PREFLIGHT_SCHEMA].format(arm=ds)}.get(kind)
         if g is None:
             rows.append({"gate": name, "verdict": "not evaluated", "effect": _EFFECT["INCONCLUSIVE"],
                          "reason": "its stage produced no result", "evidence": evidence})
@@ -121,15 +131,15 @@ def _headline(g: Mapping[str, Any]) -> str:
     return reasons[0]
 
 
-def deviations(decision: Mapping[str, Any]) -> list[dict]:
+def deviations(decision: Decision) -> list[dict]:
     """decision.json's ``deviations`` ({gate, what, detail}) when present; absent or malformed -> []."""
     devs = decision.get("deviations")
     if not isinstance(devs, list):
         return []
-    return [d for d in devs if isinstance(d, Mapping)]
+    return [dict(d) for d in devs if isinstance(d, Mapping)]
 
 
-def _banner(decision: Mapping[str, Any]) -> list[str]:
+def _banner(decision: Decision) -> list[str]:
     deciding = decision.get("deciding_gates") or []
     # Gates that also fall short of PROMOTE but are outranked by the decision:
     # a reader must see them too (fixing the deciding gate does not clear them).
@@ -144,7 +154,7 @@ def _banner(decision: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _deviations_box(decision: Mapping[str, Any]) -> list[str]:
+def _deviations_box(decision: Decision) -> list[str]:
     devs = deviations(decision)
     if not devs:
         return []
@@ -155,7 +165,7 @@ def _deviations_box(decision: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def calibration_line(decision: Mapping[str, Any], summary: Mapping[str, Any] | None = None) -> str:
+def calibration_line(decision: Decision, summary: Mapping[str, Any] | None = None) -> str:
     """The front page's calibration line: the calibration this decision cites, or that there is none.
 
     ``summary``: this decision's own calibration summary (a calibration run),
@@ -222,7 +232,7 @@ def calibration_markdown(summary: Mapping[str, Any] | None) -> list[str]:
     return out
 
 
-def _gates_table(decision: Mapping[str, Any]) -> list[str]:
+def _gates_table(decision: Decision) -> list[str]:
     out = ["## Gates", "", _row(["Gate", "verdict", "effect on the decision", "reason", "evidence"]),
            _row(["---"] * 5)]
     for r in gate_rows(decision):
@@ -235,7 +245,7 @@ def _gates_table(decision: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _arms_section(decision: Mapping[str, Any]) -> list[str]:
+def _arms_section(decision: Decision) -> list[str]:
     arms = decision["arms"]
     c, k = arms["control"], arms["candidate"]
     out = ["## Arms", "", _row(["", "control (OFF)", "candidate (ON)"]), _row(["---"] * 3)]
@@ -338,7 +348,7 @@ def _indices_section(paired: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def _gate_details(decision: Mapping[str, Any]) -> list[str]:
+def _gate_details(decision: Decision) -> list[str]:
     """Every reason of every gate, one heading each (the front page's evidence links land here)."""
     out = ["## Gate details", ""]
     for name, g in decision["gates"].items():
@@ -358,7 +368,7 @@ def _gate_details(decision: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def render_markdown(decision: Mapping[str, Any], paired: Mapping[str, Mapping[str, Any]],
+def render_markdown(decision: Decision, paired: Mapping[str, Mapping[str, Any]],
                     launch: Mapping[str, Mapping[str, Any]],
                     preflight: Mapping[str, Mapping[str, Any] | None],
                     calibration_summary: Mapping[str, Any] | None = None) -> str:
@@ -557,7 +567,8 @@ def _ids_and_boxes(state) -> None:
 
 def _markdown_renderer() -> MarkdownIt:
     md = MarkdownIt("commonmark", {"html": False}).enable("table")
-    md.validateLink = lambda url: bool(_LOCAL_LINK.fullmatch(url))
+    # markdown-it-py's documented hook for link validation is replacing this method
+    md.validateLink = lambda url: bool(_LOCAL_LINK.fullmatch(url))  # type: ignore[method-assign]
     md.core.ruler.push("pairaudit_ids_and_boxes", _ids_and_boxes)
     md.add_render_rule("blockquote_open", lambda self, tokens, k, options, env:
                        f'<div class="box {tokens[k].meta.get("box", "notice")}">\n')
@@ -612,7 +623,7 @@ def _rst_table(head: Sequence[str], rows: Sequence[Sequence[str]], widths: Seque
     return out + [""]
 
 
-def summary_rst(decision: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]],
+def summary_rst(decision: Decision, earlier: Sequence[Mapping[str, Any]],
                 calibration_summary: Mapping[str, Any] | None = None) -> str:
     """The report's front page block (included by report/workflow.rst), read at a glance.
 

@@ -227,7 +227,7 @@ def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Seq
                                                               "was archived for this audit")
         outputs.append(str(out_archive_plot))
     write_json(out_decision, decision)
-    if summary is not None:
+    if summary is not None and out_calibration is not None:
         write_json(out_calibration, summary)
         outputs.append(str(out_calibration))
     md = render_markdown(decision, paired, launch, preflight, calibration_summary=summary)
@@ -251,7 +251,7 @@ def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Seq
     if ledger_path:
         append_ledger(ledger_path, ledger_entry(decision, launch, audit=audit, config=config,
                                                 decision_path=str(out_decision)))
-    if summary is not None and calibrations_path:
+    if summary is not None and calibrations_path and out_calibration is not None:
         calib.append(calibrations_path, calib.CalibrationEntry(
             time=decision["provenance"].get("created_at"), audit=audit, of_audit=summary["of_audit"],
             control_spec_sha256=summary["control_spec_sha256"], host=summary["host"],

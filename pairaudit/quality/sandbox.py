@@ -691,7 +691,7 @@ def choose(mechanism: str | None = None, python: str | None = None) -> dict:
     if want in ("auto", "bwrap"):
         py, reason, with_seccomp = probe_bwrap(python)
         if reason is None:
-            layers = ("netns", "pidns", "mountns", "ipcns", "utsns", "no-new-privs")
+            layers: tuple[str, ...] = ("netns", "pidns", "mountns", "ipcns", "utsns", "no-new-privs")
             if with_seccomp:
                 layers += ("seccomp",)
             if os.geteuid() == 0:
@@ -840,7 +840,7 @@ def _run(job: dict, *, mechanism: str, layers: tuple[str, ...], python: str, tim
     isolation = ["rlimits", "tmpdir", "scrubbed-env"] + list(layers)
     uid = _next_uid() if "uid" in layers else None
     io_dir = Path(tempfile.mkdtemp(prefix="pairaudit-sbio-"))   # ours only: 0700
-    work = None
+    work: Path | None = None
     mb = 1024 * 1024
     rlimits = {
         # Hard CPU limit one second above soft: SIGXCPU first, then SIGKILL.
@@ -907,7 +907,7 @@ def _run(job: dict, *, mechanism: str, layers: tuple[str, ...], python: str, tim
             cfg = {"rlimits": rlimits, "uid": uid, "gid": uid, "python": python, "argv": argv,
                    "close": [fd for fd in (job_fd, res_w, cmd_r) if fd >= 0], "mark": _SIGNAL_MARK}
             cmd = _unshare_prefix(layers) + [python, "-I", "-S", "-c", _LAUNCHER, json.dumps(cfg)]
-            popen_env, cwd = env, work
+            popen_env, cwd = env, str(work)
         out_path, err_path = io_dir / "stdout", io_dir / "stderr"
         timed_out = False
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
@@ -976,23 +976,25 @@ def _run(job: dict, *, mechanism: str, layers: tuple[str, ...], python: str, tim
             status = "passed"
         else:
             status = "failed"
-        out = {**base, "status": status, "returncode": rc, "signal": sig, "timeout_kind": timeout_kind,
-               "wall_s": round(wall, 4), "stdout_tail": stdout_tail, "stderr_tail": stderr_tail,
-               "stdout_bytes": out_bytes, "stderr_bytes": err_bytes, "error": None}
+        # named apart from the stdout file handle above
+        result: dict[str, Any] = {
+            **base, "status": status, "returncode": rc, "signal": sig, "timeout_kind": timeout_kind,
+            "wall_s": round(wall, 4), "stdout_tail": stdout_tail, "stderr_tail": stderr_tail,
+            "stdout_bytes": out_bytes, "stderr_bytes": err_bytes, "error": None}
         if job["mode"] == "calls":
-            out["calls"] = conversation
+            result["calls"] = conversation
         if job["mode"] == "tests":
             verified = (report is not None and report.get("stage") == "tests"
                         and report.get("total") == len(job["tests"])
                         and isinstance(report.get("failed"), list))
-            out["harness"] = {"verified": report is not None,
-                              "stage": report.get("stage") if report else None,
-                              "total": report.get("total") if report else None,
-                              "failed": report.get("failed") if report else None,
-                              "error": report.get("error") if report else None}
-            if status == "passed" and not (verified and report["failed"] == []):
-                out["status"] = "failed"
-        return out
+            result["harness"] = {"verified": report is not None,
+                                 "stage": report.get("stage") if report else None,
+                                 "total": report.get("total") if report else None,
+                                 "failed": report.get("failed") if report else None,
+                                 "error": report.get("error") if report else None}
+            if status == "passed" and not (verified and report is not None and report["failed"] == []):
+                result["status"] = "failed"
+        return result
     finally:
         if proc is not None and proc.poll() is None:
             try:

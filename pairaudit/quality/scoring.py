@@ -47,8 +47,10 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal, InvalidOperation
+from typing import Sequence, cast
 
 from pairaudit.core import defaults
+from pairaudit.core.contracts import SampledRecord, ScoreRecord
 from pairaudit.quality import sandbox, split
 from pairaudit.serving.client import chat_message, clamping
 
@@ -127,8 +129,8 @@ def last_boxed(text: str) -> tuple[str, str] | None:
     (answer cut off) counts as absent rather than guessing its end.
     """
     best = None
-    for m in re.finditer(r"\\(boxed|fbox)\b", text):
-        best = m
+    for found in re.finditer(r"\\(boxed|fbox)\b", text):
+        best = found
     if best is None:
         return None
     cmd, pos = best.group(1), best.end()
@@ -477,9 +479,9 @@ def _no_text_reason(response: dict | None, reasoning: str | None) -> str:
     return "response has no text"
 
 
-def score_records(dataset_doc: dict, sampled_records: list[dict], *,
+def score_records(dataset_doc: dict, sampled_records: Sequence[SampledRecord], *,
                   sandbox_limits: dict | None = None, workers: int = 2,
-                  max_model_len: int | None = None) -> list[dict]:
+                  max_model_len: int | None = None) -> list[ScoreRecord]:
     """Score every sampled record of one dataset/arm; unknown indices are an error, never skipped.
 
     ``max_model_len`` (the arm's, when known) lets a clamp record say whether
@@ -492,21 +494,22 @@ def score_records(dataset_doc: dict, sampled_records: list[dict], *,
             raise KeyError(f"sampled record index {rec['index']} is not an item of dataset "
                            f"{dataset_doc.get('name')!r}")
 
-    def one(rec: dict) -> dict:
+    def one(rec: SampledRecord) -> ScoreRecord:
         idx = rec["index"]
         item = by_index[idx]
         ans = response_answer(rec.get("response"))
         text, finish = ans["text"], ans["finish_reason"]
-        clamp = clamping(rec.get("body") or rec.get("request"), finish, ans["usage"], max_model_len)
+        clamp = clamping(rec.get("body"), finish, ans["usage"], max_model_len)
         # the text rides along so the paired stage can count exact-text matches
-        base = {"index": idx, "id": item["id"], "finish_reason": finish, "text": text,
-                "reasoning": ans["reasoning"], "clamped": clamp["clamped"],
-                "clamp": clamp if clamp["clamped"] else None}
+        base: ScoreRecord = {"index": idx, "id": item["id"], "finish_reason": finish, "text": text,
+                             "reasoning": ans["reasoning"], "clamped": clamp["clamped"],
+                             "clamp": clamp if clamp["clamped"] else None}
         if rec.get("error") or text is None:
             err = rec.get("error") or _no_text_reason(rec.get("response"), ans["reasoning"])
             return {**base, "correct": False, "extracted": None, "answered": False,
                     "method": "none", "reason": f"no answer: {err}"}
-        scored = score_item(item, text, sandbox_limits=sandbox_limits)
+        # the scorers return the verdict fields of contracts.ScoreRecord for their format
+        scored = cast(ScoreRecord, score_item(item, text, sandbox_limits=sandbox_limits))
         if clamp["clamped"]:
             # A clamped answer was cut short by the server, not by the model:
             # its score stands (nothing is adjusted) but never as a natural finish.

@@ -1,21 +1,22 @@
-"""Scoring one arm's answers and pairing both arms per dataset (quality-v1), with no server.
-
-The `score` and `paired` rules call these.
-"""
+"""The quality stages: score one dataset on one arm (no server), then pair the arms item by item under
+quality-v1."""
 
 from __future__ import annotations
 
+from typing import cast
+
 from pairaudit import gates
 from pairaudit.core import artifacts, contracts, stats
-from pairaudit.core.contracts import ARMS, PAIRED_SCHEMA, SAMPLED_SCHEMA, SCORES_SCHEMA
+from pairaudit.core.contracts import ARMS, PAIRED_SCHEMA, SAMPLED_SCHEMA, SCORES_SCHEMA, SampledRecord, ScoreRecord
 from pairaudit.quality import scoring
 
 
 def score_stage(*, dataset_path: str, sampled_path: str, out_path: str, sandbox_limits: dict,
                 workers: int = 2) -> dict:
     dataset = artifacts.check_schema(artifacts.read_json(dataset_path), contracts.DATASET_SCHEMA, dataset_path)
-    header, records = artifacts.read_jsonl(sampled_path)
+    header, rows = artifacts.read_jsonl(sampled_path)
     artifacts.check_schema(header, SAMPLED_SCHEMA, sampled_path)
+    records = cast(list[SampledRecord], rows)  # the schema checked: the sampled stage's records
     artifacts.check_consumed(header, [dataset_path], where=sampled_path)
     scored = scoring.score_records(dataset, records, sandbox_limits=sandbox_limits, workers=workers,
                                    max_model_len=header.get("max_model_len"))
@@ -37,10 +38,15 @@ def paired_stage(*, dataset_path: str, sampled_paths: dict, score_paths: dict, o
                  quality_params: dict) -> dict:
     """Pair the arms item by item and apply quality-v1; nothing is adjusted."""
     dataset = artifacts.read_json(dataset_path)
-    sampled, scores, headers = {}, {}, {}
+    sampled: dict[str, list[SampledRecord]] = {}
+    scores: dict[str, list[ScoreRecord]] = {}
+    headers: dict[str, dict] = {}
     for arm in ARMS:
-        s_header, sampled[arm] = artifacts.read_jsonl(sampled_paths[arm])
-        c_header, scores[arm] = artifacts.read_jsonl(score_paths[arm])
+        s_header, s_rows = artifacts.read_jsonl(sampled_paths[arm])
+        c_header, c_rows = artifacts.read_jsonl(score_paths[arm])
+        # as written by the sampled and score stages (their schemas are checked here)
+        sampled[arm], scores[arm] = cast(list[SampledRecord], s_rows), cast(list[ScoreRecord], c_rows)
+        artifacts.check_schema(s_header, SAMPLED_SCHEMA, sampled_paths[arm])
         headers[arm] = c_header
         artifacts.check_schema(c_header, SCORES_SCHEMA, score_paths[arm])
         artifacts.check_consumed(c_header, [dataset_path, sampled_paths[arm]], where=score_paths[arm])

@@ -122,9 +122,10 @@ class Api:
             raise ApiError("n: only n=1 is supported by the reference server", param="n")
         if body.get("echo"):
             raise ApiError("echo is not supported by the reference server", param="echo")
-        temperature = float(body.get("temperature") if body.get("temperature") is not None else 1.0)
-        top_p = float(body.get("top_p") if body.get("top_p") is not None else 1.0)
-        top_k = body.get("top_k") if body.get("top_k") is not None else 0
+        given_t, given_p, given_k = body.get("temperature"), body.get("top_p"), body.get("top_k")
+        temperature = float(given_t if given_t is not None else 1.0)
+        top_p = float(given_p if given_p is not None else 1.0)
+        top_k = given_k if given_k is not None else 0
         min_p = float(body.get("min_p") or 0.0)
         if temperature < 0:
             raise ApiError(f"temperature must be non-negative, got {temperature}.", param="temperature")
@@ -287,7 +288,7 @@ class Api:
     def prompt_logprobs(self, req: Request) -> list | None:
         if req.prompt_logprobs is None:
             return None
-        out = []
+        out: list[dict | None] = []
         for entry in req.prompt_logprobs:
             if entry is None:
                 out.append(None)

@@ -84,7 +84,7 @@ class Request:
     events: "queue.Queue[str]" = field(default_factory=queue.Queue)
     aborted: bool = False
     # engine-private state
-    cache: KVCache | None = None
+    cache: KVCache | None = None  # from admission to finish (``kv``)
     computed: int = 0
     pending: int | None = None
     generator: torch.Generator | None = None
@@ -94,6 +94,13 @@ class Request:
     @property
     def done(self) -> bool:
         return self.finish_reason is not None or self.error is not None
+
+    @property
+    def kv(self) -> KVCache:
+        """The cache of a request being run (a request is given one when admitted and loses it when finished)."""
+        if self.cache is None:
+            raise RuntimeError(f"request {self.request_id}: no KV cache (not admitted, or already finished)")
+        return self.cache
 
 
 class Engine:
@@ -221,7 +228,7 @@ class Engine:
         if not plan:
             return
         tokens = torch.tensor([t for _, toks, _ in plan for t in toks], dtype=torch.long)
-        segments = [Segment(req.cache, req.computed, len(toks)) for req, toks, _ in plan]
+        segments = [Segment(req.kv, req.computed, len(toks)) for req, toks, _ in plan]
         step_start = time.monotonic()
         if self.decoder is not None and all(kind == "decode" and len(toks) == 1 for _, toks, kind in plan):
             logits = self.decoder.decode([toks[0] for _, toks, _ in plan], segments)
@@ -248,7 +255,7 @@ class Engine:
         self.metrics.observe("vllm:inter_token_latency_seconds", now - step_start)
         pos = 0
         for (req, toks, kind), rs in zip(plan, rows):
-            lg = logits[pos : pos + len(rs)] if rs else None
+            lg = logits[pos : pos + len(rs)] if rs and logits is not None else None
             pos += len(rs)
             if kind == "prefill":
                 self._after_prefill(req, toks, lg)
@@ -263,16 +270,18 @@ class Engine:
     def _after_prefill(self, req: Request, chunk: list[int], logits: torch.Tensor | None) -> None:
         start = req.computed
         req.computed += len(chunk)
-        req.cache.length = req.computed
+        req.kv.length = req.computed
         self.metrics.inc("vllm:prompt_tokens_total", len(chunk))
         if req.prompt_logprobs is not None and logits is not None:
-            k = req.params.prompt_logprobs
+            k = req.params.prompt_logprobs or 0  # set: the request asked for prompt logprobs
             raw = torch.log_softmax(self._noised(req, logits), dim=-1)
             for i in range(len(chunk)):
                 nxt = start + i + 1
                 if nxt < len(req.prompt):
                     req.prompt_logprobs.append(self._logprob_entry(raw[i], req.prompt[nxt], k))
         if req.computed == len(req.prompt):
+            if logits is None or req.scheduled_time is None:  # the last chunk always asks for its last row
+                raise RuntimeError(f"request {req.request_id}: prefill ended without its last row or schedule time")
             self.metrics.observe("vllm:request_prefill_time_seconds", time.monotonic() - req.scheduled_time)
             self._emit_from_rows(req, [], logits[-1:])
 
@@ -280,7 +289,7 @@ class Engine:
     def _after_decode(self, req: Request, toks: list[int], logits: torch.Tensor) -> None:
         drafts = toks[1:]
         req.computed += 1  # the pending token is now in the cache
-        req.cache.length = req.computed
+        req.kv.length = req.computed
         self._emit_from_rows(req, drafts, logits)
 
     def _emit_from_rows(self, req: Request, drafts: list[int], logits: torch.Tensor) -> None:
@@ -300,7 +309,7 @@ class Engine:
             accepted += 1
             # the accepted draft token is already in the cache at this position
             req.computed += 1
-            req.cache.length = req.computed
+            req.kv.length = req.computed
         if drafts:
             self.metrics.inc("vllm:spec_decode_num_drafts_total")
             self.metrics.inc("vllm:spec_decode_num_draft_tokens_total", len(drafts))
@@ -384,7 +393,7 @@ class Engine:
             self.metrics.observe("vllm:time_to_first_token_seconds", now - req.arrival)
         req.output.append(token)
         self.metrics.inc("vllm:generation_tokens_total")
-        if p.logprobs is not None:
+        if p.logprobs is not None and raw is not None:
             k = p.logprobs
             vals, ids = torch.topk(raw, k) if k else (torch.empty(0), torch.empty(0, dtype=torch.long))
             lp = raw[token].item()
@@ -431,7 +440,7 @@ class Engine:
         self._release(req)
         m = self.metrics
         if req.error is None:
-            m.finish(req.finish_reason)
+            m.finish(str(req.finish_reason))  # done without an error: a finish reason is set
             m.observe("vllm:e2e_request_latency_seconds", req.finish_time - req.arrival)
             if req.first_token_time is not None:
                 m.observe("vllm:request_decode_time_seconds", req.finish_time - req.first_token_time)

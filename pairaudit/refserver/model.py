@@ -182,7 +182,7 @@ def build_layout(path: Path, cfg: LlamaConfig) -> dict[str, torch.Tensor]:
     for f in sorted(path.glob("*.safetensors")):
         weights.update(load_file(f))
     w = {k.removeprefix("model."): v.float() for k, v in weights.items()}
-    kinds = {name: [] for name in ("in_norm", "post_norm", *_LINEARS)}
+    kinds: dict[str, list] = {name: [] for name in ("in_norm", "post_norm", *_LINEARS)}
     for i in range(cfg.layers):
         p = f"layers.{i}."
         kinds["in_norm"].append(w[p + "input_layernorm.weight"])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields
+from typing import Mapping
 
 PREFIX = "PAIRAUDIT_REF_"
 SDPA_BACKENDS = ("auto", "math", "flash", "efficient")
@@ -118,7 +119,7 @@ class Switches:
     cuda_graphs: bool = True
 
     @classmethod
-    def from_env(cls, env: dict | None = None) -> "Switches":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Switches":
         env = os.environ if env is None else env
         values = {}
         for f in fields(cls):

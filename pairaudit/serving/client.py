@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any
+from typing import Any, TypeGuard
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
@@ -318,7 +318,7 @@ def clamping(body: dict | None, finish_reason: str | None, usage: dict | None,
     usage = usage if isinstance(usage, dict) else {}
     got, prompt = usage.get("completion_tokens"), usage.get("prompt_tokens")
 
-    def is_int(v):
+    def is_int(v: Any) -> TypeGuard[int]:
         return isinstance(v, int) and not isinstance(v, bool)
 
     over = None

@@ -75,6 +75,8 @@ def server_failure_v1(failures: Mapping[str, Mapping[str, Any] | None]) -> dict:
         reasons.append("the control failed: " + summary(control) + "; nothing can be compared")
         if candidate is not None:
             reasons.append("the candidate failed too: " + summary(candidate))
+    elif candidate is None:  # unreachable (both None is PASS); says so to the type checker
+        raise AssertionError("no failure to judge")
     elif candidate.get("kind") == REFUSED:
         verdict = "INCONCLUSIVE"
         reasons.append("the candidate refused a request the control answered (a 4xx: the request is wrong for "

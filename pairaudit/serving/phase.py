@@ -29,11 +29,11 @@ dataset's downstream jobs.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any, Mapping
 
 from pairaudit.serving import launch
 from pairaudit.serving.client import Endpoint
+from pairaudit.serving.armspec import ArmSpec
 from pairaudit.serving.launch import Server
 
 log = logging.getLogger("pairaudit")
@@ -55,7 +55,7 @@ def _start_time(ep: Endpoint) -> float | None:
 class PhaseServer:
     """One arm's server for one phase: started on first use, checked before every output, stopped once."""
 
-    def __init__(self, spec: dict, *, phase: str, log_path: str, receipt: dict | None, starts_log: str,
+    def __init__(self, spec: ArmSpec, *, phase: str, log_path: str, receipt: dict | None, starts_log: str,
                  timeout_s: float = 900):
         self.spec, self.phase, self.log_path = spec, phase, log_path
         self.receipt, self.starts_log, self.timeout_s = receipt, starts_log, timeout_s
@@ -71,7 +71,7 @@ class PhaseServer:
             facts = self.server.facts()
             self._start_time = _start_time(self.server.endpoint)
             self._event("ready", facts)
-            log.info("%s phase: %s server ready in %.1f s (%s)", self.phase, self.spec["arm"],
+            log.info("%s phase: %s server ready in %.1f s (%s)", self.phase, self.spec.arm,
                      facts.get("ready_s") or 0.0, facts.get("url"))
         return self.server
 
@@ -109,13 +109,5 @@ class PhaseServer:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-# --------------------------------------------------------------------- answers
-
-def _journal_path(journal_dir: str, kind: str, *parts: str) -> Path:
-    return Path(journal_dir, kind, *parts[:-1], f"{parts[-1]}.jsonl")
-
-
-# ----------------------------------------------------------------- diagnostics
 
 

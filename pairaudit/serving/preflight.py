@@ -43,6 +43,7 @@ from typing import Any, Callable
 
 from pairaudit.core.artifacts import canonical_json, sha256_json, utc_now
 from pairaudit.core.contracts import PREFLIGHT_SCHEMA
+from pairaudit.serving.armspec import ArmSpec
 from pairaudit.serving.client import Endpoint, chat_message, error_message, metrics
 
 ROUNDTRIP_TEXT = "Paired audits compare two arms: control and candidate. Naïve café, 42% ✓"
@@ -105,7 +106,7 @@ class _Probe:
         self.facts: dict = {}
 
     def call(self, method: str, path: str, body: dict | None = None, *, summary: Any = None) -> dict:
-        res = self.ep.get_json(path) if method == "GET" else self.ep.post_json(path, body)
+        res = self.ep.get_json(path) if method == "GET" else self.ep.post_json(path, body or {})
         self.calls.append({"method": method, "path": path,
                            "request": summary if summary is not None else body,
                            "request_sha256": sha256_json(body) if body is not None else None,
@@ -406,21 +407,21 @@ def probe_names(speculative: bool) -> list[str]:
     return [n for n, _ in PROBES] + ["spec_counters_move" if speculative else "spec_counters_still"]
 
 
-def run_preflight(endpoint: Endpoint, spec: dict, *, primary: dict | None = None) -> dict:
+def run_preflight(endpoint: Endpoint, spec: ArmSpec, *, primary: dict | None = None) -> dict:
     """Run the probes in order against ``endpoint``; stop at the first failure.
 
-    ``spec`` is an arm spec (``launch.resolve_spec``); used keys: ``arm``,
-    ``served_model_name`` (or ``model``), ``max_model_len`` (None = discover),
-    ``speculative``. ``primary`` overrides the sampling fields of the primary
-    request shape (default ``DEFAULT_PRIMARY``).
+    ``spec`` is the arm's spec; used: ``arm``, ``served_model_name``,
+    ``max_model_len`` (None = discover), ``speculative``. ``primary``
+    overrides the sampling fields of the primary request shape (default
+    ``DEFAULT_PRIMARY``).
     """
-    model = spec.get("served_model_name") or spec.get("model") or endpoint.model
-    speculative = bool(spec.get("speculative", False))
-    ctx = {"model": model, "spec_max_model_len": spec.get("max_model_len"), "max_model_len": None,
+    model = spec.served_model_name
+    speculative = spec.speculative
+    ctx = {"model": model, "spec_max_model_len": spec.max_model_len, "max_model_len": None,
            "token_id": None, "primary": primary if primary is not None else DEFAULT_PRIMARY}
     probes = PROBES + [("spec_counters_move", _spec_probe(True)) if speculative
                        else ("spec_counters_still", _spec_probe(False))]
-    result: dict = {"schema": PREFLIGHT_SCHEMA, "arm": spec.get("arm"), "url": endpoint.base_url, "model": model,
+    result: dict = {"schema": PREFLIGHT_SCHEMA, "arm": spec.arm, "url": endpoint.base_url, "model": model,
                     "speculative": speculative, "primary": ctx["primary"], "max_model_len": None,
                     "verdict": None, "failed_probe": None, "server_alive_after": None,
                     "started_at": utc_now("milliseconds"), "finished_at": None, "probes": []}
@@ -452,7 +453,7 @@ def require_pass(result: dict) -> dict:
     if result.get("verdict") == "PASS":
         return result
     name = result.get("failed_probe")
-    probe = next((p for p in result.get("probes", []) if p["name"] == name), {})
+    probe: dict = next((p for p in result.get("probes", []) if p["name"] == name), {})
     body = probe.get("body")
     shown = body if isinstance(body, str) else canonical_json(body)
     raise PreflightError(f"preflight of arm {result.get('arm')!r} failed at probe {name!r}: "

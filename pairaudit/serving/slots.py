@@ -33,7 +33,10 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
+
+if TYPE_CHECKING:  # launch imports this module; the spec is only named here
+    from pairaudit.serving.armspec import ArmSpec
 
 SLOTS_DIR_ENV = "PAIRAUDIT_SLOTS_DIR"
 SLOTS_ENV = "PAIRAUDIT_SERVER_SLOTS"
@@ -182,9 +185,9 @@ def acquire(label: Mapping | None = None, *, count: int | None = None, directory
         time.sleep(poll_s)
 
 
-def acquire_for(spec: Mapping, log_path=None) -> Slot | None:
+def acquire_for(spec: ArmSpec, log_path=None) -> Slot | None:
     """The slot a launched server of ``spec`` holds while it runs (``launch.Server.start``)."""
-    return acquire({"arm": spec.get("arm"), "log": str(log_path) if log_path else None})
+    return acquire({"arm": spec.arm, "log": str(log_path) if log_path else None})
 
 
 def release(slot: Slot | None) -> None:

@@ -22,16 +22,16 @@ from pairaudit.core import artifacts
 from pairaudit.core.artifacts import utc_now
 from pairaudit.core.contracts import CONTROL_ARCHIVE_SCHEMA
 from pairaudit.core.jsonlog import append_record
-from pairaudit.serving import launch
+from pairaudit.serving.armspec import ArmSpec
 from pairaudit.speed.metrics import METRICS, finite_json, spread_stats
 
 # ------------------------------------------------------------------ archive
 
-def config_hash(cell: Mapping[str, Any], cfg: Mapping[str, Any], control_spec: Mapping[str, Any]) -> str:
+def config_hash(cell: Mapping[str, Any], cfg: Mapping[str, Any], control_spec: ArmSpec) -> str:
     """Which archived control starts are comparable: same cell, request shape and control server."""
     return artifacts.sha256_json({"cell": dict(cell), "output_len": cfg["output_len"], "waves": cfg["waves"],
                                  "sampling": {"temperature": 1.0, "top_p": 1.0, "ignore_eos": True},
-                                 "control": launch.identity_fields(dict(control_spec))})
+                                 "control": control_spec.identity()})
 
 log = logging.getLogger("pairaudit")
 

@@ -332,7 +332,8 @@ def run_start(ep: Endpoint, *, model: str, cfg: Mapping[str, Any], prompts: Mapp
     records.append(_stream_record(warm, start=start, arm=arm, cell="warmup", repeat=None, wave=None, stream=0,
                                   seed=warm_body["seed"], cache_salt=warm_body["cache_salt"],
                                   prompt_tokens=len(warm_body["prompt"]), wave_started_at=None))
-    per_cell = {c["name"]: {"waves": [[] for _ in range(cfg["repeats"])], "streams": [], "duration_s": 0.0}
+    per_cell: dict[str, dict[str, Any]] = {c["name"]: {"waves": [[] for _ in range(cfg["repeats"])], "streams": [],
+                                                       "duration_s": 0.0}
                 for c in cfg["cells"]}
     for r in range(cfg["repeats"]):
         for c in cfg["cells"]:

@@ -96,6 +96,7 @@ def _decide_v2(series: Mapping[str, Mapping], cfg: Mapping[str, Any], clock: Map
               lower_is_better=[m for m in metrics if m in LOWER_IS_BETTER], win_pct=cfg["win_pct"],
               start_noise_pct=cfg["start_noise_pct"])
     blocked = [n for n in deciding if missing[n]]
+    res: dict[str, Any]
     if blocked or not usable:
         res = {"rule": "win2-v2", "verdict": "INCONCLUSIVE", "params": {}, "deviations": {}, "cells": {},
                "noise": None, "rates": None,

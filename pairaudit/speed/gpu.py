@@ -51,6 +51,8 @@ import shutil
 import subprocess
 from typing import Any, Literal, Mapping, Sequence, TypedDict
 
+from pairaudit.serving.armspec import ArmSpec
+
 # nvml.h clocksEventReasons bits (the same under the deprecated clocksThrottleReasons names).
 EVENT_BITS = {0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
               0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown",
@@ -130,16 +132,18 @@ class StartFindings(TypedDict):
 
 # ------------------------------------------------------------------ reading
 
-def server_visible_devices(spec: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> str | None:
+def server_visible_devices(spec: ArmSpec | Mapping[str, Any], environ: Mapping[str, str] | None = None) -> str | None:
     """CUDA_VISIBLE_DEVICES of the environment the arm's server is launched with; None: not said (all GPUs).
 
     A launched server gets the job's environment overlaid with the arm's
     ``env`` (launch.Server); an attached one was started elsewhere, so what
     this process sees says nothing about it.
     """
-    if spec.get("mode") != "launch":
+    # an ArmSpec, or its to_json() record (what specs/<arm>.json holds)
+    mode, arm_env = (spec.mode, spec.env) if isinstance(spec, ArmSpec) else (spec.get("mode"), spec.get("env"))
+    if mode != "launch":
         return None
-    env = {**(os.environ if environ is None else environ), **(spec.get("env") or {})}
+    env = {**(os.environ if environ is None else environ), **(arm_env or {})}
     return env.get("CUDA_VISIBLE_DEVICES")
 
 

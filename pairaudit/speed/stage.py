@@ -1,7 +1,4 @@
-"""The speed phase: the OFF/ON/OFF bracket of three fresh starts, its clock facts, and its verdict.
-
-The `speed` rule calls ``speed_stage``; ``speed.bracket`` documents the artifacts.
-"""
+"""The speed phase: the OFF/ON/OFF bracket (control, candidate, control, each a fresh server) under its rule."""
 
 from __future__ import annotations
 
@@ -9,9 +6,10 @@ from typing import Any, Mapping, Sequence
 
 from pairaudit.core import artifacts, contracts
 from pairaudit.core.artifacts import utc_now
-from pairaudit.core.contracts import SPEED_DECISION_SCHEMA, SPEED_STREAMS_SCHEMA
+from pairaudit.core.contracts import SPEED_DECISION_SCHEMA, SPEED_STREAMS_SCHEMA, SpeedDecision
 from pairaudit.core.progress import Progress
-from pairaudit.serving import failures, gpupool, launch
+from pairaudit.serving import armspec, failures, gpupool, launch
+from pairaudit.serving.armspec import ArmSpec
 from pairaudit.serving.client import ServerError, tail_lines
 from pairaudit.speed.archive import append_archive, archive_line, archive_spread, config_hash, read_archive
 from pairaudit.speed.bracket import (
@@ -32,10 +30,13 @@ from pairaudit.speed.metrics import (
 from pairaudit.speed.workload import build_prompts
 
 
-def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str, str], arm_cfgs: Mapping[str, Any],
+def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str, str], spec_paths: Mapping[str, str],
                 speed_cfg: Mapping[str, Any] | None, audit: str, out_path: str, streams_path: str,
-                archive_path: str, server_logs: Mapping[str, str], starts_log: str | None = None) -> dict:
-    """Run the OFF/ON/OFF bracket and write decision.json + streams.jsonl (module docstring)."""
+                archive_path: str, server_logs: Mapping[str, str], starts_log: str | None = None) -> SpeedDecision:
+    """Run the OFF/ON/OFF bracket and write decision.json + streams.jsonl (``pairaudit.speed.bracket``).
+
+    Each start's server is the one its arm's ``specs/<arm>.json`` (``spec_paths``) describes.
+    """
     cfg = resolve_config(speed_cfg)
     receipts, specs = {}, {}
     failed = {arm: artifacts.read_json(preflight_paths[arm]) for arm in ("control", "candidate")}
@@ -46,25 +47,30 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
                         for arm, pf in failed.items())
         prov = artifacts.provenance([*launch_paths.values(), *preflight_paths.values()], {"speed": cfg})
         artifacts.write_jsonl(streams_path, {"schema": SPEED_STREAMS_SCHEMA, "audit": audit, "provenance": prov}, [])
-        doc = {"schema": SPEED_DECISION_SCHEMA, "audit": audit, "not_run": why, "params": cfg, "provenance": prov,
-               "gate": {"rule": cfg["rule"], "verdict": "INCONCLUSIVE", "reasons": [f"not run: {why}"]}}
+        doc: SpeedDecision = {"schema": SPEED_DECISION_SCHEMA, "audit": audit, "not_run": why, "params": cfg,
+                              "provenance": prov,
+                              "gate": {"rule": cfg["rule"], "verdict": "INCONCLUSIVE", "reasons": [f"not run: {why}"]}}
         artifacts.write_json(out_path, doc)
         return doc
     for arm in ("control", "candidate"):
         receipts[arm] = artifacts.check_schema(artifacts.read_json(launch_paths[arm]), contracts.LAUNCH_SCHEMA,
                                                launch_paths[arm])
-        specs[arm] = launch.resolve_spec(arm, arm_cfgs[arm])
-    model = specs["control"]["served_model_name"]
-    if specs["candidate"]["served_model_name"] != model:
+        specs[arm] = armspec.read_spec(spec_paths[arm], arm=arm)
+    model = specs["control"].served_model_name
+    if specs["candidate"].served_model_name != model:
         raise RuntimeError("speed: the arms serve different model names "
-                           f"({model!r} vs {specs['candidate']['served_model_name']!r}); one prompt set cannot fit both")
+                           f"({model!r} vs {specs['candidate'].served_model_name!r}); one prompt set cannot fit both")
     hashes = {c["name"]: config_hash(c, cfg, specs["control"]) for c in cfg["cells"]}
     prior = read_archive(archive_path)
     prior_spread = {c["name"]: archive_spread(prior, c["name"], hashes[c["name"]], cfg["primary"])
                     for c in cfg["cells"]}
     n_waves = 3 * cfg["repeats"] * cfg["waves"] * len(cfg["cells"])
     progress = Progress(n_waves, "speed waves")
-    starts, results, records, prompts, appended = [], {}, [], None, 0
+    starts: list[dict] = []
+    results: dict[str, Any] = {}
+    records: list[dict] = []
+    prompts: Mapping[str, Any] | None = None
+    appended = 0
     # The bracket's GPUs are taken once and held across its three starts, so every start runs on the
     # same devices (each arm on the first `gpus` of them) and no other server takes them in between.
     with gpupool.reserve([specs["control"], specs["candidate"]], {"arm": "speed bracket"}) as gpus:
@@ -83,7 +89,8 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
                 return _failed_bracket(exc, start=start, arm=arm, rec=rec, starts=starts, records=records,
                                        specs=specs, receipts=receipts, cfg=cfg, audit=audit, out_path=out_path,
                                        streams_path=streams_path, server_logs=server_logs, starts_log=starts_log,
-                                       inputs=[*launch_paths.values(), *preflight_paths.values()], gpus=gpus)
+                                       inputs=[*spec_paths.values(), *launch_paths.values(), *preflight_paths.values()],
+                                       gpus=gpus)
             prompts = prompts or facts.pop("prompts")
             records += recs
             starts.append(rec)
@@ -92,13 +99,15 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
                     archive_line(audit=audit, start=start, cell=c, chash=hashes[c["name"]],
                                  pooled=results[start][c["name"]]["pooled"], clock=rec["clock"], host=rec["host"])
                     for c in cfg["cells"]])
+    if prompts is None:  # the first start builds them, and every start ran
+        raise AssertionError("the bracket ran without prompts")
     return _decided_bracket(cfg=cfg, audit=audit, starts=starts, results=results, records=records, prompts=prompts,
                             hashes=hashes, prior_spread=prior_spread, archive_path=archive_path, appended=appended,
-                            inputs=[*launch_paths.values(), *preflight_paths.values()], out_path=out_path,
-                            streams_path=streams_path)
+                            inputs=[*spec_paths.values(), *launch_paths.values(), *preflight_paths.values()],
+                            out_path=out_path, streams_path=streams_path)
 
 
-def _measure_start(start: str, arm: str, spec: dict, receipt: dict, rec: dict, *, cfg: Mapping[str, Any], model: str,
+def _measure_start(start: str, arm: str, spec: ArmSpec, receipt: dict, rec: dict, *, cfg: Mapping[str, Any], model: str,
                    prompts: Mapping[str, Any] | None, results: dict, progress: Progress, server_log: str,
                    starts_log: str | None, gpus: gpupool.Reservation | None = None) -> tuple[dict, list[dict]]:
     """One fresh start: its measurements into ``results[start]``, its facts into ``rec``.
@@ -140,7 +149,7 @@ def _start_failure(exc: BaseException, *, start: str, arm: str, server_log: str)
             "log_tail": tail_lines(server_log, 40), "at": utc_now("milliseconds")}
 
 
-def _confirm_failure(exc: BaseException, spec: dict, receipt: dict, *, cfg: Mapping[str, Any], server_log: str,
+def _confirm_failure(exc: BaseException, spec: ArmSpec, receipt: dict, *, cfg: Mapping[str, Any], server_log: str,
                      starts_log: str | None, gpus: gpupool.Reservation | None = None) -> dict:
     """The failed start's work once more on a fresh start of the same server (stored beside the first failure)."""
     conf: dict = {"at": utc_now("milliseconds"), "kind": None, "status": None, "error": None, "error_body": None}
@@ -168,9 +177,9 @@ def _confirm_failure(exc: BaseException, spec: dict, receipt: dict, *, cfg: Mapp
 
 
 def _failed_bracket(exc: BaseException, *, start: str, arm: str, rec: dict, starts: list, records: list,
-                    specs: Mapping[str, dict], receipts: Mapping[str, dict], cfg: Mapping[str, Any], audit: str,
+                    specs: Mapping[str, ArmSpec], receipts: Mapping[str, dict], cfg: Mapping[str, Any], audit: str,
                     out_path: str, streams_path: str, server_logs: Mapping[str, str], starts_log: str | None,
-                    inputs: Sequence[str], gpus: gpupool.Reservation | None = None) -> dict:
+                    inputs: Sequence[str], gpus: gpupool.Reservation | None = None) -> SpeedDecision:
     """decision.json for a bracket a server broke: the failure (and its confirmation), what was measured before."""
     failure = _start_failure(exc, start=start, arm=arm, server_log=server_logs[start])
     log.warning("speed %s (%s arm) failed: %s", start, arm, failures.summary(failure))
@@ -182,10 +191,11 @@ def _failed_bracket(exc: BaseException, *, start: str, arm: str, rec: dict, star
     why = f"the {arm} server failed at {failure['what']}: {failures.summary(failure)}"
     prov = artifacts.provenance(inputs, {"speed": cfg})
     artifacts.write_jsonl(streams_path, {"schema": SPEED_STREAMS_SCHEMA, "audit": audit, "provenance": prov}, records)
-    doc = {"schema": SPEED_DECISION_SCHEMA, "audit": audit, "not_run": why, "failure": failure, "starts": [*starts, rec],
-           "params": cfg, "provenance": prov, "streams": str(streams_path),
-           "gate": {"rule": cfg["rule"], "verdict": "INCONCLUSIVE",
-                    "reasons": [f"not measured: {why} (the servers gate decides what the failure means)"]}}
+    doc: SpeedDecision = {
+        "schema": SPEED_DECISION_SCHEMA, "audit": audit, "not_run": why, "failure": dict(failure),
+        "starts": [*starts, rec], "params": dict(cfg), "provenance": prov, "streams": str(streams_path),
+        "gate": {"rule": cfg["rule"], "verdict": "INCONCLUSIVE",
+                 "reasons": [f"not measured: {why} (the servers gate decides what the failure means)"]}}
     artifacts.write_json(out_path, doc)
     return doc
 
@@ -193,7 +203,7 @@ def _failed_bracket(exc: BaseException, *, start: str, arm: str, rec: dict, star
 def _decided_bracket(*, cfg: Mapping[str, Any], audit: str, starts: list, results: dict, records: list,
                      prompts: Mapping[str, Any], hashes: Mapping[str, str], prior_spread: Mapping[str, Any],
                      archive_path: str, appended: int, inputs: Sequence[str], out_path: str,
-                     streams_path: str) -> dict:
+                     streams_path: str) -> SpeedDecision:
     hosts = sorted({s["host"] for s in starts})
     clock = clock_check([s["clock"] for s in starts], cfg["expected_clock_cap"],
                         after=[s["clock_after"] for s in starts], starts=[s["start"] for s in starts])
@@ -220,7 +230,7 @@ def _decided_bracket(*, cfg: Mapping[str, Any], audit: str, starts: list, result
     win2, series, gate = decide(results, cfg, clock, {n: s["archive_with_window_pct"] for n, s in spread.items()})
     prov = artifacts.provenance(inputs, {"speed": cfg})
     artifacts.write_jsonl(streams_path, {"schema": SPEED_STREAMS_SCHEMA, "audit": audit, "provenance": prov}, records)
-    doc = finite_json({
+    doc: SpeedDecision = finite_json({
         "schema": SPEED_DECISION_SCHEMA, "audit": audit, "gate": gate, "win2": win2,
         "bar": {"win_pct": cfg["win_pct"], "primary": cfg["primary"], "guards": cfg["guards"],
                 "reported": cfg["reported"], "lower_is_better": sorted(LOWER_IS_BETTER)},

@@ -1,0 +1,235 @@
+"""The resolved arm spec: one typed record per arm, resolved once, read by every phase.
+
+``launch.resolve_spec`` validates an ``arms.<name>`` block and returns an
+:class:`ArmSpec`; the ``arm_spec`` rule writes it to ``specs/<arm>.json``
+(``ArmSpec.to_json`` under ``"spec"``) and every phase that starts or checks a
+server reads it back from there (:func:`read_spec`) instead of resolving the
+raw config again.  The spec file's sha256 is recorded in each phase's
+provenance, so an edited or stale spec is refused like any other input.
+
+Host-bound placeholders.  ``{python}``, ``{vllm_python}`` and ``{model_dir}``
+are facts of the machine that *runs* the server (its interpreter, its vLLM
+venv, its model cache), and on a cluster the node that starts a server need
+not be the one that wrote the spec.  So the record keeps only the symbolic
+``command_identity`` -- every other placeholder filled, these three and
+``{port}`` kept as written -- and :meth:`ArmSpec.host_command` fills the three
+on the host that calls it, at launch.  The identity hash never sees a host
+path: moving a venv or a cache changes nothing about which server an arm is.
+
+This module imports nothing that imports it back (``launch`` builds on it),
+which is why ``vllm_python`` and ``model_dir`` live here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from pairaudit.core import artifacts
+from pairaudit.core.artifacts import sha256_json
+from pairaudit.core.contracts import ARM_SPEC_SCHEMA
+
+MODES = ("launch", "attach")
+PLACEHOLDERS = ("python", "vllm_python", "model", "model_dir", "served_model_name", "host", "port",
+                "max_model_len")
+# Host-bound placeholders: their values are facts of this machine's install,
+# kept symbolic in ``command_identity`` so moving a venv or a cache changes nothing.
+HOST_PLACEHOLDERS = ("python", "vllm_python", "model_dir")
+VLLM_PYTHON_ENV = "PAIRAUDIT_VLLM_PYTHON"
+REPO = Path(__file__).resolve().parents[2]
+PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class ArmSpecError(ValueError):
+    """A spec record (or spec file) is not one ``ArmSpec.to_json`` wrote; the message names the key."""
+
+
+def vllm_python() -> Path:
+    """The interpreter of the project's vLLM venv: ``$PAIRAUDIT_VLLM_PYTHON``, else ``<repo>/.venv-vllm``."""
+    env = os.environ.get(VLLM_PYTHON_ENV)
+    return Path(env) if env else REPO / ".venv-vllm" / "bin" / "python"
+
+
+def model_dir(model: str) -> str:
+    """A directory a real vLLM can load for ``model``.
+
+    The embedded model's converted copy (safetensors + tokenizer, built by
+    ``install.sh``) for its name; any other value is passed through (a local
+    directory or a hub id the server resolves itself). Only a path is
+    computed here: nothing is hashed or converted at config time.
+    """
+    from pairaudit.serving import modelstore
+
+    if model in (modelstore.EMBEDDED_NAME, f"HuggingFaceTB/{modelstore.EMBEDDED_NAME}"):
+        return str(modelstore.cache_root() / "models" / modelstore.EMBEDDED_GGUF_SHA256)
+    return model
+
+
+def host_values(model: str) -> dict[str, str]:
+    """This host's values of the host-bound placeholders, for an arm serving ``model``."""
+    return {"python": sys.executable, "vllm_python": str(vllm_python()), "model_dir": model_dir(model)}
+
+
+def fill_host(arg: str, values: Mapping[str, str]) -> str:
+    """``arg`` with the host-bound placeholders filled; every other ``{name}`` (``{port}``) stays."""
+    return PLACEHOLDER_RE.sub(lambda m: values.get(m.group(1), m.group(0)) if m.group(1) in HOST_PLACEHOLDERS
+                              else m.group(0), arg)
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """One arm's server, resolved from its config (``launch.resolve_spec``); immutable.
+
+    ``command_identity`` and ``env`` are set for launch arms only, ``url`` for
+    attach arms only; ``host``, ``port`` and ``stop_grace_s`` are launch-mode
+    settings (None for attach).  ``gpus`` (how many GPUs a launched server
+    takes from the machine's pool, ``serving.gpupool``) is scheduling, not the
+    server: it is outside the identity hash, like ``host`` and ``port``.
+    """
+    arm: str
+    mode: str                                   # "launch" | "attach"
+    model: str
+    served_model_name: str                      # the id /v1/models lists
+    max_model_len: int | None                   # required in launch mode; checked when set
+    speculative: bool
+    model_sha256: str | None                    # optional pin, checked against the server's /version
+    health_timeout_s: float
+    command_identity: tuple[str, ...] | None = None  # host placeholders and {port} symbolic
+    env: Mapping[str, str] = field(default_factory=dict)
+    host: str | None = None
+    port: int | None = None                     # 0 = a free port at each start
+    stop_grace_s: float | None = None
+    url: str | None = None
+    gpus: int = 0
+
+    def __post_init__(self) -> None:
+        # Frozen all the way down: a spec is shared by every start of a phase,
+        # and a mutated env would quietly change what the identity hash covers.
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+        if self.command_identity is not None:
+            object.__setattr__(self, "command_identity", tuple(self.command_identity))
+
+    # ------------------------------------------------------------ identity
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that define which server an arm is; nothing host- or time-bound (the arm name neither)."""
+        ident: dict[str, Any] = {"mode": self.mode, "model": self.model, "served_model_name": self.served_model_name,
+                                 "max_model_len": self.max_model_len, "model_sha256": self.model_sha256}
+        if self.mode == "launch":
+            ident.update(command=list(self.command_identity or ()), env=dict(self.env))
+        else:
+            ident.update(url=self.url)
+        return ident
+
+    @property
+    def spec_sha256(self) -> str:
+        """The identity hash, as the launch receipt and the spec file record it."""
+        return sha256_json(self.identity())
+
+    # ---------------------------------------------------------------- host
+
+    def host_command(self) -> list[str] | None:
+        """The launch command on THIS host: host placeholders filled, ``{port}`` still symbolic; None for attach."""
+        if self.command_identity is None:
+            return None
+        values = host_values(self.model)
+        return [fill_host(a, values) for a in self.command_identity]
+
+    # ---------------------------------------------------------------- JSON
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as plain JSON (lists, dicts); ``from_json`` gives back an equal spec."""
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["env"] = dict(self.env)
+        out["command_identity"] = list(self.command_identity) if self.command_identity is not None else None
+        return out
+
+    @classmethod
+    def from_json(cls, doc: Any, *, where: str = "spec") -> ArmSpec:
+        """Rebuild a spec from ``to_json``'s record; a missing, unknown or mistyped key is an ``ArmSpecError``."""
+        if not isinstance(doc, Mapping):
+            raise ArmSpecError(f"{where}: must be a mapping, got {type(doc).__name__}")
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(doc) - set(names))
+        missing = [n for n in names if n not in doc]
+        if unknown or missing:
+            raise ArmSpecError(f"{where}: keys differ from an arm spec's (missing: {missing or 'none'}, "
+                               f"unknown: {unknown or 'none'}; allowed: {', '.join(names)})")
+        for name, ok, what in _CHECKS:
+            if not ok(doc[name]):
+                raise ArmSpecError(f"{where}.{name}: {doc[name]!r} is not {what}")
+        if doc["mode"] == "launch" and doc["command_identity"] is None:
+            raise ArmSpecError(f"{where}.command_identity: required for a launch arm")
+        cmd = doc["command_identity"]
+        return cls(**{**doc, "command_identity": tuple(cmd) if cmd is not None else None,
+                      "env": dict(doc["env"])})
+
+
+def _opt(check):
+    return lambda v: v is None or check(v)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+_CHECKS = (
+    ("arm", _is_str, "a string"),
+    ("mode", lambda v: v in MODES, f"one of {', '.join(MODES)}"),
+    ("model", _is_str, "a string"),
+    ("served_model_name", _is_str, "a string"),
+    ("max_model_len", _opt(_is_int), "an integer or null"),
+    ("speculative", lambda v: isinstance(v, bool), "true or false"),
+    ("model_sha256", _opt(_is_str), "a string or null"),
+    ("health_timeout_s", _is_num, "a number"),
+    ("gpus", lambda v: _is_int(v) and v >= 0, "a non-negative integer"),
+    ("command_identity", _opt(lambda v: isinstance(v, (list, tuple)) and all(isinstance(a, str) for a in v)),
+     "a list of strings or null"),
+    ("env", lambda v: isinstance(v, Mapping) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()),
+     "a mapping of strings"),
+    ("host", _opt(_is_str), "a string or null"),
+    ("port", _opt(_is_int), "an integer or null"),
+    ("stop_grace_s", _opt(_is_num), "a number or null"),
+    ("url", _opt(_is_str), "a string or null"),
+)
+
+
+# ------------------------------------------------------------ the spec file
+
+def spec_doc(spec: ArmSpec, *, provenance: dict) -> dict[str, Any]:
+    """The ``specs/<arm>.json`` document of one arm (written by the ``arm_spec`` rule)."""
+    return {"schema": ARM_SPEC_SCHEMA, "arm": spec.arm, "spec": spec.to_json(), "spec_sha256": spec.spec_sha256,
+            "provenance": provenance}
+
+
+def read_spec(path: str | os.PathLike, *, arm: str | None = None) -> ArmSpec:
+    """The arm spec a ``specs/<arm>.json`` file holds (its content hash checked), refused naming the file.
+
+    ``arm``: the arm the caller expects; a spec of another arm is refused.
+    The recorded ``spec_sha256`` must be the record's own identity hash: a
+    file written under other identity rules is refused rather than trusted.
+    """
+    doc = artifacts.check_schema(artifacts.read_json(path), ARM_SPEC_SCHEMA, path)
+    try:
+        spec = ArmSpec.from_json(doc.get("spec"), where=f"{path}: spec")
+    except ArmSpecError as exc:
+        raise artifacts.ArtifactError(str(exc)) from None
+    if arm is not None and spec.arm != arm:
+        raise artifacts.ArtifactError(f"{path}: the spec of arm {spec.arm!r}, expected arm {arm!r}")
+    if doc.get("spec_sha256") != spec.spec_sha256:
+        raise artifacts.ArtifactError(f"{path}: spec_sha256 {doc.get('spec_sha256')} is not the identity hash "
+                                      f"{spec.spec_sha256} of its spec; rerun the arm_spec rule")
+    return spec
