@@ -68,7 +68,7 @@ HOLDER = textwrap.dedent("""
     import sys
     sys.path.insert(0, {root!r})
     from pathlib import Path
-    from pairaudit import slots
+    from pairaudit.serving import slots
     events = Path(sys.argv[2])
     slot = slots.acquire({{"audit": "first-audit", "arm": "control"}}, count=1, directory=Path(sys.argv[1]))
     with open(events, "a") as f:
