@@ -27,7 +27,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 VLLM=0 TORCH=auto WHEELHOUSE= OFFLINE= WH_ARGS=()
-usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
 bad() { echo "install.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case "$1" in

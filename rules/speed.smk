@@ -1,9 +1,10 @@
 # Speed: one job runs control, candidate, control (s1, s2, s3) on the same
-# host, each a fresh server, and decides under win2-v1. Every finished control
-# start is appended to the control archive outside the audit directory, so a
-# rerun adds to the day-to-day spread.  The receipts and rehearsals are
-# `ancient`: the answers phase rewrites them when it reruns for a dataset, and
-# the bracket depends only on the arms (a parameter) and its own settings.
+# host, each a fresh server, and decides under `speed.rule` (win2-v2 by
+# default). Every finished control start is appended to the control archive
+# outside the audit directory, so a rerun adds to the day-to-day spread.  The
+# receipts and rehearsals are `ancient`: the answers phase rewrites them when it
+# reruns for a dataset, and the bracket depends only on the arms (a parameter)
+# and its own settings.
 
 SPEED_CFG = config["speed"]
 

@@ -148,7 +148,7 @@ AUDIT = textwrap.dedent("""
     spec = resolve_spec("control", {{
         "mode": "launch", "model": "SmolLM2-135M-Instruct", "max_model_len": 256, "health_timeout_s": 600,
         "command": ["{{python}}", "-m", "pairaudit.refserver", "--model", "{{model}}", "--host", "{{host}}",
-                    "--port", "{{port}}", "--max-model-len", "{{max_model_len}}"],
+                    "--port", "{{port}}", "--max-model-len", "{{max_model_len}}", "--threads", "1"],
         "env": {{"PAIRAUDIT_REF_LM_HEAD_BF16": "0"}}}})
     note("starting")
     with Server(spec, log_path=events.with_name(name + "-server.log")) as srv:

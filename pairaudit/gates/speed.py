@@ -390,7 +390,7 @@ def win2_v2(
     - otherwise NO_WIN when the window resolves the bar (one-sided half-width
       <= win_pct), else INCONCLUSIVE, with the repeats (or brackets) it
       would need.
-    Clock checks are the stage's (speeddecision.decide), not this function's. The
+    Clock checks are the stage's (speed.decision.decide), not this function's. The
     result names the window's noise and, when ``rates``, the rule's
     simulated false WIN / false LOSS / power at that noise and at the noise
     it assumes (``with_rates``).

@@ -31,7 +31,7 @@ def ledger_entry(decision: Decision, launch: Mapping[str, Mapping[str, Any]], *,
         "time": prov.get("created_at"),
         "audit": audit,
         "decision": decision["decision"],
-        "calibration": decision.get("calibration") is True,   # an A/A run (pairaudit/calibration.py)
+        "calibration": decision.get("calibration") is True,   # an A/A run (pairaudit/promotion/calibration.py)
         "reasons": list(decision.get("reasons") or []),
         "not_evaluated": list(decision.get("not_evaluated") or []),
         "config_sha256": None if config is None else sha256_json(config),

@@ -428,7 +428,7 @@ def boundary_markdown(doc: Mapping[str, Any] | None) -> list[str]:
     """Boundary cases side by side (control | candidate), from the boundary gate artifact.
 
     Reads ``cases: [{"case", "expected", "identical_text", "control": side,
-    "candidate": side}]`` as pairaudit/boundary.py documents it.
+    "candidate": side}]`` as pairaudit/boundary/cases.py documents it.
     """
     out = ["## Long-context boundary (boundary-v1)", ""]
     if doc is None:

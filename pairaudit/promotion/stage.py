@@ -10,7 +10,7 @@ manifest.json (``manifest``)::
 
 Later-stage artifacts read by ``promotion_stage(later=...)`` (one place to
 change: ``LATER_SCHEMAS``; the speed decision's other fields are documented
-in ``pairaudit/speed.py``, and the figures read ``series``, ``bar``,
+in ``pairaudit/speed/``, and the figures read ``series``, ``bar``,
 ``win2``, ``spread`` and ``archive.path`` from it)::
 
     later = {"divergence": [path, ...], "boundary": path, "speed": path}   # any key may be absent
@@ -170,7 +170,7 @@ def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Seq
     ``calibrations_path`` (results/calibrations.jsonl) is read as the ledger
     is, at decision time: the latest calibration of the same control spec on
     the same host is cited as ``calibration_ref``. ``calibration`` (an A/A
-    run, pairaudit/calibration.py) also writes its summary to
+    run, pairaudit/promotion/calibration.py) also writes its summary to
     ``out_calibration``, shows it in the reports, and appends it to the log
     after the ledger line.
     """

@@ -1,9 +1,9 @@
 """Speed stage: the OFF/ON/OFF bracket decided by win2-v2 (default) or win2-v1.
 
-``speed.rule`` selects the registered rule: win2-v2 (rules.win2_v2, the
+``speed.rule`` selects the registered rule: win2-v2 (gates.win2_v2, the
 default; docs/speed.md) decides over all deciding cells at once against an
 interval that keeps the start-to-start noise, and says INCONCLUSIVE when the
-window is too noisy to decide at the bar; win2-v1 (rules.win2_v1, kept
+window is too noisy to decide at the bar; win2-v1 (gates.win2_v1, kept
 unchanged and selectable, reported as a deviation) pairs by repeat per cell.
 
 One job runs three fresh servers on the same host, one after the other:
@@ -37,7 +37,7 @@ Artifacts
                    ...}, needed {repeats_needed, brackets_needed,
                    half_width_pct}, pooled_gain_pct, half_width_pct,
                    lower_bound_pct, loss_tests, repeats, reported.
-                   win2-v2's verdict is its own (rules.win2_v2).
+                   win2-v2's verdict is its own (gates.win2_v2).
                    win2-v1's verdict over the decision cells: LOSS if any is LOSS;
                    else INCONCLUSIVE if any is INCONCLUSIVE; else WIN if
                    every one WINs; else NO_WIN. ``informational`` (config
