@@ -90,6 +90,29 @@ def test_check_arm_reads_device_and_dtype_from_the_command():
     assert p.startswith("PAIRAUDIT_REF_MLP_BF16='on'")
 
 
+def test_the_config_check_refuses_what_an_arm_s_device_cannot_run():
+    import copy
+
+    import yaml
+
+    from pairaudit import configcheck
+
+    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    result = configcheck.CheckResult()
+    configcheck.check_arms(cfg, result)
+    assert result.problems == []
+    bad = copy.deepcopy(cfg)
+    bad["arms"]["control"]["command"] += ["--device", "cpu"]
+    bad["arms"]["control"]["env"] = {**(bad["arms"]["control"].get("env") or {}), "PAIRAUDIT_REF_TF32": "1"}
+    bad["arms"]["candidate"]["command"] += ["--dtype", "fp8"]
+    result = configcheck.CheckResult()
+    configcheck.check_arms(bad, result)
+    assert result.problems == [
+        "arms.control.env.PAIRAUDIT_REF_TF32=1: TF32 is a mode of CUDA matmuls; a CPU server has none "
+        "(allowed on --device cpu: 0)",
+        "arms.candidate.command: --dtype fp8: expected one of float32, bfloat16, float16"]
+
+
 def test_rms_norm_bf16_is_an_rms_norm_rounded_to_bf16():
     torch.manual_seed(0)
     x = torch.randn(3, 576) * 4
