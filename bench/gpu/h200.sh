@@ -6,6 +6,10 @@
 #   bench/gpu/h200.sh install        offline install from the stashed wheels (the host's torch kept)
 #   bench/gpu/h200.sh audit CONFIG   promotion, then calibrate, on CONFIG; timings in $OUT
 #   bench/gpu/h200.sh collect        the evidence worth committing as numbers, tarred into $OUT
+#
+# The carried wheels must include the tested transformers (constraints.txt):
+# the model conversion refuses a transformers that misreads the GGUF's
+# end-of-turn token (5.17, on the image this was first run on, does).
 set -uo pipefail
 STASH=${PAIRAUDIT_STASH:-/root/pairaudit-stash}
 SITE=$STASH/site

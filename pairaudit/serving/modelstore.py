@@ -100,11 +100,23 @@ def embedded_gguf() -> Path:
     return path
 
 
+# SmolLM2-Instruct's chat template ends a turn with this token (the GGUF's eos)
+EMBEDDED_EOS = "<|im_end|>"
+
+
 def _convert(gguf: Path, sha: str, dest: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The GGUF names its end-of-turn token; some transformers releases (5.17
+    # was seen) read the GGUF's tokenizer with another EOS, and a cache built
+    # so would make the server run every answer past its end of turn.
+    # Refuse it here, before anything is written, naming the version.
+    if tok.eos_token != EMBEDDED_EOS:
+        raise RuntimeError(f"transformers {_version('transformers')} reads the embedded model's end-of-turn token "
+                           f"as {tok.eos_token!r}, not {EMBEDDED_EOS!r}: convert with the tested transformers "
+                           "(constraints.txt; ./install.sh installs it)")
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # transformers refuses to save a GGUF-loaded model while it still carries
     # the quantizer, although the weights are already dequantized to fp32.
