@@ -1,0 +1,188 @@
+"""How many paired items quality-v1 needs to see a given net loss: its exact McNemar power, inverted.
+
+The model (the same one ``stats.minimum_detectable_loss`` states a finished
+table's detectable loss with):
+
+* items are independent; each is *discordant* (one arm right, the other
+  wrong) with probability ``D``, the **discordance**: the expected fraction
+  of discordant items;
+* the **net loss** ``L`` is the expected ``(b - c) / n``, where ``b`` counts
+  control-only items (the candidate lost them) and ``c`` candidate-only
+  items; so an item is control-only with probability ``(D + L) / 2`` and
+  candidate-only with ``(D - L) / 2`` (a loss of ``L`` needs ``D >= L``);
+* quality-v1 *sees* the loss when it FAILs the table: ``b - c >
+  max_net_loss`` and the exact two-sided McNemar ``p < alpha``.
+
+The power is exact: summed over the discordant count ``k ~ Binomial(n, D)``
+and, given ``k``, ``c ~ Binomial(k, (D - L) / (2 D))``, with the FAIL region
+of quality-v1 itself (``stats._fail_limits``, the limits ``mcnemar_loss_power``
+uses), so what is planned here is what the paired stage will decide. Terms
+of ``Binomial(n, D)`` below 1e-30 are left out of the sum (it is exact to
+that).
+
+The exact test's power is saw-toothed in ``n``: a discrete test's level
+jumps as ``n`` grows, and ``n + 1`` items can have less power than ``n``.
+So two numbers come out: ``first_items``, the smallest ``n`` whose power
+reaches the target, and ``items``, the smallest ``n`` from which every
+larger ``n`` up to the scan limit (twice ``first_items`` plus 50, where the
+dips are far above the target) reaches it too. Plan with ``items``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from pairaudit import stats
+
+DEFAULT_MAX_ITEMS = 100_000
+_TAIL = 1e-30  # pmf terms below this are left out of the power sum
+_BATCH = 64  # item counts whose power is summed in one vectorized step
+
+
+class SizingError(ValueError):
+    """A sizing input out of range; the message names the parameter and its allowed values."""
+
+
+@dataclass(frozen=True)
+class SizePlan:
+    """What ``items_needed`` found: the items per dataset, and the model it was computed under."""
+
+    loss_pct: float             # net loss to see, percentage points of the items
+    discordance: float          # expected fraction of discordant items (0..1)
+    alpha: float
+    power: float                # the target power
+    max_net_loss: int           # quality-v1's tolerated net loss, in items
+    items: int | None           # smallest n from which every larger n (to scan_limit) reaches the power
+    items_power: float | None   # the power at ``items``
+    first_items: int | None     # smallest n whose power reaches the target (a larger n may dip below)
+    first_power: float | None
+    scan_limit: int             # the largest n looked at
+    method: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _check(loss_pct: float, discordance: float, alpha: float, power: float, max_net_loss: int) -> None:
+    for name, v in (("loss_pct", loss_pct), ("discordance", discordance), ("alpha", alpha), ("power", power)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise SizingError(f"{name} must be a finite number, got {v!r}")
+    if not 0 < loss_pct <= 100:
+        raise SizingError(f"loss_pct must be in (0, 100] percentage points, got {loss_pct!r}")
+    if not 0 < discordance <= 1:
+        raise SizingError(f"discordance must be a fraction in (0, 1], got {discordance!r}")
+    if discordance + 1e-12 < loss_pct / 100:
+        raise SizingError(f"discordance {discordance!r} is below the loss {loss_pct / 100!r}: a net loss of "
+                          f"{loss_pct} % of the items needs at least that fraction of discordant items")
+    if not 0 < alpha < 1 or not 0 < power < 1:
+        raise SizingError(f"need 0 < alpha < 1 and 0 < power < 1, got alpha={alpha!r}, power={power!r}")
+    if isinstance(max_net_loss, bool) or not isinstance(max_net_loss, (int, np.integer)) or max_net_loss < 0:
+        raise SizingError(f"max_net_loss must be a non-negative integer, got {max_net_loss!r}")
+
+
+class _Power:
+    """Exact FAIL power of quality-v1 for any n, with the per-k conditional probabilities computed once."""
+
+    def __init__(self, loss: float, discordance: float, alpha: float, max_net_loss: int):
+        self.pd = min(1.0, float(discordance))
+        # P(candidate-only | discordant); clipped at 0 where the loss takes all the discordance
+        self.q = max(0.0, (self.pd - loss) / (2.0 * self.pd))
+        self.alpha, self.m = alpha, int(max_net_loss)
+        self.g = np.zeros(0)
+        self.lfact = np.zeros(0)  # log(j!) for j = 0..size-1: the binomial coefficients by lookup
+
+    def _grow(self, n: int) -> None:
+        if n < self.g.size:
+            return
+        from scipy import stats as _st
+
+        size = max(n + 1, 2 * self.g.size, 1024)
+        lim = stats._fail_limits(size - 1, self.alpha, self.m)  # quality-v1's FAIL region, per k
+        k = np.arange(size)
+        self.g = np.where(lim >= 0, _st.binom.cdf(lim, k, self.q), 0.0)
+        from scipy.special import gammaln
+
+        self.lfact = gammaln(k + 1.0)
+
+    def batch(self, ns: np.ndarray) -> np.ndarray:
+        """The power for each n of ``ns`` (positive, increasing), in one vectorized sum."""
+        ns = np.asarray(ns, dtype=np.int64)
+        self._grow(int(ns[-1]))
+        p = self.pd
+        if p >= 1.0:
+            return self.g[ns].astype(float)
+        mean = ns * p
+        width = 12.0 * np.sqrt(ns * p * (1.0 - p)) + 40.0
+        while True:
+            lo = max(0, int(np.min(mean - width)))
+            hi = min(int(ns[-1]), int(np.max(mean + width)) + 1)
+            k = np.arange(lo, hi + 1)
+            n2, k2 = ns[:, None], k[None, :]
+            valid = k2 <= n2
+            lf = self.lfact
+            logpmf = (lf[n2] - lf[k2] - lf[np.where(valid, n2 - k2, 0)]
+                      + k2 * math.log(p) + (n2 - k2) * math.log1p(-p))
+            pmf = np.where(valid, np.exp(logpmf), 0.0)
+            # widen until the terms left out are negligible: at k = lo for every n, and at k = hi where n > hi
+            left_ok = lo == 0 or bool(np.all(pmf[:, 0] < _TAIL))
+            right_ok = bool(np.all((ns <= hi) | (pmf[:, -1] < _TAIL)))
+            if left_ok and right_ok:
+                return pmf @ self.g[lo:hi + 1]
+            width *= 2.0
+
+    def __call__(self, n: int) -> float:
+        """P(quality-v1 FAILs n items) = sum_k P(K = k) P(c <= lim(k) | k)."""
+        if n <= 0:
+            return 0.0
+        return float(self.batch(np.array([n]))[0])
+
+
+def fail_power(n: int, loss_pct: float, discordance: float, *, alpha: float = 0.05,
+               max_net_loss: int = 0) -> float:
+    """Exact probability that quality-v1 FAILs n items under the model (module docstring)."""
+    _check(loss_pct, discordance, alpha, 0.5, max_net_loss)
+    return _Power(loss_pct / 100.0, discordance, alpha, max_net_loss)(int(n))
+
+
+def items_needed(loss_pct: float, discordance: float, *, alpha: float = 0.05, power: float = stats.MDE_POWER,
+                 max_net_loss: int = 0, max_items: int = DEFAULT_MAX_ITEMS) -> SizePlan:
+    """Items per dataset for quality-v1 to FAIL a net loss of ``loss_pct`` points with ``power`` (module docstring).
+
+    ``items`` is None when not even ``max_items`` items reach the power.
+    """
+    _check(loss_pct, discordance, alpha, power, max_net_loss)
+    if isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1:
+        raise SizingError(f"max_items must be a positive integer, got {max_items!r}")
+    pw = _Power(loss_pct / 100.0, discordance, alpha, max_net_loss)
+    method = ("exact power of quality-v1's FAIL region (b - c > max_net_loss and exact McNemar p < alpha); "
+              "discordant items ~ Binomial(n, D), candidate-only among them ~ Binomial(k, (D - L) / 2D)")
+    first, first_p = None, None
+    start = 1
+    while start <= max_items and first is None:
+        ns = np.arange(start, min(max_items, start + _BATCH - 1) + 1)
+        values = pw.batch(ns)
+        hit = np.flatnonzero(values >= power)
+        if hit.size:
+            first, first_p = int(ns[hit[0]]), float(values[hit[0]])
+        start = int(ns[-1]) + 1
+    if first is None:
+        return SizePlan(loss_pct, discordance, alpha, power, int(max_net_loss), None, None, None, None,
+                        max_items, method)
+    limit = min(max_items, 2 * first + 50)
+    ns = np.arange(first, limit + 1)
+    values = dict(zip(ns.tolist(), np.concatenate([pw.batch(ns[i:i + _BATCH]) for i in range(0, ns.size, _BATCH)])))
+    # the smallest n from which nothing up to the limit dips below the target
+    items = first
+    for m in range(limit, first - 1, -1):
+        if values[m] < power:
+            items = m + 1
+            break
+    if items > limit:
+        return SizePlan(loss_pct, discordance, alpha, power, int(max_net_loss), None, None, first, first_p,
+                        limit, method)
+    return SizePlan(loss_pct, discordance, alpha, power, int(max_net_loss), items, values[items], first, first_p,
+                    limit, method)
