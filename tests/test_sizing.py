@@ -2,11 +2,14 @@
 
 import functools
 import math
+from pathlib import Path
 
 import pytest
 
 from pairaudit import rules, stats
 from pairaudit.quality import sizing
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 p_value = functools.lru_cache(maxsize=None)(stats.mcnemar_exact_p)
@@ -132,3 +135,50 @@ def test_none_when_the_cap_is_too_small():
 def test_bad_input_names_the_parameter(kw, msg):
     with pytest.raises(sizing.SizingError, match=msg):
         sizing.items_needed(**kw)
+
+
+# ------------------------------------------------------------------ the load-time note
+
+def _config(loss=None, count=32):
+    import yaml
+
+    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    if loss is not None:
+        cfg["rules"]["quality"]["detect_loss_pct"] = loss
+    for d in cfg["datasets"]:
+        d["select"] = {"count": count, "seed": 1}
+    return cfg
+
+
+def test_load_check_notes_a_dataset_too_small_for_the_declared_loss():
+    from pairaudit.configcheck import check_config
+
+    floor = sizing.items_needed(10, 0.1).items        # every discordant item a loss
+    res = check_config(_config(10), base_dir=REPO)
+    assert res.problems == []
+    notes = [n for n in res.notes if "detect_loss_pct" in n]
+    assert len(notes) == 2
+    assert notes[0].startswith("datasets[0] (arith): 32 selected items cannot see a net loss of 10 points")
+    assert f"needs at least {floor} items even if every discordant item were a loss (discordance 0.1)" in notes[0]
+    # enough items: no note; the key absent: no note
+    assert not [n for n in check_config(_config(10, count=floor), base_dir=REPO).notes if "detect_loss_pct" in n]
+    assert not [n for n in check_config(_config(None), base_dir=REPO).notes if "detect_loss_pct" in n]
+
+
+def test_load_check_uses_the_audits_calibration_when_it_has_one(tmp_path):
+    from pairaudit import calibration
+    from pairaudit.artifacts import sha256_file, write_json
+
+    summary = tmp_path / "results" / "default-calibration" / "promotion" / "calibration.json"
+    write_json(summary, {"schema": "pairaudit.calibration/v1", "quality": {"arith": {"n": 100, "discordant": 30}}})
+    calibration.append(tmp_path / "results" / "calibrations.jsonl", calibration.CalibrationEntry(
+        time="2026-12-01T00:00:00+00:00", audit="default-calibration", of_audit="default", control_spec_sha256="c",
+        host={}, host_sha256="h", decision="PROMOTE", headline="", flagged=[], summary_path=str(summary),
+        summary_sha256=sha256_file(summary), decision_path="d", decision_sha256="e"))
+    floor = sizing.items_needed(10, 0.1).items
+    measured = sizing.items_needed(10, 0.3).items
+    cfg = _config(10, count=floor)                    # enough for the floor, not for the measured discordance
+    notes = sizing.detect_loss_notes(cfg, {}, base_dir=tmp_path)
+    assert len(notes) == 1 and notes[0].startswith(f"datasets[0] (arith): {floor} selected items cannot see")
+    assert f"at the discordance its A/A calibration default-calibration measured (0.3): that needs {measured} items" \
+        in notes[0]

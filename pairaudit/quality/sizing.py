@@ -31,7 +31,9 @@ dips are far above the target) reaches it too. Plan with ``items``.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -186,3 +188,105 @@ def items_needed(loss_pct: float, discordance: float, *, alpha: float = 0.05, po
                         limit, method)
     return SizePlan(loss_pct, discordance, alpha, power, int(max_net_loss), items, values[items], first, first_p,
                     limit, method)
+
+
+# ------------------------------------------------------------ calibrated discordance
+
+@dataclass(frozen=True)
+class CalibratedDiscordance:
+    """The discordance an A/A calibration measured per dataset: two starts of the control against each other."""
+
+    log: str
+    time: str | None
+    audit: str | None             # the calibration audit (<audit>-calibration)
+    of_audit: str | None          # the audit it calibrates
+    summary_path: str
+    datasets: dict[str, tuple[int, int]]   # dataset -> (discordant items, items)
+
+    def rate(self, dataset: str) -> float | None:
+        d, n = self.datasets.get(dataset, (0, 0))
+        return d / n if n else None
+
+
+def calibrated_discordance(log_path: str | os.PathLike, *, of_audit: str | None = None) -> CalibratedDiscordance:
+    """The latest calibration in the log (of ``of_audit`` when given), its summary read and hash-checked.
+
+    SizingError naming the file when there is none, or when the summary is
+    not the file the log recorded (its sha256) or fails its own content hash.
+    """
+    from pairaudit import artifacts, jsonlog
+    from pairaudit.contracts import CALIBRATION_LOG_SCHEMA, CALIBRATION_SCHEMA
+
+    if not Path(log_path).is_file():
+        raise SizingError(f"{log_path}: no calibration log (run `snakemake --cores 4 calibrate` first)")
+    lines = [(r.get("time") or "", n, r) for n, r in enumerate(jsonlog.read_log(log_path))
+             if r.get("schema") == CALIBRATION_LOG_SCHEMA and (of_audit is None or r.get("of_audit") == of_audit)]
+    if not lines:
+        which = f" of audit {of_audit!r}" if of_audit else ""
+        raise SizingError(f"{log_path}: no calibration{which} in the log")
+    entry = max(lines, key=lambda x: (x[0], x[1]))[2]
+    path = entry.get("summary_path")
+    if not path or not Path(path).is_file():
+        raise SizingError(f"{log_path}: the latest calibration's summary {path!r} is not there")
+    actual = artifacts.sha256_file(path)
+    if actual != entry.get("summary_sha256"):
+        raise SizingError(f"{path}: sha256 {actual} is not the {entry.get('summary_sha256')} the calibration log "
+                          "recorded: the summary was replaced or edited after the calibration")
+    try:
+        summary = artifacts.check_schema(artifacts.read_json(path), CALIBRATION_SCHEMA, path)
+    except artifacts.ArtifactError as exc:
+        raise SizingError(str(exc)) from None
+    per = {ds: (int(q.get("discordant") or 0), int(q.get("n") or 0)) for ds, q in (summary.get("quality") or {}).items()}
+    return CalibratedDiscordance(log=str(log_path), time=entry.get("time"), audit=entry.get("audit"),
+                                 of_audit=entry.get("of_audit"), summary_path=str(path), datasets=per)
+
+
+# ------------------------------------------------------------ the load-time note
+
+def detect_loss_notes(config: Any, documents: dict[str, dict], *, base_dir: str | os.PathLike = ".") -> list[str]:
+    """Notes for datasets too small to see ``rules.quality.detect_loss_pct`` (none when it is not set).
+
+    Each dataset's selected item count (from its dataset document when the
+    load check built it, else an integer ``select.count``) is compared with
+    the items quality-v1 needs at the smallest discordance the loss allows
+    (every discordant item a loss: a lower bound), and, when the calibration
+    log holds an A/A calibration of this audit with that dataset, at its
+    measured discordance too.
+    """
+    quality = ((config.get("rules") or {}).get("quality") or {}) if isinstance(config, dict) else {}
+    loss = quality.get("detect_loss_pct")
+    if loss is None:
+        return []
+    alpha, m = quality.get("alpha", 0.05), quality.get("max_net_loss", 0)
+    log = Path((config.get("calibration") or {}).get("log") or "results/calibrations.jsonl")
+    log = log if log.is_absolute() else Path(base_dir) / log
+    try:
+        cal = calibrated_discordance(log, of_audit=config.get("audit")) if log.is_file() else None
+    except SizingError:
+        cal = None
+    notes = []
+    floor = items_needed(loss, loss / 100, alpha=alpha, max_net_loss=m)
+    for i, entry in enumerate(config.get("datasets") or []):
+        if not isinstance(entry, dict):
+            continue
+        name = entry.get("name")
+        doc = documents.get(name)
+        count = (entry.get("select") or {}).get("count")
+        n = len(doc["indices"]) if doc else (count if isinstance(count, int) and not isinstance(count, bool) else None)
+        if n is None:
+            continue
+        where = (f"datasets[{i}] ({name}): {n} selected items cannot see a net loss of {loss:g} points "
+                 f"(rules.quality.detect_loss_pct) at alpha {alpha:g} with power {stats.MDE_POWER:g}")
+        rate = cal.rate(name) if cal is not None else None
+        measured = (items_needed(loss, rate, alpha=alpha, max_net_loss=m)
+                    if rate is not None and rate > loss / 100 else None)
+        cal_words = ("" if measured is None else
+                     f"; the A/A calibration {cal.audit} measured discordance {rate:.3g} there, which needs "
+                     + (f"{measured.items} items" if measured.items else f"more than {measured.scan_limit} items"))
+        if floor.items is None or n < floor.items:
+            notes.append(f"{where}: that needs at least {floor.items or f'more than {floor.scan_limit}'} items even "
+                         f"if every discordant item were a loss (discordance {loss / 100:g}){cal_words}")
+        elif measured is not None and (measured.items is None or n < measured.items):
+            notes.append(f"{where} at the discordance its A/A calibration {cal.audit} measured ({rate:.3g}): that "
+                         f"needs {measured.items or f'more than {measured.scan_limit}'} items")
+    return notes
