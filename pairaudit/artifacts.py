@@ -44,8 +44,9 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 CONTENT_KEY = "content_sha256"
 # Directories under an audit that hold no artifacts: the append-only journals
 # (resume logs, re-read line by line) and the job and server logs.
-# append-only logs (journals, the log of server starts) and job logs are not artifacts
-NOT_ARTIFACT_DIRS = ("journal", "logs", "servers")
+# append-only logs (journals, the log of server starts) and job logs are not artifacts; nor are
+# exports/, the evidence rewritten in other tools' formats (pairaudit.interop), which carry no self-hash
+NOT_ARTIFACT_DIRS = ("journal", "logs", "servers", "exports")
 
 
 class ArtifactError(RuntimeError):
