@@ -27,7 +27,8 @@ CANDIDATE = {0: "#### 5", 1: "4 * 3 = 13\n#### 13", 2: "#### 6", 3: "6 + 6\n####
              4: "9 - 4 = 5.0\n#### 5.0", 5: "3 * 4 = 12, so 12"}
 
 
-def build_audit(root: Path) -> dict:
+def build_audit(root: Path, *, cut: dict | None = None) -> dict:
+    """The audit's artifacts; ``cut``: arm -> an index whose answer ran into max_tokens."""
     items = [{"index": i, "id": f"g{i}", "format": "gsm8k", "question": q,
               "reference": {"answer": a, "solution": f"...\n#### {a}"},
               "messages": [{"role": "system", "content": "You are a helpful assistant."},
@@ -45,9 +46,10 @@ def build_audit(root: Path) -> dict:
             body = {"model": f"model-{arm}", "messages": it["messages"], "temperature": 0.7, "top_p": 0.8,
                     "top_k": 20, "min_p": 0.0, "max_tokens": 64, "seed": 100 + it["index"],
                     "cache_salt": f"salt{it['index']}"}
+            finish = "length" if (cut or {}).get(arm) == it["index"] else "stop"
             recs.append({"index": it["index"], "attempt": 1, "body": body, "body_sha256": body_sha256(body),
-                         "status": 200, "error": None, "finish_reason": "stop", "prior_attempts": [],
-                         "response": {"choices": [{"index": 0, "finish_reason": "stop",
+                         "status": 200, "error": None, "finish_reason": finish, "prior_attempts": [],
+                         "response": {"choices": [{"index": 0, "finish_reason": finish,
                                                    "message": {"role": "assistant", "content": texts[it["index"]]}}]}})
         sp = root / "sampled" / "hand" / f"{arm}.jsonl"
         artifacts.write_jsonl(sp, {"schema": "pairaudit.sampled/v1", "dataset": "hand", "arm": arm, "n": len(recs),
@@ -124,7 +126,23 @@ def test_pairing_the_export_gives_the_paired_stages_table(audit):
     assert res.quality["mcnemar_p"] == pytest.approx(stage["quality"]["mcnemar_p"])
     assert res.quality["mde"] == stage["quality"]["mde"]
     assert res.bootstrap == stage["bootstrap"]
-    assert "natural finish" in res.not_checked[0]
+    assert res.table["natural_finish"] == stage["table"]["natural_finish"] and res.not_checked == []
+
+
+def test_pairing_the_export_keeps_the_natural_finish_clause(tmp_path):
+    """A cut answer makes the paired stage INVALID; the export carries its finish reason, so pair agrees."""
+    root = tmp_path / "results" / "demo"
+    paths = build_audit(root, cut={"candidate": 2})
+    assert paths["paired"]["quality"]["verdict"] == "INVALID"
+    ex = lmeval.export_audit(root)
+    res = lmeval.pair_logs(ex["control"].samples["hand"], ex["candidate"].samples["hand"])
+    assert res.quality["verdict"] == "INVALID" and res.table["unnatural_finish_indices"]["candidate"] == [2]
+    # without pairaudit's extra key (lm-eval's own logs have none), the clause cannot be applied, and it says so
+    for arm in ("control", "candidate"):
+        rewrite(ex[arm].samples["hand"], lambda s: {k: v for k, v in s.items() if k != "pairaudit"})
+    res = lmeval.pair_logs(ex["control"].samples["hand"], ex["candidate"].samples["hand"])
+    assert res.quality["verdict"] == "HOLD" and "natural finish" in res.not_checked[0]
+    assert res.table["natural_finish"] == {"control": None, "candidate": None}
 
 
 def test_pair_command_on_the_export(audit, capsys):

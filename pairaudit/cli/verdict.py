@@ -16,7 +16,6 @@ the decision is missing, unreadable, refused or not a decision.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any, Mapping
@@ -184,5 +183,5 @@ def run(args: argparse.Namespace) -> int:
     code = EXIT[decision["decision"]]
     print(f"exit {code} ({decision['decision']})")
     if args.summary:
-        _append(args.summary, front_page_markdown(decision, os.path.relpath(path), artifacts.sha256_file(path)))
+        _append(args.summary, front_page_markdown(decision, str(path), artifacts.sha256_file(path)))
     return code

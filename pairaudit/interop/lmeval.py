@@ -54,7 +54,9 @@ refused naming the doc_ids and what differs. The pairing then runs
 ``stats.paired_table``, ``rules.quality_v1`` and ``stats.paired_bootstrap_ci``:
 the code the audit's paired stage runs. lm-eval logs no finish reason, so
 quality-v1's natural-finish clause cannot be applied; the result says so
-(``not_checked``).
+(``not_checked``). pairaudit's own exports carry each answer's finish reason
+and whether there was one (the ``pairaudit`` key): paired, they get every
+clause, and so the paired stage's verdict, INVALID included.
 """
 
 from __future__ import annotations
@@ -349,6 +351,7 @@ class LoggedDoc:
     target_hash: str
     arguments_sha256: str      # sha256 of the canonical JSON of every request's arguments
     generation: Any            # gen_args_0.arg_1 (the generation kwargs)
+    answer_facts: dict | None = None   # pairaudit's export only: {"answered", "finish_reason"} of the item
 
 
 @dataclass(frozen=True)
@@ -451,11 +454,14 @@ def read_log(path: str | os.PathLike, *, metric: str = METRIC, filter: str | Non
             bad_target.append(did)
         resps = obj["resps"]
         response = resps[0][0] if resps and isinstance(resps[0], list) and resps[0] else None
+        extra = obj.get("pairaudit")
+        facts = ({"answered": extra.get("answered"), "finish_reason": extra.get("finish_reason")}
+                 if isinstance(extra, dict) and isinstance(extra.get("answered"), bool) else None)
         docs[did] = LoggedDoc(doc_id=did, line=n, value=obj[metric],
                               response=response if isinstance(response, str) else None,
                               doc_hash=obj["doc_hash"], prompt_hash=obj["prompt_hash"], target_hash=obj["target_hash"],
                               arguments_sha256=artifacts.sha256_json(args),
-                              generation=first.get("arg_1") if isinstance(first, dict) else None)
+                              generation=first.get("arg_1") if isinstance(first, dict) else None, answer_facts=facts)
     problems = []
     if dup:
         problems.append(_bad(p, f"filter {filter!r} has more than one line", dup))
@@ -536,19 +542,25 @@ def pair_logs(control_path: str | os.PathLike, candidate_path: str | os.PathLike
     if any(nonbinary.values()):
         raise LmEvalLogError(f"metric {metric!r} is not 0/1 (McNemar pairs right/wrong items): "
                              + "; ".join(f"{arm} at doc_ids {ids}" for arm, ids in nonbinary.items() if ids))
+    # pairaudit's own export carries each answer's finish reason and whether there was one: then every
+    # clause of quality-v1 applies, as in the audit; lm-eval's logs have neither
+    own = all(x.answer_facts is not None for log in (control, candidate) for x in log.docs.values())
     scores, records = {}, {}
     for arm, log in (("control", control), ("candidate", candidate)):
-        scores[arm] = [{"index": d, "correct": _binary(x.value), "answered": True, "finish_reason": None,
-                        "text": x.response} for d, x in sorted(log.docs.items())]
+        scores[arm] = [{"index": d, "correct": _binary(x.value), "text": x.response,
+                        **(x.answer_facts if own else {"answered": True, "finish_reason": None})}
+                       for d, x in sorted(log.docs.items())]
         # identical prompts and arguments were checked above: the request is the same on both sides
         records[arm] = [{"index": d, "body_sha256": x.arguments_sha256, "error": None}
                         for d, x in sorted(log.docs.items())]
     table = stats.paired_table(scores["control"], scores["candidate"], records["control"], records["candidate"])
-    # lm-eval records no finish reason: the natural-finish clause cannot be applied, and is not faked
-    table["natural_finish"] = {a: None for a in ARMS}
-    table["unnatural_finish_indices"] = {a: [] for a in ARMS}
-    not_checked = ["natural finish: lm-eval's sample logs record no finish reason, so quality-v1's clause that "
-                   "every answer ended by itself (finish_reason 'stop') is not applied"]
+    not_checked = []
+    if not own:
+        # lm-eval records no finish reason: the natural-finish clause cannot be applied, and is not faked
+        table["natural_finish"] = {a: None for a in ARMS}
+        table["unnatural_finish_indices"] = {a: [] for a in ARMS}
+        not_checked.append("natural finish: lm-eval's sample logs record no finish reason, so quality-v1's clause "
+                           "that every answer ended by itself (finish_reason 'stop') is not applied")
     quality = rules.quality_v1(table, max_net_loss=max_net_loss, alpha=alpha)
     order = table["indices"]
     by = {arm: {r["index"]: r["correct"] for r in scores[arm]} for arm in ARMS}
