@@ -247,3 +247,14 @@ def test_export_refuses_an_edited_score_file(tmp_path):
     p.write_text(p.read_text().replace('"correct": false', '"correct": true', 1))
     with pytest.raises(artifacts.ArtifactError, match="does not match the content_sha256"):
         lmeval.export_audit(root)
+
+
+def test_export_refuses_a_score_file_made_from_other_answers(tmp_path):
+    """The chain is checked: a sampled file rewritten (validly) after it was scored is refused."""
+    root = tmp_path / "results" / "demo"
+    paths = build_audit(root)
+    header, recs = artifacts.read_jsonl(paths["sampled"]["control"])
+    recs[0]["response"]["choices"][0]["message"]["content"] = "#### 6"
+    artifacts.write_jsonl(paths["sampled"]["control"], header, recs)
+    with pytest.raises(artifacts.ArtifactError, match="changed since it was consumed"):
+        lmeval.export_audit(root.resolve())

@@ -95,6 +95,7 @@ def test_known_answers_of_one_start_and_cell(tmp_path):
     assert r["start_times"][1] - r["start_times"][0] == pytest.approx(1.0)
     assert "spec_decode_acceptance_rate" not in r       # the control drafted nothing
     assert r["pairaudit"]["start"] == "s1" and r["pairaudit"]["role"] == "control_before"
+    assert r["pairaudit"]["generated_texts_recorded"] is True
     # the candidate's drafts: 6 accepted of 8 drafted tokens in 4 drafts
     c = json.loads(Path(ex.written["s2"]["random-c2"]).read_text())
     assert c["spec_decode_acceptance_rate"] == pytest.approx(75.0)

@@ -157,14 +157,25 @@ def _line(item: Mapping[str, Any], rec: Mapping[str, Any], score: Mapping[str, A
     return sample
 
 
+def _check_chain(doc: Mapping[str, Any], inputs: Sequence[str], *, where: str) -> None:
+    """artifacts.check_consumed, with the recorded paths resolved: an export may name them absolutely."""
+    recorded = (doc.get("provenance") or {}).get("consumed") or {}
+    by_real = {str(Path(k).resolve()): v for k, v in recorded.items()}
+    for p in inputs:
+        want = by_real.get(str(Path(p).resolve()))
+        if want is not None and artifacts.sha256_file(p) != want:
+            raise artifacts.ArtifactError(f"{where}: {p} changed since it was consumed (sha256 "
+                                          f"{artifacts.sha256_file(p)[:12]}... != recorded {want[:12]}...)")
+
+
 def _read_arm(dataset: Mapping[str, Any], dataset_path: str, sampled_path: str, score_path: str,
               arm: str) -> tuple[dict, list[dict], list[dict]]:
     s_header, sampled = artifacts.read_jsonl(sampled_path)
     c_header, scores = artifacts.read_jsonl(score_path)
     artifacts.check_schema(s_header, SAMPLED_SCHEMA, sampled_path)
     artifacts.check_schema(c_header, SCORES_SCHEMA, score_path)
-    artifacts.check_consumed(s_header, [dataset_path], where=sampled_path)
-    artifacts.check_consumed(c_header, [dataset_path, sampled_path], where=score_path)
+    _check_chain(s_header, [dataset_path], where=sampled_path)
+    _check_chain(c_header, [dataset_path, sampled_path], where=score_path)
     for path, h in ((sampled_path, s_header), (score_path, c_header)):
         if h.get("arm") != arm or h.get("dataset") != dataset["name"]:
             raise artifacts.ArtifactError(f"{path}: holds dataset {h.get('dataset')!r} arm {h.get('arm')!r}, "

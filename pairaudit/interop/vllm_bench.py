@@ -249,6 +249,8 @@ def export_speed(decision_path: str | os.PathLike, streams_path: str | os.PathLi
                 "workload": "waves of max_concurrency streams released together; duration = the waves' wall "
                             "times summed; every output forced to output_len tokens (ignore_eos, min_tokens)",
                 "percentile_metrics": list(PERCENTILE_METRICS), "metric_percentiles": list(percentiles),
+                # streams.jsonl written before the stream records kept the text: generated_texts are then ""
+                "generated_texts_recorded": all("text" in r for r in streams),
                 "vllm_serve_format": VLLM_VERSION,
                 "consumed": {str(decision_path): artifacts.sha256_file(decision_path),
                              str(streams_path): artifacts.sha256_file(streams_path)},
