@@ -15,6 +15,8 @@ from pairaudit.cli import main
 from pairaudit.interop import lmeval
 from pairaudit.sampled import body_sha256
 
+REAL = Path(__file__).resolve().parent / "data" / "lmeval" / "gsm8k_tiny" / "control"
+
 QUESTIONS = {0: ("Ann has 2 apples and gets 3 more. How many?", "5"),
              1: ("Bob reads 4 pages a day for 3 days. How many pages?", "12"),
              2: ("A box holds 10 pens; 3 are taken. How many remain?", "7"),
@@ -99,9 +101,12 @@ def test_export_writes_lm_evals_fields_beside_the_artifacts(audit):
             else:
                 assert s["exact_match"] == (1.0 if sc["flexible"]["correct"] else 0.0)
         res = json.loads(Path(ex.results).read_text())
-        for key in ("results", "group_subtasks", "configs", "versions", "n-shot", "higher_is_better", "n-samples",
-                    "config", "task_hashes", "model_name"):
-            assert key in res, key
+        # every key lm-eval 0.4.13 writes into results_<timestamp>.json (the real one in tests/data/lmeval)
+        real = json.loads(next(REAL.glob("results_*.json")).read_text())
+        assert set(real) <= set(res), set(real) - set(res)
+        assert set(real["results"]["gsm8k_tiny"]) - {"exact_match,flexible-extract",
+                                                     "exact_match_stderr,flexible-extract"} \
+            <= set(res["results"]["hand"]) | {"exact_match,strict-match"}
         acc = sum(1.0 for s in scores if s["correct"]) / 6
         assert res["results"]["hand"]["exact_match,strict-match"] == pytest.approx(acc)
         assert res["n-samples"]["hand"] == {"original": 6, "effective": 6}

@@ -229,50 +229,66 @@ def task_entry(dataset: Mapping[str, Any], lines: Sequence[LmEvalSample]) -> dic
     by_filter: dict[str, list[float]] = {}
     for s in lines:
         by_filter.setdefault(s["filter"], []).append(float(s[METRIC]))  # type: ignore[literal-required]
-    result: dict[str, Any] = {"alias": name}
+    result: dict[str, Any] = {"name": name, "alias": name, "sample_len": len(by_filter.get(PRIMARY_FILTER, []))}
     for filt, vals in by_filter.items():
         result[f"{METRIC},{filt}"] = sum(vals) / len(vals) if vals else None
         result[f"{METRIC}_stderr,{filt}"] = _mean_stderr(vals)
     gen = lines[0]["arguments"]["gen_args_0"]["arg_1"] if lines else {}
-    config = {"task": name, "dataset_path": (dataset.get("source") or {}).get("path")
-              or (dataset.get("source") or {}).get("kind"),
+    source = dataset.get("source") or {}
+    config = {"task": name, "dataset_path": source.get("path") or source.get("kind"),
               "test_split": "pairaudit selection", "output_type": "generate_until",
-              "doc_to_text": dataset.get("prompt_template"), "doc_to_target": "reference answer",
+              "doc_to_text": f"pairaudit template {dataset.get('prompt_template')!r} (chat messages)",
+              "doc_to_target": "the reference answer",
+              "num_fewshot": _n_shot(dataset),
               "metric_list": [{"metric": METRIC, "aggregation": "mean", "higher_is_better": True}],
-              "filter_list": [{"name": f} for f in by_filter], "num_fewshot": _n_shot(dataset),
+              "filter_list": [{"name": f} for f in by_filter],
               "generation_kwargs": {k: v for k, v in gen.items() if k not in ("seed", "cache_salt")},
               "repeats": 1, "metadata": {"version": 1.0, "pairaudit_format": dataset.get("format"),
                                          "pairaudit_select": dataset.get("select"),
-                                         "source_sha256": (dataset.get("source") or {}).get("sha256")}}
+                                         "source_sha256": source.get("sha256")}}
     n = len(by_filter.get(PRIMARY_FILTER, []))
+    messages = (dataset.get("items") or [{}])[0].get("messages") or []
+    system = next((m.get("content") for m in messages if m.get("role") == "system"), None)
     return {"results": result, "config": config, "version": 1.0, "n_shot": _n_shot(dataset),
-            "n_samples": {"original": (dataset.get("source") or {}).get("rows"), "effective": n},
-            "task_hash": task_hash(lines)}
+            "n_samples": {"original": source.get("rows"), "effective": n},
+            "task_hash": task_hash(lines), "system": system}
 
 
 def results_doc(entries: Mapping[str, dict], *, arm: str, model: str | None, created_at: str | None,
                 consumed: Mapping[str, str], audit: str | None) -> dict:
-    """results.json in lm-eval's shape (``_to_eval_results`` + ``save_results_aggregated``'s additions)."""
+    """results.json in lm-eval's shape (``_to_eval_results`` + ``save_results_aggregated``'s additions).
+
+    The keys are those lm-eval 0.4.13 writes; what only an lm-eval run has
+    (its environment, versions, timings) is null.
+    """
     stamp = _dt.datetime.fromisoformat(created_at) if created_at else None
     names = sorted(entries)
+    systems = {entries[t]["system"] for t in names}
+    system = systems.pop() if len(systems) == 1 else None
     return {
         "results": {t: entries[t]["results"] for t in names},
-        "group_subtasks": {t: [] for t in names},
+        "group_subtasks": {},
         "configs": {t: entries[t]["config"] for t in names},
         "versions": {t: entries[t]["version"] for t in names},
         "n-shot": {t: entries[t]["n_shot"] for t in names},
         "higher_is_better": {t: {METRIC: True} for t in names},
         "n-samples": {t: entries[t]["n_samples"] for t in names},
-        "config": {"model": "pairaudit", "model_args": f"arm={arm},model={model}", "batch_size": None,
+        "config": {"model": "pairaudit", "model_args": {"arm": arm, "model": model}, "batch_size": None,
                    "batch_sizes": [], "device": None, "use_cache": None, "limit": None, "bootstrap_iters": 0,
-                   "gen_kwargs": None, "random_seed": None, "numpy_seed": None, "torch_seed": None,
+                   "gen_kwargs": {}, "random_seed": None, "numpy_seed": None, "torch_seed": None,
                    "fewshot_seed": None},
         "git_hash": None,
         "date": stamp.timestamp() if stamp else None,
+        "pretty_env_info": None, "transformers_version": None, "lm_eval_version": None, "upper_git_hash": None,
         "task_hashes": {t: entries[t]["task_hash"] for t in names},
         "model_source": "pairaudit",
         "model_name": model,
         "model_name_sanitized": re.sub(r"[\"<>:/|\\?*\[\]]+", "__", model or ""),
+        "system_instruction": system,
+        "system_instruction_sha": hash_string(system) if system else None,
+        "fewshot_as_multiturn": any(entries[t]["n_shot"] for t in names) or None,
+        "chat_template": None, "chat_template_sha": None,
+        "total_evaluation_time_seconds": None,
         "pairaudit": {"audit": audit, "arm": arm, "exported_by": "pairaudit.interop.lmeval",
                       "lm_eval_format": LM_EVAL_VERSION, "consumed": dict(consumed),
                       "note": "exact_match is pairaudit's primary verdict per item (strict-match); see "
