@@ -54,7 +54,7 @@ def run_arm(task: str, arm: str) -> None:
                                                           "HF_HUB_OFFLINE": "1"})
             dest = HERE / task / arm
             shutil.rmtree(dest, ignore_errors=True)
-            dest.mkdir()
+            dest.mkdir(parents=True)
             for f in Path(out).rglob("*.json*"):
                 shutil.copy(f, dest / f.name)
             shown = [("python" if a == sys.executable else a) for a in cmd]
