@@ -23,6 +23,8 @@ The schema covers shapes and enums; this covers what needs code or files:
   bound cannot prove a prompt too long);
 * the speed cells (:func:`pairaudit.speed.bracket.resolve_config`, unique names) and
   the boundary cases (:func:`pairaudit.boundary.cases.settings` / ``case_plan``);
+* with ``rules.quality.detect_loss_pct`` set, a note for each dataset whose
+  selected count cannot see that net loss (:func:`pairaudit.quality.sizing.detect_loss_notes`);
 * the calibration keys (:func:`pairaudit.promotion.calibration.check`): a calibration's
   audit name and identical arms, and no audit named like another's calibration;
 * every artifact already under ``results/<audit>/`` still has the content its
@@ -349,6 +351,9 @@ def check_config(config: Mapping[str, Any], *, base_dir: str | os.PathLike,
     result = CheckResult()
     specs = check_arms(config, result)
     check_datasets(config, result, base_dir=base, cache_dir=Path(cache_dir) if cache_dir else base / ".cache")
+    from .quality import sizing  # rules.quality.detect_loss_pct: a note per dataset too small to see that loss
+
+    result.notes += sizing.detect_loss_notes(config, result.documents, base_dir=base)
     check_lengths(config, specs, result)
     check_speed(config, specs, result)
     check_boundary(config, specs, result)

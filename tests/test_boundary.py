@@ -20,11 +20,11 @@ from pairaudit.answers import stage as answers_stage
 from pairaudit.boundary import cases as boundary
 from pairaudit.boundary import stage as boundary_stage
 from pairaudit.core import artifacts, contracts
-from pairaudit.refserver.tokenizer import ChatTokenizer
 from pairaudit.plans import stage as plan_stage
+from pairaudit.refserver.tokenizer import ChatTokenizer
 from pairaudit.serving import armspec, launch
-from pairaudit.serving.phase import PhaseServer
 from pairaudit.serving.modelstore import EMBEDDED_NAME, resolve_model
+from pairaudit.serving.phase import PhaseServer
 
 MODEL = "SmolLM2-135M-Instruct"
 MML = 512

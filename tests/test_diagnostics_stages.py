@@ -14,8 +14,8 @@ from pairaudit import gates
 from pairaudit.core import artifacts
 from pairaudit.core.jsonlog import read_log
 from pairaudit.datasets import formats as datasets
-from pairaudit.diagnostics import stage as diagnostics_stage
 from pairaudit.diagnostics import greedy as g
+from pairaudit.diagnostics import stage as diagnostics_stage
 from pairaudit.plans import stage as plan_stage
 from pairaudit.serving import armspec, launch
 

@@ -33,7 +33,8 @@ LAYERS = [
     {"answers"},
     {"diagnostics"},                             # reads the answers' journals
     {"promotion"},
-    {"configcheck"},
+    {"interop"},                                 # other tools' formats, read and written from the artifacts
+    {"cli", "configcheck"},
 ]
 TOP_LEVEL = {"__init__.py", "configcheck.py"}
 

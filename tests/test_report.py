@@ -12,6 +12,7 @@ import json
 import pytest
 
 from pairaudit.core.artifacts import ArtifactError, read_json, sha256_file, write_json
+from pairaudit.core.stats import paired_bootstrap_ci, paired_table
 from pairaudit.gates.boundary import boundary_v1
 from pairaudit.gates.determinism import determinism_v1
 from pairaudit.gates.grid_tie import grid_tie_v1
@@ -19,7 +20,6 @@ from pairaudit.gates.quality import quality_v1
 from pairaudit.gates.speed import win2_v1
 from pairaudit.promotion import decision, figures, render
 from pairaudit.promotion import stage as report
-from pairaudit.core.stats import paired_bootstrap_ci, paired_table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
+from pairaudit.core.stats import minimum_detectable_loss, paired_table
 from pairaudit.gates.boundary import boundary_missing_cases, boundary_v1
 from pairaudit.gates.determinism import determinism_v1
 from pairaudit.gates.grid_tie import PROBE_CLAUSES, fp32_gap_tolerance, grid_tie_audit, grid_tie_probe, grid_tie_v1
 from pairaudit.gates.promotion import promotion_v1
 from pairaudit.gates.quality import quality_v1
 from pairaudit.gates.speed import win2_v1
-from pairaudit.core.stats import minimum_detectable_loss, paired_table
 
 # ------------------------------------------------------------------ quality-v1
 

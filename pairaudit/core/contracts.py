@@ -65,6 +65,8 @@ JOURNAL_FAILURES = "journal-failures"      # every server failure of an answers 
 JOURNAL_GREEDY = "journal-greedy"          # every greedy run and determinism repeat
 JOURNAL_PROBES = "journal-probes"          # every forced-prefix probe
 LOGS = "logs"                              # the jobs' logs, logs/<stage>/...
+EXPORTS_LMEVAL = "exports-lm-eval"
+EXPORTS_VLLM_BENCH = "exports-vllm-bench"
 SERVER_LOG = "server-log"                  # one phase's server output, by phase and arm (or bracket start)
 REPORT_MD = "report-md"                    # the promotion's reports and figures (promotion_stage writes them)
 REPORT_SUMMARY = "report-summary"
@@ -111,6 +113,8 @@ PATHS = {
     JOURNAL_GREEDY: "journal/greedy/{dataset}/{arm}.jsonl",
     JOURNAL_PROBES: "journal/probes/{dataset}/{arm}.jsonl",
     LOGS: "logs",
+    EXPORTS_LMEVAL: "exports/lm-eval",       # the evidence in other tools' formats (pairaudit.interop): no self-hash
+    EXPORTS_VLLM_BENCH: "exports/vllm-bench",
     SERVER_LOG: "logs/servers/{name}.log",
     REPORT_MD: "promotion/report.md",
     REPORT_SUMMARY: "promotion/summary.rst",
@@ -124,7 +128,8 @@ PATHS = {
 
 # Directories of an audit that hold no artifacts (append-only logs and job
 # logs): the load-time check of every artifact's self-hash skips them.
-NOT_ARTIFACT_DIRS = tuple(PATHS[k].split("/")[0] for k in (JOURNAL, LOGS, SERVER_START_SCHEMA))
+NOT_ARTIFACT_DIRS = tuple(dict.fromkeys(PATHS[k].split("/")[0]
+                                         for k in (JOURNAL, LOGS, SERVER_START_SCHEMA, EXPORTS_LMEVAL)))
 
 
 def audit_dir(audit: str) -> str:

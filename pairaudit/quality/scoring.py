@@ -22,6 +22,9 @@ Format extras:
   ``#### 72.0`` against gold 72: correct here, wrong in lm-eval).
 - math: ``gold``, ``boxed_command`` ("boxed"/"fbox"), ``method`` in
   {"math-verify", "normalized-string", "none"}; ``math_verify`` = {"equal", "error"}.
+- qa / multiple_choice: ``gold``, ``method`` ("qa-exact", "qa-last_number",
+  "qa-regex", "mc-letter"), qa ``aliases``, ``extract``, ``normalized``; mc ``rule``
+  (:mod:`pairaudit.quality.answerformats`).
 - mbpp / humaneval: ``code_source`` ("fenced-python", "fenced", "unclosed-fence",
   "raw"), ``tests_total``, ``tests_failed`` (mbpp), ``first_failure`` (str|None),
   ``sandbox`` = the sandbox result without its output tails (the tails are
@@ -51,10 +54,10 @@ from typing import Sequence, cast
 
 from pairaudit.core import defaults
 from pairaudit.core.contracts import SampledRecord, ScoreRecord
-from pairaudit.quality import sandbox, split
+from pairaudit.quality import answerformats, sandbox, split
 from pairaudit.serving.client import chat_message, clamping
 
-FORMATS = ("gsm8k", "math", "mbpp", "humaneval")
+FORMATS = ("gsm8k", "math", "mbpp", "humaneval", *answerformats.FORMATS)
 
 # lm-eval-harness gsm8k filters (strict takes the first match, flexible the last).
 GSM8K_STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
@@ -433,6 +436,8 @@ def score_item(item: dict, text: str, *, sandbox_limits: dict | None = None, jud
         return score_mbpp(item, text, sandbox_limits=sandbox_limits, judge=judge)
     if fmt == "humaneval":
         return score_humaneval(item, text, sandbox_limits=sandbox_limits, judge=judge)
+    if fmt in answerformats.FORMATS:  # qa, multiple_choice: no code runs
+        return answerformats.score(item, text)
     raise ValueError(f"item format {fmt!r} is not one of {', '.join(FORMATS)}")
 
 

@@ -32,8 +32,8 @@ import logging
 from typing import Any, Mapping
 
 from pairaudit.serving import launch
-from pairaudit.serving.client import Endpoint
 from pairaudit.serving.armspec import ArmSpec
+from pairaudit.serving.client import Endpoint
 from pairaudit.serving.launch import Server
 
 log = logging.getLogger("pairaudit")

@@ -118,7 +118,7 @@ that failure into the servers gate; streams.jsonl keeps what was measured.
 pairaudit.speed_streams/v1, provenance}`` then one line per request: start,
 arm, cell, repeat, wave, stream, seed, cache_salt, prompt_tokens, status,
 started_at (when this request was sent), error, finish_reason, output_tokens,
-ttft_s, tpot_s, e2el_s, itl_s (list), chunks, wave_started_at; warm-up requests
+ttft_s, tpot_s, e2el_s, itl_s (list), chunks, text (the generated text), wave_started_at; warm-up requests
 have ``cell: "warmup"``.
 """
 
@@ -307,8 +307,9 @@ def run_wave(ep: Endpoint, bodies: Sequence[dict], *, timeout_s: float) -> dict:
 
 
 def _stream_record(s: Mapping[str, Any], **where) -> dict:
+    # the generated text too: vllm bench serve's detailed result lists it (pairaudit.interop.vllm_bench)
     keep = ("started_at", "status", "error", "finish_reason", "output_tokens", "ttft_s", "tpot_s", "e2el_s", "itl_s",
-            "chunks")
+            "chunks", "text")
     return {**where, **{k: s.get(k) for k in keep}}
 
 

@@ -1,0 +1,54 @@
+"""Write an audit's evidence in lm-eval's and vLLM bench's formats, beside its artifacts.
+
+``pairaudit export [results/<audit>] [--lm-eval] [--vllm-bench]``
+
+lm-eval: ``exports/lm-eval/<arm>/samples_<dataset>.jsonl`` and
+``results.json`` (``pairaudit.interop.lmeval``); vLLM: the speed bracket's
+starts as ``exports/vllm-bench/<start>-<arm>/<cell>.json``
+(``pairaudit.interop.vllm_bench``). Both by default. The artifacts are read
+through their content-hash checks and never changed. Exit 0; 2 when an
+artifact is missing or refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pairaudit.core import artifacts
+from pairaudit.interop import lmeval, vllm_bench
+
+from .codes import OK, REFUSED
+from .verdict import default_audit_dir
+
+HELP = "write the audit's answers as lm-eval sample logs and its speed starts as vllm bench serve results"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("audit", nargs="?", default=None, help="results/<audit> (default: that of config/config.yaml)")
+    p.add_argument("--lm-eval", action="store_true", help="only the lm-eval export")
+    p.add_argument("--vllm-bench", action="store_true", help="only the vllm bench serve export")
+
+
+def run(args: argparse.Namespace) -> int:
+    root = Path(args.audit) if args.audit else default_audit_dir()
+    both = not (args.lm_eval or args.vllm_bench)
+    try:
+        if both or args.lm_eval:
+            for arm, ex in lmeval.export_audit(root).items():
+                print(f"lm-eval {arm}: {ex.results} and {len(ex.samples)} sample log(s): "
+                      + ", ".join(ex.samples.values()))
+        if both or args.vllm_bench:
+            if not (root / "speed" / "decision.json").is_file():
+                print(f"vllm bench: {root}/speed/decision.json not found: the speed stage has not run (skipped)")
+            else:
+                ex = vllm_bench.export_audit(root)
+                for start, cells in ex.written.items():
+                    print(f"vllm bench {start}: " + ", ".join(cells.values()))
+                for why in ex.skipped:
+                    print(f"vllm bench: skipped: {why}")
+    except (artifacts.ArtifactError, lmeval.LmEvalLogError, vllm_bench.VllmBenchExportError, OSError) as exc:
+        print(f"pairaudit export: {exc}", file=sys.stderr)
+        return REFUSED
+    return OK

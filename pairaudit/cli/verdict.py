@@ -1,0 +1,188 @@
+"""Print an audit's decision (its front page) and exit with the decision's code.
+
+``pairaudit verdict [results/<audit> | path/to/decision.json] [--summary FILE]``
+
+Reads ``promotion/decision.json`` through ``artifacts.read_json``: a file
+whose content no longer matches the ``content_sha256`` recorded when it was
+written is refused, like every reader of the audit refuses it. Prints the
+decision, the deciding gates, one line per gate (its verdict, what it does
+to the decision, its first reason), the deviations, what was not evaluated
+and one line per dataset. ``--summary FILE`` appends the same front page as
+Markdown (for ``$GITHUB_STEP_SUMMARY``); a refused or missing decision
+appends why. Exit: PROMOTE 0, REJECT 1, HOLD 3, INCONCLUSIVE 4; 2 when
+the decision is missing, unreadable, refused or not a decision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+from pairaudit.core import artifacts
+from pairaudit.core.contracts import DECISION_SCHEMA, PATHS
+from pairaudit.promotion import render
+
+from .codes import EXIT, REFUSED
+
+HELP = "print an audit's decision and exit with its code (PROMOTE 0, REJECT 1, HOLD 3, INCONCLUSIVE 4, 2 missing)"
+DECISION_REL = PATHS[DECISION_SCHEMA]  # promotion/decision.json
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("audit", nargs="?", default=None,
+                   help="results/<audit>, or a decision.json (default: results/<audit of config/config.yaml>)")
+    p.add_argument("--summary", metavar="FILE", help="append the front page as Markdown (e.g. $GITHUB_STEP_SUMMARY)")
+
+
+def default_audit_dir(cwd: Path | None = None) -> Path:
+    """results/<audit> of the workflow's config/config.yaml in this directory; results/default without one."""
+    cwd = cwd or Path.cwd()
+    cfg = cwd / "config" / "config.yaml"
+    try:
+        import yaml
+
+        audit = (yaml.safe_load(cfg.read_text()) or {}).get("audit")
+    except (OSError, ValueError, AttributeError):
+        audit = None
+    return cwd / "results" / (audit if isinstance(audit, str) and audit else "default")
+
+
+def decision_path(arg: str | None) -> Path:
+    p = Path(arg) if arg else default_audit_dir()
+    return p if p.suffix == ".json" else p / DECISION_REL
+
+
+def load(path: Path) -> dict:
+    """The decision, content hash checked; ArtifactError naming the file otherwise."""
+    if not path.is_file():
+        raise artifacts.ArtifactError(f"{path}: not found (has the promotion stage run? `snakemake --cores 4 "
+                                      "promotion`)")
+    doc = artifacts.check_schema(artifacts.read_json(path), DECISION_SCHEMA, path)
+    if doc.get("decision") not in ("PROMOTE", "REJECT", "HOLD", "INCONCLUSIVE") or not isinstance(doc.get("gates"),
+                                                                                                    Mapping):
+        raise artifacts.ArtifactError(f"{path}: decision {doc.get('decision')!r} is not one of PROMOTE, REJECT, "
+                                      "HOLD, INCONCLUSIVE (or it has no gates)")
+    return doc
+
+
+# ------------------------------------------------------------------ text
+
+def _one_line(text: Any, limit: int = 160) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
+def _cell(v: Any) -> str:
+    """One Markdown table cell: a pipe or a newline would break the row."""
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def _idx(xs: Any) -> str:
+    xs = list(xs or [])
+    return ", ".join(map(str, xs)) if xs else "none"
+
+
+def _mde(ds: Mapping[str, Any]) -> str:
+    mde = ds.get("mde") or {}
+    if mde.get("net_loss") is None:
+        return "cannot show a loss" if mde else "n/a"
+    return f">= {mde['net_loss']} items ({100 * mde['rate']:.1f} %)"
+
+
+def _also_short(decision: Mapping[str, Any]) -> list[str]:
+    deciding = decision.get("deciding_gates") or []
+    return [f"{n} ({'not evaluated' if g is None else g.get('outcome')})" for n, g in decision["gates"].items()
+            if n not in deciding and (g is None or g.get("outcome") != "PROMOTE")]
+
+
+def front_page_text(decision: Mapping[str, Any], source: str) -> str:
+    rows = render.gate_rows(decision)
+    width = max([len(r["gate"]) for r in rows] + [4])
+    vwidth = max([len(r["verdict"]) for r in rows] + [7])
+    out = [f"pairaudit verdict: {decision['decision']}  ({source}, rule {decision.get('rule')})",
+           f"deciding gates: {', '.join(decision.get('deciding_gates') or []) or 'none'}"]
+    short = _also_short(decision)
+    if short:
+        out.append(f"also short of PROMOTE: {', '.join(short)}")
+    out.append("")
+    out.append(f"  {'gate':<{width}}  {'verdict':<{vwidth}}  {'effect':<18}  reason")
+    for r in rows:
+        out.append(f"  {r['gate']:<{width}}  {r['verdict']:<{vwidth}}  {r['effect']:<18}  {r['reason']}")
+    ne = decision.get("not_evaluated") or []
+    out += ["", f"not evaluated: {', '.join(ne) if ne else 'none'}"]
+    devs = render.deviations(decision)
+    if devs:
+        out.append(f"deviations ({len(devs)}):")
+        out += [f"  - {d.get('gate')}: {d.get('what')}: {_one_line(d.get('detail', ''))}" for d in devs]
+    datasets = decision.get("datasets") or {}
+    if datasets:
+        out.append("datasets:")
+        for name, ds in datasets.items():
+            n = ds.get("n")
+            p = ds.get("mcnemar_p")
+            out.append(f"  {name}: n={n}, control {ds.get('control_correct')}/{n}, candidate "
+                       f"{ds.get('candidate_correct')}/{n}, control-only {ds.get('control_only')}, candidate-only "
+                       f"{ds.get('candidate_only')}, McNemar p={'n/a' if p is None else f'{p:.4g}'}, "
+                       f"detectable loss {_mde(ds)}, quality-v1 {ds.get('verdict')}")
+    return "\n".join(out)
+
+
+# -------------------------------------------------------------- markdown
+
+def front_page_markdown(decision: Mapping[str, Any], source: str, sha256: str | None = None) -> str:
+    cell = _cell
+    out = [f"## pairaudit: {decision['decision']}", "",
+           f"**{decision['decision']}**, deciding gates: {', '.join(decision.get('deciding_gates') or []) or 'none'}. "
+           f"Rule {decision.get('rule')}: PROMOTE only if every gate passes; precedence REJECT > HOLD > "
+           "INCONCLUSIVE > PROMOTE."]
+    short = _also_short(decision)
+    if short:
+        out += ["", f"Also short of PROMOTE: {', '.join(short)}."]
+    out += ["", "| Gate | verdict | effect on the decision | reason |", "| --- | --- | --- | --- |"]
+    out += [f"| {cell(r['gate'])} | {cell(r['verdict'])} | {r['effect']} | {cell(r['reason'])} |"
+            for r in render.gate_rows(decision)]
+    devs = render.deviations(decision)
+    if devs:
+        out += ["", "**Deviations** from the registered procedure:", "", "| Gate | what | detail |", "| --- | --- | --- |"]
+        out += [f"| {cell(d.get('gate', ''))} | {cell(d.get('what', ''))} | {cell(d.get('detail', ''))} |" for d in devs]
+    datasets = decision.get("datasets") or {}
+    if datasets:
+        out += ["", "| Dataset | control | candidate | control-only | candidate-only | McNemar p | detectable loss | "
+                    "quality-v1 |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for name, ds in datasets.items():
+            n, p = ds.get("n"), ds.get("mcnemar_p")
+            out.append(f"| {cell(name)} | {ds.get('control_correct')}/{n} | {ds.get('candidate_correct')}/{n} | "
+                       f"{_idx(ds.get('control_only'))} | {_idx(ds.get('candidate_only'))} | "
+                       f"{'n/a' if p is None else f'{p:.4g}'} | {_mde(ds)} | {cell(ds.get('verdict'))} |")
+    ne = decision.get("not_evaluated") or []
+    out += ["", f"Not evaluated: {', '.join(ne) if ne else 'none'}.",
+            f"Source: `{source}`" + (f" (sha256 `{sha256[:12]}`)" if sha256 else "") + "."]
+    return "\n".join(out) + "\n"
+
+
+def refused_markdown(source: str, why: str) -> str:
+    return f"## pairaudit: no decision\n\n`{source}`: refused or missing (exit {REFUSED}).\n\n```\n{why}\n```\n"
+
+
+def _append(path: str, text: str) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(text + "\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    path = decision_path(args.audit)
+    try:
+        decision = load(path)
+    except artifacts.ArtifactError as exc:
+        print(f"pairaudit verdict: {exc}", file=sys.stderr)
+        if args.summary:
+            _append(args.summary, refused_markdown(str(path), str(exc)))
+        return REFUSED
+    print(front_page_text(decision, str(path)))
+    code = EXIT[decision["decision"]]
+    print(f"exit {code} ({decision['decision']})")
+    if args.summary:
+        _append(args.summary, front_page_markdown(decision, str(path), artifacts.sha256_file(path)))
+    return code

@@ -1,0 +1,292 @@
+"""How many paired items quality-v1 needs to see a given net loss: its exact McNemar power, inverted.
+
+The model (the same one ``stats.minimum_detectable_loss`` states a finished
+table's detectable loss with):
+
+* items are independent; each is *discordant* (one arm right, the other
+  wrong) with probability ``D``, the **discordance**: the expected fraction
+  of discordant items;
+* the **net loss** ``L`` is the expected ``(b - c) / n``, where ``b`` counts
+  control-only items (the candidate lost them) and ``c`` candidate-only
+  items; so an item is control-only with probability ``(D + L) / 2`` and
+  candidate-only with ``(D - L) / 2`` (a loss of ``L`` needs ``D >= L``);
+* quality-v1 *sees* the loss when it FAILs the table: ``b - c >
+  max_net_loss`` and the exact two-sided McNemar ``p < alpha``.
+
+The power is exact: summed over the discordant count ``k ~ Binomial(n, D)``
+and, given ``k``, ``c ~ Binomial(k, (D - L) / (2 D))``, with the FAIL region
+of quality-v1 itself (``stats._fail_limits``, the limits ``mcnemar_loss_power``
+uses), so what is planned here is what the paired stage will decide. Terms
+of ``Binomial(n, D)`` below 1e-30 are left out of the sum (it is exact to
+that).
+
+The exact test's power is saw-toothed in ``n``: a discrete test's level
+jumps as ``n`` grows, and ``n + 1`` items can have less power than ``n``.
+So two numbers come out: ``first_items``, the smallest ``n`` whose power
+reaches the target, and ``items``, the smallest ``n`` from which every
+larger ``n`` up to the scan limit (twice ``first_items`` plus 50, where the
+dips are far above the target) reaches it too. Plan with ``items``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pairaudit.core import stats
+
+DEFAULT_MAX_ITEMS = 100_000
+_TAIL = 1e-30  # pmf terms below this are left out of the power sum
+_BATCH = 64  # item counts whose power is summed in one vectorized step
+
+
+class SizingError(ValueError):
+    """A sizing input out of range; the message names the parameter and its allowed values."""
+
+
+@dataclass(frozen=True)
+class SizePlan:
+    """What ``items_needed`` found: the items per dataset, and the model it was computed under."""
+
+    loss_pct: float             # net loss to see, percentage points of the items
+    discordance: float          # expected fraction of discordant items (0..1)
+    alpha: float
+    power: float                # the target power
+    max_net_loss: int           # quality-v1's tolerated net loss, in items
+    items: int | None           # smallest n from which every larger n (to scan_limit) reaches the power
+    items_power: float | None   # the power at ``items``
+    first_items: int | None     # smallest n whose power reaches the target (a larger n may dip below)
+    first_power: float | None
+    scan_limit: int             # the largest n looked at
+    method: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _check(loss_pct: float, discordance: float, alpha: float, power: float, max_net_loss: int) -> None:
+    for name, v in (("loss_pct", loss_pct), ("discordance", discordance), ("alpha", alpha), ("power", power)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise SizingError(f"{name} must be a finite number, got {v!r}")
+    if not 0 < loss_pct <= 100:
+        raise SizingError(f"loss_pct must be in (0, 100] percentage points, got {loss_pct!r}")
+    if not 0 < discordance <= 1:
+        raise SizingError(f"discordance must be a fraction in (0, 1], got {discordance!r}")
+    if discordance + 1e-12 < loss_pct / 100:
+        raise SizingError(f"discordance {discordance!r} is below the loss {loss_pct / 100!r}: a net loss of "
+                          f"{loss_pct} % of the items needs at least that fraction of discordant items")
+    if not 0 < alpha < 1 or not 0 < power < 1:
+        raise SizingError(f"need 0 < alpha < 1 and 0 < power < 1, got alpha={alpha!r}, power={power!r}")
+    if isinstance(max_net_loss, bool) or not isinstance(max_net_loss, (int, np.integer)) or max_net_loss < 0:
+        raise SizingError(f"max_net_loss must be a non-negative integer, got {max_net_loss!r}")
+
+
+class _Power:
+    """Exact FAIL power of quality-v1 for any n, with the per-k conditional probabilities computed once."""
+
+    def __init__(self, loss: float, discordance: float, alpha: float, max_net_loss: int):
+        self.pd = min(1.0, float(discordance))
+        # P(candidate-only | discordant); clipped at 0 where the loss takes all the discordance
+        self.q = max(0.0, (self.pd - loss) / (2.0 * self.pd))
+        self.alpha, self.m = alpha, int(max_net_loss)
+        self.g = np.zeros(0)
+        self.lfact = np.zeros(0)  # log(j!) for j = 0..size-1: the binomial coefficients by lookup
+
+    def _grow(self, n: int) -> None:
+        if n < self.g.size:
+            return
+        from scipy import stats as _st
+
+        size = max(n + 1, 2 * self.g.size, 1024)
+        lim = stats._fail_limits(size - 1, self.alpha, self.m)  # quality-v1's FAIL region, per k
+        k = np.arange(size)
+        self.g = np.where(lim >= 0, _st.binom.cdf(lim, k, self.q), 0.0)
+        from scipy.special import gammaln
+
+        self.lfact = gammaln(k + 1.0)
+
+    def batch(self, ns: np.ndarray) -> np.ndarray:
+        """The power for each n of ``ns`` (positive, increasing), in one vectorized sum."""
+        ns = np.asarray(ns, dtype=np.int64)
+        self._grow(int(ns[-1]))
+        p = self.pd
+        if p >= 1.0:
+            return self.g[ns].astype(float)
+        mean = ns * p
+        width = 12.0 * np.sqrt(ns * p * (1.0 - p)) + 40.0
+        while True:
+            lo = max(0, int(np.min(mean - width)))
+            hi = min(int(ns[-1]), int(np.max(mean + width)) + 1)
+            k = np.arange(lo, hi + 1)
+            n2, k2 = ns[:, None], k[None, :]
+            valid = k2 <= n2
+            lf = self.lfact
+            logpmf = (lf[n2] - lf[k2] - lf[np.where(valid, n2 - k2, 0)]
+                      + k2 * math.log(p) + (n2 - k2) * math.log1p(-p))
+            pmf = np.where(valid, np.exp(logpmf), 0.0)
+            # widen until the terms left out are negligible: at k = lo for every n, and at k = hi where n > hi
+            left_ok = lo == 0 or bool(np.all(pmf[:, 0] < _TAIL))
+            right_ok = bool(np.all((ns <= hi) | (pmf[:, -1] < _TAIL)))
+            if left_ok and right_ok:
+                return pmf @ self.g[lo:hi + 1]
+            width *= 2.0
+
+    def __call__(self, n: int) -> float:
+        """P(quality-v1 FAILs n items) = sum_k P(K = k) P(c <= lim(k) | k)."""
+        if n <= 0:
+            return 0.0
+        return float(self.batch(np.array([n]))[0])
+
+
+def fail_power(n: int, loss_pct: float, discordance: float, *, alpha: float = 0.05,
+               max_net_loss: int = 0) -> float:
+    """Exact probability that quality-v1 FAILs n items under the model (module docstring)."""
+    _check(loss_pct, discordance, alpha, 0.5, max_net_loss)
+    return _Power(loss_pct / 100.0, discordance, alpha, max_net_loss)(int(n))
+
+
+def items_needed(loss_pct: float, discordance: float, *, alpha: float = 0.05, power: float = stats.MDE_POWER,
+                 max_net_loss: int = 0, max_items: int = DEFAULT_MAX_ITEMS) -> SizePlan:
+    """Items per dataset for quality-v1 to FAIL a net loss of ``loss_pct`` points with ``power`` (module docstring).
+
+    ``items`` is None when not even ``max_items`` items reach the power.
+    """
+    _check(loss_pct, discordance, alpha, power, max_net_loss)
+    if isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1:
+        raise SizingError(f"max_items must be a positive integer, got {max_items!r}")
+    pw = _Power(loss_pct / 100.0, discordance, alpha, max_net_loss)
+    method = ("exact power of quality-v1's FAIL region (b - c > max_net_loss and exact McNemar p < alpha); "
+              "discordant items ~ Binomial(n, D), candidate-only among them ~ Binomial(k, (D - L) / 2D)")
+    first, first_p = None, None
+    start = 1
+    while start <= max_items and first is None:
+        ns = np.arange(start, min(max_items, start + _BATCH - 1) + 1)
+        values = pw.batch(ns)
+        hit = np.flatnonzero(values >= power)
+        if hit.size:
+            first, first_p = int(ns[hit[0]]), float(values[hit[0]])
+        start = int(ns[-1]) + 1
+    if first is None:
+        return SizePlan(loss_pct, discordance, alpha, power, int(max_net_loss), None, None, None, None,
+                        max_items, method)
+    limit = min(max_items, 2 * first + 50)
+    ns = np.arange(first, limit + 1)
+    values = dict(zip(ns.tolist(), np.concatenate([pw.batch(ns[i:i + _BATCH]) for i in range(0, ns.size, _BATCH)])))
+    # the smallest n from which nothing up to the limit dips below the target
+    items = first
+    for m in range(limit, first - 1, -1):
+        if values[m] < power:
+            items = m + 1
+            break
+    if items > limit:
+        return SizePlan(loss_pct, discordance, alpha, power, int(max_net_loss), None, None, first, first_p,
+                        limit, method)
+    return SizePlan(loss_pct, discordance, alpha, power, int(max_net_loss), items, values[items], first, first_p,
+                    limit, method)
+
+
+# ------------------------------------------------------------ calibrated discordance
+
+@dataclass(frozen=True)
+class CalibratedDiscordance:
+    """The discordance an A/A calibration measured per dataset: two starts of the control against each other."""
+
+    log: str
+    time: str | None
+    audit: str | None             # the calibration audit (<audit>-calibration)
+    of_audit: str | None          # the audit it calibrates
+    summary_path: str
+    datasets: dict[str, tuple[int, int]]   # dataset -> (discordant items, items)
+
+    def rate(self, dataset: str) -> float | None:
+        d, n = self.datasets.get(dataset, (0, 0))
+        return d / n if n else None
+
+
+def calibrated_discordance(log_path: str | os.PathLike, *, of_audit: str | None = None) -> CalibratedDiscordance:
+    """The latest calibration in the log (of ``of_audit`` when given), its summary read and hash-checked.
+
+    SizingError naming the file when there is none, or when the summary is
+    not the file the log recorded (its sha256) or fails its own content hash.
+    """
+    from pairaudit import artifacts, jsonlog
+    from pairaudit.core.contracts import CALIBRATION_LOG_SCHEMA, CALIBRATION_SCHEMA
+
+    if not Path(log_path).is_file():
+        raise SizingError(f"{log_path}: no calibration log (run `snakemake --cores 4 calibrate` first)")
+    lines = [(r.get("time") or "", n, r) for n, r in enumerate(jsonlog.read_log(log_path))
+             if r.get("schema") == CALIBRATION_LOG_SCHEMA and (of_audit is None or r.get("of_audit") == of_audit)]
+    if not lines:
+        which = f" of audit {of_audit!r}" if of_audit else ""
+        raise SizingError(f"{log_path}: no calibration{which} in the log")
+    entry = max(lines, key=lambda x: (x[0], x[1]))[2]
+    path = entry.get("summary_path")
+    if not path or not Path(path).is_file():
+        raise SizingError(f"{log_path}: the latest calibration's summary {path!r} is not there")
+    actual = artifacts.sha256_file(path)
+    if actual != entry.get("summary_sha256"):
+        raise SizingError(f"{path}: sha256 {actual} is not the {entry.get('summary_sha256')} the calibration log "
+                          "recorded: the summary was replaced or edited after the calibration")
+    try:
+        summary = artifacts.check_schema(artifacts.read_json(path), CALIBRATION_SCHEMA, path)
+    except artifacts.ArtifactError as exc:
+        raise SizingError(str(exc)) from None
+    per = {ds: (int(q.get("discordant") or 0), int(q.get("n") or 0)) for ds, q in (summary.get("quality") or {}).items()}
+    return CalibratedDiscordance(log=str(log_path), time=entry.get("time"), audit=entry.get("audit"),
+                                 of_audit=entry.get("of_audit"), summary_path=str(path), datasets=per)
+
+
+# ------------------------------------------------------------ the load-time note
+
+def detect_loss_notes(config: Any, documents: dict[str, dict], *, base_dir: str | os.PathLike = ".") -> list[str]:
+    """Notes for datasets too small to see ``rules.quality.detect_loss_pct`` (none when it is not set).
+
+    Each dataset's selected item count (from its dataset document when the
+    load check built it, else an integer ``select.count``) is compared with
+    the items quality-v1 needs at the smallest discordance the loss allows
+    (every discordant item a loss: a lower bound), and, when the calibration
+    log holds an A/A calibration of this audit with that dataset, at its
+    measured discordance too.
+    """
+    quality = ((config.get("rules") or {}).get("quality") or {}) if isinstance(config, dict) else {}
+    loss = quality.get("detect_loss_pct")
+    if loss is None:
+        return []
+    alpha, m = quality.get("alpha", 0.05), quality.get("max_net_loss", 0)
+    log = Path((config.get("calibration") or {}).get("log") or "results/calibrations.jsonl")
+    log = log if log.is_absolute() else Path(base_dir) / log
+    try:
+        cal = calibrated_discordance(log, of_audit=config.get("audit")) if log.is_file() else None
+    except SizingError:
+        cal = None
+    notes = []
+    floor = items_needed(loss, loss / 100, alpha=alpha, max_net_loss=m)
+    for i, entry in enumerate(config.get("datasets") or []):
+        if not isinstance(entry, dict):
+            continue
+        name = entry.get("name")
+        doc = documents.get(name)
+        count = (entry.get("select") or {}).get("count")
+        n = len(doc["indices"]) if doc else (count if isinstance(count, int) and not isinstance(count, bool) else None)
+        if n is None:
+            continue
+        where = (f"datasets[{i}] ({name}): {n} selected items cannot see a net loss of {loss:g} points "
+                 f"(rules.quality.detect_loss_pct) at alpha {alpha:g} with power {stats.MDE_POWER:g}")
+        rate = cal.rate(name) if cal is not None else None
+        measured = (items_needed(loss, rate, alpha=alpha, max_net_loss=m)
+                    if rate is not None and rate > loss / 100 else None)
+        cal_words = ("" if measured is None else
+                     f"; the A/A calibration {cal.audit} measured discordance {rate:.3g} there, which needs "
+                     + (f"{measured.items} items" if measured.items else f"more than {measured.scan_limit} items"))
+        if floor.items is None or n < floor.items:
+            notes.append(f"{where}: that needs at least {floor.items or f'more than {floor.scan_limit}'} items even "
+                         f"if every discordant item were a loss (discordance {loss / 100:g}){cal_words}")
+        elif measured is not None and (measured.items is None or n < measured.items):
+            notes.append(f"{where} at the discordance its A/A calibration {cal.audit} measured ({rate:.3g}): that "
+                         f"needs {measured.items or f'more than {measured.scan_limit}'} items")
+    return notes

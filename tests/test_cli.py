@@ -1,0 +1,159 @@
+"""The ``pairaudit`` command: verdict's exit codes and front page, size, and the console script's declaration."""
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from test_report import launches, paired_doc, passing_later, passing_pair, preflights
+
+from pairaudit.cli import main
+from pairaudit.cli.codes import EXIT, REFUSED
+from pairaudit.core.artifacts import write_json
+from pairaudit.promotion import decision
+from pairaudit.quality import sizing
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def audit_with(tmp_path, kind):
+    """results/<audit>/promotion/decision.json decided by the real promotion-v1 on built evidence."""
+    pair = passing_pair()
+    later = passing_later(pair)
+    if kind == "REJECT":
+        pair["mbpp"] = paired_doc("mbpp", both=range(10), control_only=range(20, 28))   # p = 2/256
+    elif kind == "HOLD":
+        pair["mbpp"] = paired_doc("mbpp", both=range(10), control_only=(20, 21))        # p = 0.5
+    elif kind == "INCONCLUSIVE":
+        later = {}                                                                      # later gates not evaluated
+    d = decision.decide(pair, launches(), preflights(), **later)
+    assert d["decision"] == kind, d["reasons"]
+    root = tmp_path / "results" / f"audit-{kind.lower()}"
+    write_json(root / "promotion" / "decision.json", d)
+    return root, d
+
+
+@pytest.mark.parametrize("kind", ["PROMOTE", "REJECT", "HOLD", "INCONCLUSIVE"])
+def test_verdict_exit_code_and_front_page(tmp_path, capsys, kind):
+    root, d = audit_with(tmp_path, kind)
+    code = main(["verdict", str(root)])
+    assert code == {"PROMOTE": 0, "REJECT": 1, "HOLD": 3, "INCONCLUSIVE": 4}[kind] == EXIT[kind]
+    out = capsys.readouterr().out
+    assert out.startswith(f"pairaudit verdict: {kind}")
+    assert f"deciding gates: {', '.join(d['deciding_gates'])}" in out
+    for gate in d["gates"]:   # one line per gate
+        assert sum(1 for line in out.splitlines() if line.strip().startswith(gate + " ")) == 1, gate
+    assert f"exit {code} ({kind})" in out
+    if kind == "REJECT":
+        assert "quality:mbpp" in out and "FAIL" in out and "rejects" in out
+
+
+def test_verdict_accepts_the_decision_file_itself(tmp_path, capsys):
+    root, _ = audit_with(tmp_path, "HOLD")
+    assert main(["verdict", str(root / "promotion" / "decision.json")]) == 3
+
+
+def test_verdict_refuses_an_edited_decision_by_its_own_hash(tmp_path, capsys):
+    root, _ = audit_with(tmp_path, "REJECT")
+    path = root / "promotion" / "decision.json"
+    path.write_text(path.read_text().replace('"decision": "REJECT"', '"decision": "PROMOTE"'))
+    summary = tmp_path / "summary.md"
+    assert main(["verdict", str(root), "--summary", str(summary)]) == REFUSED == 2
+    err = capsys.readouterr().err
+    assert "does not match the content_sha256" in err and str(path) in err
+    assert "no decision" in summary.read_text() and "does not match" in summary.read_text()
+
+
+def test_verdict_missing_and_not_a_decision(tmp_path, capsys):
+    assert main(["verdict", str(tmp_path / "results" / "nothing")]) == 2
+    assert "not found" in capsys.readouterr().err
+    other = tmp_path / "other.json"
+    write_json(other, {"schema": "pairaudit.paired/v1", "decision": "PROMOTE"})
+    assert main(["verdict", str(other)]) == 2
+    assert "expected 'pairaudit.decision/v1'" in capsys.readouterr().err
+
+
+def test_verdict_summary_appends_markdown(tmp_path, capsys):
+    root, d = audit_with(tmp_path, "REJECT")
+    summary = tmp_path / "step-summary.md"
+    summary.write_text("earlier step\n")
+    assert main(["verdict", str(root), "--summary", str(summary)]) == 1
+    md = summary.read_text()
+    assert md.startswith("earlier step\n## pairaudit: REJECT")
+    rows = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| Gate")
+            and not line.startswith("| ---") and not line.startswith("| Dataset")]
+    assert len(rows) == len(d["gates"]) + len(d["datasets"])
+    assert "| quality:mbpp | FAIL | rejects |" in md
+
+
+def test_verdict_as_a_process_exits_with_the_code(tmp_path):
+    """The exit status a CI step sees, through ``python -m pairaudit.cli`` (what the console script calls)."""
+    root, _ = audit_with(tmp_path, "HOLD")
+    res = subprocess.run([sys.executable, "-m", "pairaudit.cli", "verdict", str(root)], cwd=REPO,
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert res.returncode == 3, res.stderr
+    assert "pairaudit verdict: HOLD" in res.stdout
+
+
+def test_default_audit_is_the_configs(tmp_path, monkeypatch, capsys):
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text("audit: audit-hold\n")
+    root, _ = audit_with(tmp_path, "HOLD")
+    monkeypatch.chdir(tmp_path)
+    assert main(["verdict"]) == 3
+
+
+def test_console_script_is_declared():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert project["project"]["scripts"]["pairaudit"] == "pairaudit.cli:main"
+    import importlib
+
+    mod, _, fn = project["project"]["scripts"]["pairaudit"].partition(":")
+    assert getattr(importlib.import_module(mod), fn) is main
+
+
+# ------------------------------------------------------------------ size
+
+def test_size_prints_the_exact_plan(capsys):
+    assert main(["size", "--loss", "5", "--discordance", "0.2"]) == 0
+    out = capsys.readouterr().out
+    assert "658 items" in out and str(sizing.items_needed(5, 0.2).items) == "658"
+    assert main(["size", "--loss", "5", "--discordance", "0.2", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)["items"]
+    assert plan["items"] == 658 and plan["alpha"] == 0.05 and plan["power"] == 0.8
+
+
+def test_size_refuses_bad_input(capsys):
+    assert main(["size", "--loss", "20", "--discordance", "0.1"]) == 2
+    assert "discordance 0.1 is below the loss 0.2" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:   # neither source given: argparse's own exit 2
+        main(["size", "--loss", "5"])
+    assert exc.value.code == 2
+
+
+def test_size_from_a_calibration_log(tmp_path, capsys):
+    from pairaudit.promotion import calibration
+    from pairaudit.core.artifacts import sha256_file
+
+    summary = tmp_path / "results" / "a-calibration" / "promotion" / "calibration.json"
+    write_json(summary, {"schema": "pairaudit.calibration/v1", "audit": "a-calibration", "of_audit": "a",
+                         "quality": {"arith": {"n": 40, "discordant": 12}, "algebra": {"n": 40, "discordant": 1}}})
+    log = tmp_path / "results" / "calibrations.jsonl"
+    entry = calibration.CalibrationEntry(
+        time="2026-12-01T00:00:00+00:00", audit="a-calibration", of_audit="a", control_spec_sha256="c" * 64,
+        host={}, host_sha256="h" * 64, decision="PROMOTE", headline="nothing flagged", flagged=[],
+        summary_path=str(summary), summary_sha256=sha256_file(summary), decision_path="d", decision_sha256="e")
+    calibration.append(log, entry)
+    assert main(["size", "--loss", "10", "--calibration", str(log)]) == 0
+    out = capsys.readouterr().out
+    arith = sizing.items_needed(10, 12 / 40).items          # 0.3 discordant
+    algebra = sizing.items_needed(10, 0.1).items             # 1/40 raised to the loss
+    assert "arith (12/40 discordant): a net loss of 10 points at discordance 0.3" in out and f"{arith} items" in out
+    assert "algebra (1/40 discordant (raised to the loss))" in out and f"{algebra} items" in out
+    # a summary replaced after the calibration is refused by the hash the log recorded
+    write_json(summary, {"schema": "pairaudit.calibration/v1", "quality": {"arith": {"n": 40, "discordant": 0}}})
+    assert main(["size", "--loss", "10", "--calibration", str(log)]) == 2
+    assert "is not the" in capsys.readouterr().err
