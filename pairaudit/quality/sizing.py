@@ -214,7 +214,7 @@ def calibrated_discordance(log_path: str | os.PathLike, *, of_audit: str | None 
     SizingError naming the file when there is none, or when the summary is
     not the file the log recorded (its sha256) or fails its own content hash.
     """
-    from pairaudit import artifacts, jsonlog
+    from pairaudit.core import artifacts, jsonlog
     from pairaudit.core.contracts import CALIBRATION_LOG_SCHEMA, CALIBRATION_SCHEMA
 
     if not Path(log_path).is_file():
