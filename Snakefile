@@ -2,9 +2,12 @@
 #   snakemake --cores 4 promotion          the whole audit (config/config.yaml)
 #   snakemake --cores 4 <output path>      one stage or one dataset (see README)
 #   snakemake --cores 4 calibrate          the control against itself (results/<audit>-calibration/)
+import time
+
 from snakemake.utils import min_version, validate
 
 from pairaudit.promotion.calibration import calibration_config, is_calibration
+from pairaudit.cli.verdict import after_run
 from pairaudit.configcheck import check_at_load, check_yaml_files
 
 min_version("9.0")
@@ -44,6 +47,20 @@ rule all:
 # is asked for: Snakemake parses the Snakefile before it knows the targets, and
 # a cluster job parses it again from the config alone.
 if not is_calibration(config):
+    RUN_STARTED = time.time()
+
+    # The terminal ends on the verdict: the front page of every decision this
+    # run wrote (or the audit's standing one), as `pairaudit verdict` prints it.
+    onsuccess:
+        page = after_run(
+            [
+                f"results/{config['audit']}",
+                f"results/{config['audit']}-calibration",
+            ],
+            RUN_STARTED,
+        )
+        if page:
+            print("\n" + page, flush=True)
 
     module calibration:
         snakefile:

@@ -171,6 +171,29 @@ def _append(path: str, text: str) -> None:
         f.write(text + "\n")
 
 
+def after_run(audit_dirs: list[str | Path], since: float) -> str:
+    """What a finished ``snakemake`` run prints last: the front page of every decision it wrote.
+
+    ``audit_dirs``: the workflow's audits (its own, then its calibration's);
+    ``since``: when the run started. When the run decided nothing new (all
+    up to date), the first audit's existing decision is shown, so the
+    terminal always ends on the verdict of what was asked.
+    """
+    found = [decision_path(str(d)) for d in audit_dirs]
+    fresh = [p for p in found if p.is_file() and p.stat().st_mtime >= since]
+    shown = fresh or [p for p in found[:1] if p.is_file()]
+    pages = []
+    for path in shown:
+        try:
+            decision = load(path)
+        except artifacts.ArtifactError as exc:
+            pages.append(f"pairaudit: {exc}")
+            continue
+        pages.append(front_page_text(decision, str(path)) + f"\n(`pairaudit verdict {path.parent.parent}` "
+                     f"prints this again and exits {EXIT[decision['decision']]})")
+    return "\n\n".join(pages)
+
+
 def run(args: argparse.Namespace) -> int:
     path = decision_path(args.audit)
     try:
