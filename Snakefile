@@ -6,6 +6,7 @@ from snakemake.utils import min_version, validate
 
 from pairaudit.promotion.calibration import calibration_config, is_calibration
 from pairaudit.configcheck import check_at_load, check_yaml_files
+from pairaudit.plans.change import derive_at_load
 
 min_version("9.0")
 
@@ -16,6 +17,9 @@ check_yaml_files(["config/config.yaml"])
 configfile: "config/config.yaml"
 
 
+# The change form (server + change) becomes the two arms before the schema and
+# every check below see them (pairaudit/plans/change.py).
+derive_at_load(config)
 validate(config, "config/schema.yaml")
 check_at_load(config, workflow)  # everything else checkable before a job runs
 

@@ -285,6 +285,11 @@ class Decision(TypedDict, total=False):
                     "model_sha256", "max_model_len", "url", "packages", "machine",
                     "preflight": "PASS" | "FAIL" | None}},
      "switch_diff": [{"name", "control", "candidate"}],   # None = not set by that arm
+     "change": None | {"name", "description", "switches": [{"kind": "env" | "flag", "name", "rollback", "on",
+                                                            "speculative"}],
+                       "control", "candidate", "receipts_agree": bool, "receipt_problems": [str]},
+                                     # added by promotion_stage in the change form (pairaudit/plans/change.py);
+                                     # a disagreement with the launch receipts is also a note
      "notes": [str, ...],            # comparability facts that do not decide (e.g. model differs)
      "preflight": {arm: "PASS" | "FAIL" | None},
      "calibration_ref": None | {"path", "sha256", "time", "audit", "headline", "flagged"},
