@@ -2,6 +2,7 @@
 #   snakemake --cores 4 promotion          the whole audit (config/config.yaml)
 #   snakemake --cores 4 <output path>      one stage or one dataset (see README)
 #   snakemake --cores 4 calibrate          the control against itself (results/<audit>-calibration/)
+#   snakemake --cores 4 bisect             which of the change's switches move the greedy divergences
 from snakemake.utils import min_version, validate
 
 from pairaudit.promotion.calibration import calibration_config, is_calibration
@@ -34,6 +35,7 @@ include: "rules/diagnostics.smk"
 include: "rules/speed.smk"
 include: "rules/boundary.smk"
 include: "rules/promotion.smk"
+include: "rules/bisect.smk"
 
 
 rule all:

@@ -47,6 +47,7 @@ DECISION = artifact(contracts.DECISION_SCHEMA)
 MANIFEST = artifact(contracts.MANIFEST_SCHEMA)
 CALIBRATION_SUMMARY = artifact(contracts.CALIBRATION_SCHEMA)
 LEDGER = artifact(contracts.LEDGER_SCHEMA)
+BISECT = artifact(contracts.BISECT_SCHEMA)
 BOUNDARY_ON = config["boundary"]["enabled"]
 SPEED_ON = config["speed"]["enabled"]
 # An A/A calibration (the Snakefile's calibration module): decided by its gates, summarized, logged.
@@ -70,7 +71,7 @@ def code(stage):
 CODEHASH_CACHE = ".snakemake/pairaudit/code-imports.json"
 
 
-SERVER_STAGES = {"answers", "diagnostics", "speed"}
+SERVER_STAGES = {"answers", "diagnostics", "speed", "bisect"}
 
 
 wildcard_constraints:
