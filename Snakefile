@@ -2,6 +2,7 @@
 #   snakemake --cores 4 promotion          the whole audit (config/config.yaml)
 #   snakemake --cores 4 <output path>      one stage or one dataset (see README)
 #   snakemake --cores 4 calibrate          the control against itself (results/<audit>-calibration/)
+#   snakemake --cores 4 bisect             which of the change's switches move the greedy divergences
 import time
 
 from snakemake.utils import min_version, validate
@@ -9,6 +10,7 @@ from snakemake.utils import min_version, validate
 from pairaudit.promotion.calibration import calibration_config, is_calibration
 from pairaudit.cli.verdict import after_run
 from pairaudit.configcheck import check_at_load, check_yaml_files
+from pairaudit.plans.change import derive_at_load
 
 min_version("9.0")
 
@@ -19,6 +21,9 @@ check_yaml_files(["config/config.yaml"])
 configfile: "config/config.yaml"
 
 
+# The change form (server + change) becomes the two arms before the schema and
+# every check below see them (pairaudit/plans/change.py).
+derive_at_load(config)
 validate(config, "config/schema.yaml")
 check_at_load(config, workflow)  # everything else checkable before a job runs
 
@@ -33,6 +38,7 @@ include: "rules/diagnostics.smk"
 include: "rules/speed.smk"
 include: "rules/boundary.smk"
 include: "rules/promotion.smk"
+include: "rules/bisect.smk"
 
 
 rule all:

@@ -41,6 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from pairaudit.core import defaults  # noqa: E402
 from pairaudit.datasets import formats as datasets  # noqa: E402
+from pairaudit.plans import change  # noqa: E402
 from pairaudit.plans import requests as plan_requests  # noqa: E402
 from pairaudit.quality import scoring  # noqa: E402
 
@@ -125,6 +126,9 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     cfg = yaml.safe_load(Path(args.config).read_text())
+    problems = change.derive_arms(cfg)  # a config in the change form: its arms, as the workflow derives them
+    if problems:
+        raise SystemExit("\n".join(problems))
     wanted = set(args.datasets.split(",")) if args.datasets else None
     docs = []
     with tempfile.TemporaryDirectory() as cache:

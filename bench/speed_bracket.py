@@ -27,6 +27,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from pairaudit.core import artifacts  # noqa: E402
+from pairaudit.plans import change  # noqa: E402
 from pairaudit.plans import stage as plans  # noqa: E402
 from pairaudit.serving import armspec, launch  # noqa: E402
 from pairaudit.speed import bracket as speed  # noqa: E402
@@ -44,6 +45,9 @@ def main(argv=None) -> int:
     ap.add_argument("--archive", default=None, help="control archive (default: the config's, under the repo)")
     args = ap.parse_args(argv)
     cfg = yaml.safe_load(Path(args.config).read_text())
+    problems = change.derive_arms(cfg)  # a config in the change form: its arms, as the workflow derives them
+    if problems:
+        raise SystemExit("\n".join(problems))
     scfg = speed.resolve_config(cfg.get("speed"))
     out = Path(args.out or tempfile.mkdtemp(prefix="speed-bracket-"))
     out.mkdir(parents=True, exist_ok=True)

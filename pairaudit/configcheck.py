@@ -1,6 +1,8 @@
 """Load-time checks of the workflow config: everything that can be known before any job runs.
 
-The Snakefile calls :func:`check_at_load` right after the schema validation,
+The Snakefile derives the arms of a config in the change form (``server`` +
+``change``, :mod:`pairaudit.plans.change`) and then calls :func:`check_at_load`
+right after the schema validation,
 so a bad config fails with ``snakemake -n`` too, before a server is started.
 The schema covers shapes and enums; this covers what needs code or files:
 
@@ -57,6 +59,7 @@ from typing import Any, Mapping
 from pairaudit.core import artifacts
 from pairaudit.core.contracts import ARMS, DECISION_SCHEMA, MANIFEST_SCHEMA, PATHS, audit_dir
 from pairaudit.datasets import formats as datasets
+from pairaudit.plans import change
 from pairaudit.promotion import calibration
 from pairaudit.refserver import switches as ref_switches
 from pairaudit.serving import gpupool, launch
@@ -361,6 +364,9 @@ def check_config(config: Mapping[str, Any], *, base_dir: str | os.PathLike,
     gpu_problems, gpu_notes = gpupool.load_check(config, specs)  # the GPU pool and each arm's gpus
     result.problems += gpu_problems
     result.notes += gpu_notes
+    if "change" in config and any(p.startswith("arms.") for p in result.problems):
+        result.notes.append("arms.control and arms.candidate are derived from server + change (control: every "
+                            "switch at its rollback value, candidate: every switch on); fix the key there")
     return result
 
 
@@ -523,6 +529,9 @@ def main(argv: list[str] | None = None) -> int:
     base = args.base_dir
     try:
         config = load_like_snakemake(base / "config" / "config.yaml", args.configfile, args.replace_workflow_config)
+        derived = change.derive_arms(config)  # as the Snakefile does, before the schema
+        if derived:
+            raise ConfigCheckError(format_problems(derived))
         validate(config, str(base / "config" / "schema.yaml"))
     except (ConfigCheckError, WorkflowError) as exc:
         print(exc, file=sys.stderr)

@@ -56,6 +56,9 @@ def server_log(name):
     return artifact(contracts.SERVER_LOG).format(name=name)
 
 
+BISECT = artifact(contracts.BISECT_SCHEMA)
+
+
 BOUNDARY_ON = config["boundary"]["enabled"]
 SPEED_ON = config["speed"]["enabled"]
 # An A/A calibration (the Snakefile's calibration module): decided by its gates, summarized, logged.
@@ -79,7 +82,7 @@ def code(stage):
 CODEHASH_CACHE = ".snakemake/pairaudit/code-imports.json"
 
 
-SERVER_STAGES = {"answers", "diagnostics", "speed"}
+SERVER_STAGES = {"answers", "diagnostics", "speed", "bisect"}
 
 
 wildcard_constraints:

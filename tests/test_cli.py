@@ -135,8 +135,8 @@ def test_size_refuses_bad_input(capsys):
 
 
 def test_size_from_a_calibration_log(tmp_path, capsys):
-    from pairaudit.promotion import calibration
     from pairaudit.core.artifacts import sha256_file
+    from pairaudit.promotion import calibration
 
     summary = tmp_path / "results" / "a-calibration" / "promotion" / "calibration.json"
     write_json(summary, {"schema": "pairaudit.calibration/v1", "audit": "a-calibration", "of_audit": "a",

@@ -29,7 +29,8 @@ from snakemake_interface_common.exceptions import WorkflowError
 
 from pairaudit.datasets import formats as ds
 from pairaudit.datasets import suites
-from pairaudit.serving.launch import SWITCH_PREFIX, ConfigError, resolve_spec
+from pairaudit.plans.change import derive_arms
+from pairaudit.serving.launch import SWITCH_PREFIX, resolve_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "config"
@@ -50,14 +51,22 @@ HUB_ROWS = {
 LOCAL_MATH500 = Path("/work/shared/datasets/math500/test.jsonl")
 
 
-def load(path: Path) -> dict:
+def load_raw(path: Path) -> dict:
     with open(path, encoding="utf-8") as fh:
         return yaml.safe_load(fh)
 
 
+def load(path: Path) -> dict:
+    """A complete config as the workflow sees it: a change form's arms derived (pairaudit.plans.change)."""
+    cfg = load_raw(path)
+    assert derive_arms(cfg) == [], path
+    return cfg
+
+
 def merged(overlay: Path) -> dict:
-    cfg = load(DEFAULT)
-    update_config(cfg, load(overlay))
+    cfg = load_raw(DEFAULT)
+    update_config(cfg, load_raw(overlay))
+    assert derive_arms(cfg) == [], overlay
     return cfg
 
 
@@ -105,7 +114,7 @@ def test_validates_against_schema(name):
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
 def test_overlay_replaces_only_datasets(overlay):
-    raw = load(overlay)
+    raw = load_raw(overlay)
     assert set(raw) == {"datasets"}, f"{overlay.name} must set only `datasets:`"
     cfg, default = merged(overlay), load(DEFAULT)
     assert cfg["datasets"] == raw["datasets"]  # a list is replaced whole, never appended to
@@ -142,13 +151,18 @@ def test_a_planted_defect_changes_only_the_candidates_fault_switch(example):
 
 def test_merging_an_example_without_replace_would_leak_default_keys():
     """Why the examples say --replace-workflow-config: Snakemake merges mappings."""
-    cfg = load(DEFAULT)
-    update_config(cfg, load(CONFIG_DIR / "examples" / "vllm-attach.yaml"))
-    with pytest.raises(ConfigError, match="unknown key 'command' for mode attach"):
-        resolve_spec("control", cfg["arms"]["control"])
-    cfg = load(DEFAULT)
-    update_config(cfg, load(CONFIG_DIR / "examples" / "vllm-pair.yaml"))
-    assert any(k.startswith(SWITCH_PREFIX) for k in cfg["arms"]["candidate"]["env"])
+    cfg = load_raw(DEFAULT)
+    update_config(cfg, load_raw(CONFIG_DIR / "examples" / "vllm-attach.yaml"))
+    # the default states the change form, the attach example two arms: refused, naming the keys
+    problems = derive_arms(cfg)
+    assert len(problems) == 1 and problems[0].startswith("arms and server and change: both forms at once")
+    assert "--replace-workflow-config" in problems[0]
+    cfg = load_raw(DEFAULT)
+    update_config(cfg, load_raw(CONFIG_DIR / "examples" / "vllm-pair.yaml"))
+    assert derive_arms(cfg) == []
+    # the change form merges cleanly, but the default's CPU-sized sections leak into the GPU audit
+    assert cfg["speed"]["output_len"] == load_raw(DEFAULT)["speed"]["output_len"] != \
+        load_raw(CONFIG_DIR / "examples" / "vllm-pair.yaml").get("speed", {}).get("output_len")
 
 
 # ---------------------------------------------------------------- arms
@@ -515,6 +529,7 @@ def test_snakemake_dry_run_fails_at_load_naming_each_key(tmp_path):
 
     overlay = tmp_path / "broken.yaml"
     broken = load(DEFAULT)
+    del broken["server"], broken["change"]  # the derived arms, stated as two arms
     broken["audit"] = "configcheck-dry-run"
     broken["datasets"][1]["name"] = "arith"
     broken["sampling"]["max_tokens"] = 4096
@@ -546,14 +561,14 @@ def test_a_bfloat16_vllm_cpu_arm_on_a_cpu_without_bf16_instructions_is_noted_not
     from pairaudit import configcheck
     from pairaudit.serving import launch
 
-    cfg = yaml.safe_load((CONFIG_DIR / "examples" / "vllm-cpu.yaml").read_text())
+    cfg = load(CONFIG_DIR / "examples" / "vllm-cpu.yaml")
     spec = {a: launch.resolve_spec(a, cfg["arms"][a]) for a in ("control", "candidate")}
     avx2 = {"avx2", "fma", "f16c"}
     note = configcheck.bf16_emulation_note(spec["candidate"], flags=avx2)
     assert note.startswith("--dtype bfloat16 on a CPU without AVX512-BF16") and "emulation" in note
     assert configcheck.bf16_emulation_note(spec["candidate"], flags=avx2 | {"avx512_bf16"}) is None
     assert configcheck.bf16_emulation_note(spec["control"], flags=avx2) is None  # float32
-    ref = launch.resolve_spec("control", yaml.safe_load(DEFAULT.read_text())["arms"]["control"])
+    ref = launch.resolve_spec("control", load(DEFAULT)["arms"]["control"])
     assert configcheck.bf16_emulation_note(ref, flags=avx2) is None  # not vLLM
 
 
@@ -562,7 +577,7 @@ def test_the_load_check_notes_a_bfloat16_cpu_arm_but_not_one_scheduled_on_gpus(m
 
     monkeypatch.setattr(configcheck, "cpu_flags", lambda: {"avx2", "fma", "f16c"})
     monkeypatch.setenv("PAIRAUDIT_VLLM_PYTHON", sys.executable)  # any interpreter: nothing is started
-    cfg = yaml.safe_load((CONFIG_DIR / "examples" / "vllm-cpu.yaml").read_text())
+    cfg = load(CONFIG_DIR / "examples" / "vllm-cpu.yaml")
     result = configcheck.CheckResult()
     configcheck.check_arms(cfg, result)
     assert [n for n in result.notes if "emulation" in n and n.startswith("arms.candidate.command: ")], result.notes

@@ -18,6 +18,8 @@ import pytest
 import yaml
 from test_workflow import REPO, TINY, make_project, snake
 
+from pairaudit.plans.change import derive_arms
+
 pytestmark = pytest.mark.workflow
 
 EXAMPLES = REPO / "config" / "examples"
@@ -25,6 +27,7 @@ EXAMPLES = REPO / "config" / "examples"
 
 def tiny_with(example: str) -> dict:
     ex = yaml.safe_load((EXAMPLES / example).read_text())
+    assert derive_arms(ex) == []  # the example states its fault as a change: its arms, as the workflow derives them
     cfg = copy.deepcopy(yaml.safe_load(TINY.read_text()))
     cfg["audit"] = ex["audit"]
     for arm in ("control", "candidate"):

@@ -167,8 +167,8 @@ def test_load_check_notes_a_dataset_too_small_for_the_declared_loss():
 
 
 def test_load_check_uses_the_audits_calibration_when_it_has_one(tmp_path):
-    from pairaudit.promotion import calibration
     from pairaudit.core.artifacts import sha256_file, write_json
+    from pairaudit.promotion import calibration
 
     summary = tmp_path / "results" / "default-calibration" / "promotion" / "calibration.json"
     write_json(summary, {"schema": "pairaudit.calibration/v1", "quality": {"arith": {"n": 100, "discordant": 30}}})

@@ -27,6 +27,8 @@ NATURAL_FINISH = "stop"
 # ------------------------------------------------------------- schema ids
 
 ARM_SPEC_SCHEMA = "pairaudit.arm-spec/v1"
+BISECT_SCHEMA = "pairaudit.bisect/v1"
+BISECT_PROBES_SCHEMA = "pairaudit.bisect-probes/v1"
 BOUNDARY_PLAN_SCHEMA = "pairaudit.boundary.cases-plan/v1"
 BOUNDARY_SCHEMA = "pairaudit.boundary/v1"
 BOUNDARY_GATE_SCHEMA = "pairaudit.boundary_gate/v1"
@@ -98,6 +100,8 @@ PATHS = {
     SPEED_DECISION_SCHEMA: "speed/decision.json",
     SPEED_STREAMS_SCHEMA: "speed/streams.jsonl",
     SERVER_START_SCHEMA: "servers/starts.jsonl",
+    BISECT_SCHEMA: "bisect/result.json",
+    BISECT_PROBES_SCHEMA: "journal/bisect/{key}.json",
     DECISION_SCHEMA: "promotion/decision.json",
     MANIFEST_SCHEMA: "promotion/manifest.json",
     CALIBRATION_SCHEMA: "promotion/calibration.json",
@@ -308,6 +312,30 @@ class DivergenceRecord(TypedDict):
     prompt_ids_equal: NotRequired[bool]  # set by the phase: both arms' templates rendered the same prompt
 
 
+class BisectProbe(TypedDict):
+    """One subset's probe of one item in ``bisect/result.json`` (``pairaudit.bisect.stage``)."""
+    on: list[str]                   # the switches on (every other at rollback), in the change's order
+    token_id: int | None            # the probed server's greedy token at the divergence
+    outcome: str                    # "candidate" | "control" | "other" | "error"
+    moved: bool | None              # token_id is the candidate's; None on a failed probe
+    top20: list[list[float]] | None  # [[id, logprob], ...] at the divergence, as served
+    error: str | None
+
+
+class BisectItemResult(TypedDict):
+    """One divergent greedy item of ``bisect/result.json``."""
+    dataset: str
+    index: int
+    first_divergence: int
+    control_token_id: int
+    candidate_token_id: int
+    status: str                     # "found" | "not_reproduced" | "moves_without_switches" | "undecided"
+    responsible: list[str] | None   # the smallest switch set that gives the candidate's token
+    asked: int                      # distinct subsets this item's search asked (confirmations incl.)
+    bound: int                      # 2 * k * ceil(log2 n) + 2, k = len(responsible)
+    probes: list[BisectProbe]       # every subset asked, in order
+
+
 class BoundaryCase(TypedDict, total=False):
     """One case of ``boundary/<arm>.json`` ``cases``, in the order run."""
     case: str                       # "retrieval-0.125" | "tail-16" | "tail-32" ...
@@ -391,6 +419,11 @@ class Decision(TypedDict, total=False):
                     "model_sha256", "max_model_len", "url", "packages", "machine",
                     "preflight": "PASS" | "FAIL" | None}},
      "switch_diff": [{"name", "control", "candidate"}],   # None = not set by that arm
+     "change": None | {"name", "description", "switches": [{"kind": "env" | "flag", "name", "rollback", "on",
+                                                            "speculative"}],
+                       "control", "candidate", "receipts_agree": bool, "receipt_problems": [str]},
+                                     # added by promotion_stage in the change form (pairaudit/plans/change.py);
+                                     # a disagreement with the launch receipts is also a note
      "notes": [str, ...],            # comparability facts that do not decide (e.g. model differs)
      "preflight": {arm: "PASS" | "FAIL" | None},
      "calibration_ref": None | {"path", "sha256", "time", "audit", "headline", "flagged"},

@@ -100,6 +100,11 @@ def calibration_config(config: Mapping[str, Any]) -> dict:
     out = copy.deepcopy(dict(config))
     out["audit"] = f"{config['audit']}{SUFFIX}"
     out["arms"]["candidate"] = copy.deepcopy(config["arms"]["control"])
+    # A/A has no change under audit: the change form's server + change (from
+    # which the arms were derived at load) would state one, so the calibration
+    # keeps only its two (identical) arms.
+    out.pop("server", None)
+    out.pop("change", None)
     out["calibration"] = {**(config.get("calibration") or {}), "of": config["audit"]}
     return out
 

@@ -245,6 +245,24 @@ def _gates_table(decision: Decision) -> list[str]:
     return out
 
 
+def _change_lines(change: Mapping[str, Any] | None) -> list[str]:
+    """The change form's named change and its switches (nothing for a config that states two arms)."""
+    if not change:
+        return []
+    what = f" ({change['description']})" if change.get("description") else ""
+    out = ["", f"### The change: {_code(change['name'])}{what}", "",
+           "The control is the server with every switch at its rollback value, the candidate with every switch "
+           "on; the arms differ in nothing else.", "",
+           _row(["Switch", "kind", "control (rollback)", "candidate (on)"]), _row(["---"] * 4)]
+    for s in change.get("switches") or []:
+        out.append(_row([_code(s["name"]), s["kind"] + (", speculative" if s.get("speculative") else ""),
+                         _code(s["rollback"]), _code(s["on"])]))
+    if not change.get("receipts_agree", True):
+        out += ["", "**The launch receipts do not show this change:** "
+                + "; ".join(change.get("receipt_problems") or [])]
+    return out
+
+
 def _arms_section(decision: Decision) -> list[str]:
     arms = decision["arms"]
     c, k = arms["control"], arms["candidate"]
@@ -256,6 +274,7 @@ def _arms_section(decision: Decision) -> list[str]:
         out.append(_row([label, _cell(c.get(key)), _cell(k.get(key))]))
     out.append(_row(["command", _code(_cmd(c.get("command")) if c.get("mode") != "attach" else c.get("url")),
                      _code(_cmd(k.get("command")) if k.get("mode") != "attach" else k.get("url"))]))
+    out += _change_lines(decision.get("change"))
     out += ["", "### Environment switches that differ", ""]
     diff = decision.get("switch_diff") or []
     if not diff:

@@ -50,6 +50,7 @@ from pairaudit.core.contracts import (
 )
 from pairaudit.core.jsonlog import read_log
 from pairaudit.diagnostics import greedy
+from pairaudit.plans.change import decision_record as change_record
 from pairaudit.promotion import calibration as calib
 from pairaudit.promotion.decision import boundary_evidence, decide, speed_evidence
 from pairaudit.promotion.figures import (
@@ -191,6 +192,12 @@ def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Seq
     inputs = [str(p) for p in (*paired_paths, *launch_paths, *preflight_paths, *score_paths)] + later_paths
 
     decision = decide(paired, launch, preflight, calibration=calibration, **later_kw)
+    # The change form's name and switches (None for a config that states two arms), checked
+    # against what the launch receipts show; a disagreement is a note, never a gate.
+    decision["change"] = change_record(config, launch)
+    if decision["change"] and not decision["change"]["receipts_agree"]:
+        decision["notes"].append(f"the config's change {decision['change']['name']!r} does not match the launch "
+                                 "receipts: " + "; ".join(decision["change"]["receipt_problems"]))
     decision["evidence"] = {"boundary_cases": boundary_evidence(later_docs.get("boundary")),
                             "speed": speed_evidence(speed)}
     decision["provenance"] = provenance(inputs, params={"rule": "promotion-v1", "calibration": calibration,
