@@ -12,9 +12,9 @@ rule bisect:
         greedy=[GREEDY.format(dataset=d, arm="control") for d in DATASETS],
     output:
         result=BISECT,
-        report=f"{R}/bisect/report.md",
+        report=artifact(contracts.BISECT_REPORT),
     log:
-        f"{R}/logs/bisect.log",
+        f"{LOGS}/bisect.log",
     conda:
         "../envs/serving.yaml"
     threads: 2
@@ -28,7 +28,7 @@ rule bisect:
         server=config.get("server"),
         change=config.get("change"),
         journal_dir=JOURNAL,
-        server_log_dir=f"{R}/logs/servers",
+        server_log_dir=str(Path(server_log("bisect")).parent),
         starts_log=STARTS_LOG,
         code=code("bisect"),
     script:

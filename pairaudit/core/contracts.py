@@ -67,6 +67,7 @@ JOURNAL_FAILURES = "journal-failures"      # every server failure of an answers 
 JOURNAL_GREEDY = "journal-greedy"          # every greedy run and determinism repeat
 JOURNAL_PROBES = "journal-probes"          # every forced-prefix probe
 LOGS = "logs"                              # the jobs' logs, logs/<stage>/...
+BISECT_REPORT = "bisect-report"
 EXPORTS_LMEVAL = "exports-lm-eval"
 EXPORTS_VLLM_BENCH = "exports-vllm-bench"
 SERVER_LOG = "server-log"                  # one phase's server output, by phase and arm (or bracket start)
@@ -101,6 +102,7 @@ PATHS = {
     SPEED_STREAMS_SCHEMA: "speed/streams.jsonl",
     SERVER_START_SCHEMA: "servers/starts.jsonl",
     BISECT_SCHEMA: "bisect/result.json",
+    BISECT_REPORT: "bisect/report.md",
     BISECT_PROBES_SCHEMA: "journal/bisect/{key}.json",
     DECISION_SCHEMA: "promotion/decision.json",
     MANIFEST_SCHEMA: "promotion/manifest.json",
