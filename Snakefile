@@ -9,8 +9,7 @@ from snakemake.utils import min_version, validate
 
 from pairaudit.promotion.calibration import calibration_config, is_calibration
 from pairaudit.cli.verdict import after_run
-from pairaudit.configcheck import check_at_load, check_yaml_files
-from pairaudit.plans.change import derive_at_load
+from pairaudit.configcheck import check_at_load, check_yaml_files, derive_at_load
 
 min_version("9.0")
 
@@ -66,7 +65,7 @@ if not is_calibration(config):
             RUN_STARTED,
         )
         if page:
-            print("\n" + page, flush=True)
+            print(f"\n{page}", flush=True)
 
     module calibration:
         snakefile:

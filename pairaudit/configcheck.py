@@ -550,3 +550,13 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def derive_at_load(config: dict) -> None:
+    """The Snakefile's first call: the change form (server + change) becomes the two arms, or the workflow
+    stops naming every problem (``pairaudit.plans.change.derive_arms``)."""
+    problems = change.derive_arms(config)
+    if problems:
+        from snakemake_interface_common.exceptions import WorkflowError
+
+        raise WorkflowError(format_problems(problems))

@@ -32,6 +32,7 @@ LAYERS = [
     {"datasets", "plans"},                       # datasets parse answers with quality's boxed parser
     {"answers"},
     {"diagnostics"},                             # reads the answers' journals
+    {"bisect"},                                  # probes the diagnostics' divergences on subsets of the change
     {"promotion"},
     {"interop"},                                 # other tools' formats, read and written from the artifacts
     {"cli", "configcheck"},

@@ -130,9 +130,9 @@ def bench_result(streams: Sequence[Mapping[str, Any]], *, duration_s: float, mod
         raise VllmBenchExportError(f"{label}: duration {duration_s!r} s is not positive")
     rows = []
     for s in streams:
-        ok = s.get("error") is None and bool(s.get("output_tokens")) and s.get("ttft_s") is not None \
+        good = s.get("error") is None and bool(s.get("output_tokens")) and s.get("ttft_s") is not None \
             and s.get("e2el_s") is not None
-        rows.append({**s, "_ok": ok, "_start": _epoch(s.get("started_at"))})
+        rows.append({**s, "_ok": good, "_start": _epoch(s.get("started_at"))})
     ok = [r for r in rows if r["_ok"]]
     out_lens = [int(r["output_tokens"]) if r["_ok"] else 0 for r in rows]
     in_ok = sum(int(r.get("prompt_tokens") or 0) for r in ok)

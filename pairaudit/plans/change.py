@@ -72,9 +72,6 @@ CHANGE_KEYS = ("name", "description", "switches")
 ARMS = ("control", "candidate")
 
 
-class ChangeError(ValueError):
-    """The change form cannot be derived; the message lists every problem, one per line."""
-
 
 @dataclass(frozen=True)
 class Switch:
@@ -129,6 +126,10 @@ class Change:
 
 
 # ------------------------------------------------------------------ parsing
+
+
+class ChangeError(ValueError):
+    """A change that cannot become two arms; the message names every problem's key."""
 
 def _scalar(v: Any) -> bool:
     return isinstance(v, (str, int, float)) and not isinstance(v, bool)
@@ -353,17 +354,6 @@ def derive_arms(config: dict) -> list[str]:
     if not problems:
         config["arms"] = arms
     return problems
-
-
-def derive_at_load(config: dict) -> None:
-    """The Snakefile's call: derive the arms, or stop the workflow naming every problem."""
-    problems = derive_arms(config)
-    if problems:
-        from snakemake_interface_common.exceptions import WorkflowError
-
-        n = len(problems)
-        raise WorkflowError(f"config check: {n} problem{'s' if n != 1 else ''} (nothing has run):\n"
-                            + "\n".join(f"  - {p}" for p in problems))
 
 
 def from_config(config: Mapping[str, Any]) -> Change | None:

@@ -331,7 +331,7 @@ def _plan(plan: split.SplitPlan | split.NotSplit, judge: str, item: dict) -> spl
 
 
 def _split_record(code: str, plan: split.SplitPlan, imports: list[str], keep: list[str],
-                  sandbox_limits: dict | None) -> tuple[dict, str | None, list[dict]]:
+                  sandbox_limits: dict | None) -> tuple[dict, str | None, list[split.SplitFailure]]:
     """(record fields, why the calls did not all answer, failed assertions) of the split path."""
     limits = {**defaults.section("scoring", "sandbox"), **(sandbox_limits or {})}
     run = split.run_split(code, plan, imports=imports, keep=keep, limits=limits)

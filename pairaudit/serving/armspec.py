@@ -33,6 +33,7 @@ from typing import Any, Mapping
 from pairaudit.core import artifacts
 from pairaudit.core.artifacts import sha256_json
 from pairaudit.core.contracts import ARM_SPEC_SCHEMA
+from pairaudit.serving import modelid
 
 MODES = ("launch", "attach")
 PLACEHOLDERS = ("python", "vllm_python", "model", "model_dir", "served_model_name", "host", "port",
@@ -63,10 +64,8 @@ def model_dir(model: str) -> str:
     directory or a hub id the server resolves itself). Only a path is
     computed here: nothing is hashed or converted at config time.
     """
-    from pairaudit.serving import modelstore
-
-    if model in (modelstore.EMBEDDED_NAME, f"HuggingFaceTB/{modelstore.EMBEDDED_NAME}"):
-        return str(modelstore.cache_root() / "models" / modelstore.EMBEDDED_GGUF_SHA256)
+    if model in (modelid.EMBEDDED_NAME, f"HuggingFaceTB/{modelid.EMBEDDED_NAME}"):
+        return str(modelid.cache_root() / "models" / modelid.EMBEDDED_GGUF_SHA256)
     return model
 
 

