@@ -9,6 +9,7 @@ import yaml
 
 from pairaudit.datasets import formats as datasets
 from pairaudit.datasets.formats import DatasetError, prepare_dataset
+from pairaudit.plans import change
 from pairaudit.quality import answerformats as af
 from pairaudit.quality import scoring
 
@@ -220,6 +221,7 @@ def test_schema_accepts_the_documented_example_and_refuses_a_bad_method():
     block = text.split("<!-- qa-mc-example -->", 1)[1].split("```yaml", 1)[1].split("```", 1)[0]
     example = yaml.safe_load(block)
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    change.derive_arms(config)  # the change form becomes the two arms, as at load
     config["datasets"] = example["datasets"]
     validate(config, str(REPO / "config" / "schema.yaml"))
     # the defaults Snakemake's validation fills in must not put regex keys into an exact entry

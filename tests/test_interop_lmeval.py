@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from pairaudit import artifacts, stages
 from pairaudit.cli import main
+from pairaudit.core import artifacts
 from pairaudit.interop import lmeval
-from pairaudit.sampled import body_sha256
+from pairaudit.plans.requests import body_sha256
+from pairaudit.quality import stage as quality_stage
 
 REAL = Path(__file__).resolve().parent / "data" / "lmeval" / "gsm8k_tiny" / "control"
 
@@ -57,9 +58,9 @@ def build_audit(root: Path, *, cut: dict | None = None) -> dict:
         artifacts.write_jsonl(sp, {"schema": "pairaudit.sampled/v1", "dataset": "hand", "arm": arm, "n": len(recs),
                                    "provenance": artifacts.provenance([ds_path], {})}, recs)
         cp = root / "scores" / "hand" / f"{arm}.jsonl"
-        stages.score_stage(dataset_path=str(ds_path), sampled_path=str(sp), out_path=str(cp), sandbox_limits={})
+        quality_stage.score_stage(dataset_path=str(ds_path), sampled_path=str(sp), out_path=str(cp), sandbox_limits={})
         paths["sampled"][arm], paths["scores"][arm] = str(sp), str(cp)
-    paths["paired"] = stages.paired_stage(dataset_path=str(ds_path), sampled_paths=paths["sampled"],
+    paths["paired"] = quality_stage.paired_stage(dataset_path=str(ds_path), sampled_paths=paths["sampled"],
                                           score_paths=paths["scores"], out_path=str(root / "paired" / "hand.json"),
                                           quality_params={"max_net_loss": 0, "alpha": 0.05})
     return paths

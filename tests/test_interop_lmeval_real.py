@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from pairaudit import datasets, scoring, stats
 from pairaudit.cli import main
 from pairaudit.cli.codes import EXIT
+from pairaudit.core import stats
+from pairaudit.datasets import formats as datasets
 from pairaudit.interop import lmeval
+from pairaudit.quality import scoring
 
 DATA = Path(__file__).resolve().parent / "data" / "lmeval"
 ARMS = ("control", "candidate")

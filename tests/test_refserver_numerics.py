@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pairaudit.plans import change
 from pairaudit.refserver import switches as sw
 from pairaudit.refserver.numerics import Numerics, rms_norm_bf16
 from pairaudit.refserver.switches import Switches
@@ -98,6 +99,7 @@ def test_the_config_check_refuses_what_an_arm_s_device_cannot_run():
     from pairaudit import configcheck
 
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    change.derive_arms(cfg)  # the change form becomes the two arms, as at load
     result = configcheck.CheckResult()
     configcheck.check_arms(cfg, result)
     assert result.problems == []

@@ -8,6 +8,7 @@ import pytest
 
 from pairaudit import gates
 from pairaudit.core import stats
+from pairaudit.plans import change
 from pairaudit.quality import sizing
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,6 +145,7 @@ def _config(loss=None, count=32):
     import yaml
 
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    change.derive_arms(cfg)  # the change form becomes the two arms, as at load
     if loss is not None:
         cfg["rules"]["quality"]["detect_loss_pct"] = loss
     for d in cfg["datasets"]:
