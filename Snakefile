@@ -8,7 +8,7 @@ import time
 from snakemake.utils import min_version, validate
 
 from pairaudit.promotion.calibration import calibration_config, is_calibration
-from pairaudit.cli.verdict import after_run
+from pairaudit.cli import export, verdict
 from pairaudit.configcheck import check_at_load, check_yaml_files, derive_at_load
 
 min_version("9.0")
@@ -57,15 +57,16 @@ if not is_calibration(config):
     # The terminal ends on the verdict: the front page of every decision this
     # run wrote (or the audit's standing one), as `pairaudit verdict` prints it.
     onsuccess:
-        page = after_run(
-            [
-                f"results/{config['audit']}",
-                f"results/{config['audit']}-calibration",
-            ],
-            RUN_STARTED,
-        )
-        if page:
-            print(f"\n{page}", flush=True)
+        audits = [
+            f"results/{config['audit']}",
+            f"results/{config['audit']}-calibration",
+        ]
+        # the answers and speed starts in lm-eval's and vllm bench serve's formats, beside the evidence
+        exported = export.after_run(audits, RUN_STARTED)
+        page = verdict.after_run(audits, RUN_STARTED)
+        for text in (exported, page):
+            if text:
+                print(f"\n{text}", flush=True)
 
     module calibration:
         snakefile:

@@ -157,3 +157,23 @@ def test_size_from_a_calibration_log(tmp_path, capsys):
     write_json(summary, {"schema": "pairaudit.calibration/v1", "quality": {"arith": {"n": 40, "discordant": 0}}})
     assert main(["size", "--loss", "10", "--calibration", str(log)]) == 2
     assert "is not the" in capsys.readouterr().err
+
+
+def test_the_workflow_ends_on_the_front_page_of_what_it_decided(tmp_path):
+    """onsuccess: the decisions written since the run started are shown; when none was, the audit's own."""
+    import os
+    import time
+
+    from pairaudit.cli import verdict
+
+    old, _ = audit_with(tmp_path, "REJECT")
+    new, _ = audit_with(tmp_path, "HOLD")
+    started = time.time()
+    os.utime(old / "promotion" / "decision.json", (started - 60, started - 60))
+    os.utime(new / "promotion" / "decision.json", (started + 1, started + 1))
+    page = verdict.after_run([old, new], started)
+    assert page.startswith("pairaudit verdict: HOLD") and "REJECT" not in page.splitlines()[0]
+    assert f"`pairaudit verdict {new}` prints this again and exits 3" in page
+    # nothing decided in this run (all up to date): the first audit's standing decision
+    assert verdict.after_run([old, new], started + 10).startswith("pairaudit verdict: REJECT")
+    assert verdict.after_run([tmp_path / "results" / "none"], started) == ""

@@ -52,3 +52,26 @@ def run(args: argparse.Namespace) -> int:
         print(f"pairaudit export: {exc}", file=sys.stderr)
         return REFUSED
     return OK
+
+
+def after_run(audit_dirs: list[str | Path], since: float) -> str:
+    """The exports of every audit whose decision a finished run wrote (the workflow's ``onsuccess``).
+
+    Written beside the primary artifacts under ``exports/``, which no stage
+    reads; one line per audit says where they went or why not.
+    """
+    lines = []
+    for root in map(Path, audit_dirs):
+        decision = root / "promotion" / "decision.json"
+        if not decision.is_file() or decision.stat().st_mtime < since:
+            continue
+        try:
+            arms = lmeval.export_audit(root)
+            written = [f"lm-eval: {len(ex.samples)} sample log(s) per arm" for ex in list(arms.values())[:1]]
+            if (root / "speed" / "decision.json").is_file():
+                bench = vllm_bench.export_audit(root)
+                written.append(f"vllm bench serve: {sum(len(c) for c in bench.written.values())} result file(s)")
+            lines.append(f"exports of {root}: {'; '.join(written)} under {root / 'exports'}")
+        except (artifacts.ArtifactError, lmeval.LmEvalLogError, vllm_bench.VllmBenchExportError, OSError) as exc:
+            lines.append(f"exports of {root}: not written ({exc}); `pairaudit export {root}` retries")
+    return "\n".join(lines)
