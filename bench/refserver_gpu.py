@@ -27,17 +27,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import requests
+
+# one way to start and stop a server for every bench (bench/refserver.py)
+import refserver as bench_refserver  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "SmolLM2-135M-Instruct"
@@ -46,40 +45,13 @@ PROMPTS = ["Write a short story about a robot.", "Explain why the sky is blue.",
 CONCURRENCY = (1, 4)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """The reference server in its own session on a loopback port; its output goes to a log file."""
+class Server(bench_refserver.Server):
+    """bench/refserver.py's server process, started with this checkout on its PYTHONPATH, plus its facts."""
 
     def __init__(self, name: str, args: list[str], env: dict, timeout: float = 600):
-        self.name = name
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w+", prefix=f"bench-gpu-{name}-", suffix=".log", delete=False)
-        argv = [sys.executable, "-m", "pairaudit.refserver", "--port", str(self.port), *args]
-        t0 = time.monotonic()
-        self.proc = subprocess.Popen(argv, env={**os.environ, **env,
-                                     "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}, cwd=REPO,
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        while time.monotonic() - t0 < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{name} exited {self.proc.returncode}:\n{self.log_text()[-3000:]}")
-            try:
-                if requests.get(self.url + "/health", timeout=1).ok:
-                    self.start_seconds = time.monotonic() - t0
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.1)
-        self.stop(keep_log=True)
-        raise RuntimeError(f"{name} not healthy after {timeout:.0f} s; log {self.log.name}")
-
-    def log_text(self) -> str:
-        return Path(self.log.name).read_text(errors="replace")
+        pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        super().__init__(name, [sys.executable, "-m", "pairaudit.refserver", *args],
+                         {**env, "PYTHONPATH": pythonpath}, timeout)
 
     def info(self) -> dict:
         return requests.get(self.url + "/version", timeout=10).json()["pairaudit"]
@@ -90,17 +62,6 @@ class Server:
             if line.startswith(name + "{") or line.startswith(name + " "):
                 total += float(line.rsplit(" ", 1)[1])
         return total
-
-    def stop(self, keep_log: bool = False) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        if not keep_log:
-            os.unlink(self.log.name)
 
 
 def chat_body(prompt: str, n: int) -> dict:
