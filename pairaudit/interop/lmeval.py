@@ -368,6 +368,12 @@ def export_audit(audit_dir: str | os.PathLike, out_dir: str | os.PathLike | None
 
 # ------------------------------------------------------------------ import
 
+class AnswerFacts(TypedDict):
+    """What pairaudit's own export adds to a sample log line: whether the item had an answer, and how it ended."""
+    answered: bool
+    finish_reason: str | None
+
+
 @dataclass(frozen=True)
 class LoggedDoc:
     """One document of one filter in an lm-eval sample log."""
@@ -380,7 +386,7 @@ class LoggedDoc:
     target_hash: str
     arguments_sha256: str      # sha256 of the canonical JSON of every request's arguments
     generation: Any            # gen_args_0.arg_1 (the generation kwargs)
-    answer_facts: dict | None = None   # pairaudit's export only: {"answered", "finish_reason"} of the item
+    answer_facts: AnswerFacts | None = None   # pairaudit's export only: {"answered", "finish_reason"} of the item
 
 
 @dataclass(frozen=True)
@@ -484,8 +490,9 @@ def read_log(path: str | os.PathLike, *, metric: str = METRIC, filter: str | Non
         resps = obj["resps"]
         response = resps[0][0] if resps and isinstance(resps[0], list) and resps[0] else None
         extra = obj.get("pairaudit")
-        facts = ({"answered": extra.get("answered"), "finish_reason": extra.get("finish_reason")}
-                 if isinstance(extra, dict) and isinstance(extra.get("answered"), bool) else None)
+        facts: AnswerFacts | None = None
+        if isinstance(extra, dict) and isinstance(extra.get("answered"), bool):
+            facts = {"answered": extra["answered"], "finish_reason": extra.get("finish_reason")}
         docs[did] = LoggedDoc(doc_id=did, line=n, value=obj[metric],
                               response=response if isinstance(response, str) else None,
                               doc_hash=obj["doc_hash"], prompt_hash=obj["prompt_hash"], target_hash=obj["target_hash"],
@@ -576,7 +583,7 @@ def pair_logs(control_path: str | os.PathLike, candidate_path: str | os.PathLike
     own = all(x.answer_facts is not None for log in (control, candidate) for x in log.docs.values())
     scores: dict[str, list[ScoreRecord]] = {}
     records: dict[str, list[PairingFacts]] = {}
-    lm_eval_facts = {"answered": True, "finish_reason": None}
+    lm_eval_facts: AnswerFacts = {"answered": True, "finish_reason": None}
     for arm, log in (("control", control), ("candidate", candidate)):
         scores[arm] = []
         for d, x in sorted(log.docs.items()):
