@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from pairaudit import artifacts, stages
 from pairaudit.cli import main
+from pairaudit.core import artifacts
 from pairaudit.interop import lmeval
-from pairaudit.sampled import body_sha256
+from pairaudit.plans.requests import body_sha256
+from pairaudit.quality import stage as stages
 
 REAL = Path(__file__).resolve().parent / "data" / "lmeval" / "gsm8k_tiny" / "control"
 
