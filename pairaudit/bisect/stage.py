@@ -59,10 +59,12 @@ from pairaudit.core.contracts import (
     GREEDY_SCHEMA,
     BisectItemResult,
     BisectProbe,
+    ProbeResult,
 )
 from pairaudit.diagnostics import greedy
 from pairaudit.plans import change as changes
 from pairaudit.serving import launch
+from pairaudit.serving.armspec import ArmSpec
 from pairaudit.serving.client import ServerError
 from pairaudit.serving.phase import PhaseServer
 
@@ -100,7 +102,7 @@ class SubsetResult:
     on: tuple[str, ...]
     key: str
     source: str                          # "started" | "kept" | "failed"
-    probes: dict[str, dict]              # item key -> greedy.run_probe record
+    probes: dict[str, ProbeResult]       # item key -> greedy.run_probe record
     error: str | None = None
     server: dict | None = None
 
@@ -133,9 +135,10 @@ def divergent_items(divergence_paths: Mapping[str, str], greedy_paths: Mapping[s
             if d.get("diverged") is not True:
                 continue
             why = None
+            prompt = prompts.get(d["index"])
             if d.get("control_token_id") is None or d.get("candidate_token_id") is None:
                 why = "one arm's output ends at the divergence: there is no token of that arm to reproduce"
-            elif not prompts.get(d["index"]):
+            elif not prompt:
                 why = f"no prompt ids for the item in {greedy_paths[name]}"
             if why:
                 skipped.append({"dataset": name, "index": d["index"], "reason": why})
@@ -143,7 +146,7 @@ def divergent_items(divergence_paths: Mapping[str, str], greedy_paths: Mapping[s
             items.append(BisectItem(dataset=name, index=d["index"], first_divergence=d["first_divergence"],
                                     control_token_id=d["control_token_id"],
                                     candidate_token_id=d["candidate_token_id"],
-                                    prompt_ids=tuple(prompts[d["index"]]),
+                                    prompt_ids=tuple(prompt or ()),   # not empty: checked above
                                     shared_prefix=tuple(d["shared_prefix"] or ())))
     return items, skipped, notes
 
@@ -180,13 +183,13 @@ class Prober:
     def ordered(self, on) -> tuple[str, ...]:
         return tuple(sorted(on, key=self.order.__getitem__))
 
-    def spec(self, on) -> dict:
+    def spec(self, on) -> ArmSpec:
         return launch.resolve_spec(BISECT_ARM, changes.arm_config(self.server, self.change, on))
 
     def key(self, on) -> str:
         # what the probes depend on: the server as started (its identity: command, env, model),
         # which switches are on, and what is forced
-        return sha256_json({"identity": launch.identity_fields(self.spec(on)), "on": list(self.ordered(on)),
+        return sha256_json({"identity": self.spec(on).identity(), "on": list(self.ordered(on)),
                             "items": [it.identity() for it in self.items]})
 
     def get(self, on: frozenset[str]) -> SubsetResult:
@@ -212,16 +215,16 @@ class Prober:
         spec = self.spec(on)
         key = self.key(on)
         on_t = self.ordered(on)
-        receipt = {"spec_sha256": sha256_json(launch.identity_fields(spec))}
+        receipt = {"spec_sha256": spec.spec_sha256}
         ps = PhaseServer(spec, phase=PHASE, log_path=str(self.server_log_dir / f"bisect-{key[:16]}.log"),
                          receipt=receipt, starts_log=self.starts_log)
-        probes: dict[str, dict] = {}
+        probes: dict[str, ProbeResult] = {}
         log.info("bisect: starting a server with %s on", ", ".join(on_t) or "no switch")
         try:
             srv = ps.get()
             for it in self.items:
                 lifecycle.check_stop()
-                probes[it.key] = greedy.run_probe(srv.endpoint, spec["served_model_name"], list(it.prompt_ids),
+                probes[it.key] = greedy.run_probe(srv.endpoint, spec.served_model_name, list(it.prompt_ids),
                                                   list(it.shared_prefix))
                 srv.assert_alive()
             ps.verify()
@@ -235,7 +238,7 @@ class Prober:
         server = _server_facts(ps)
         if not any(p.get("error") for p in probes.values()):  # a failed probe is asked again on a rerun
             artifacts.write_json(self._path(key), {
-                "schema": BISECT_PROBES_SCHEMA, "key": key, "on": list(on_t), "spec": spec, "probes": probes,
+                "schema": BISECT_PROBES_SCHEMA, "key": key, "on": list(on_t), "spec": spec.to_json(), "probes": probes,
                 "items": [it.identity() for it in self.items], "server": server,
                 "provenance": artifacts.provenance([], {"on": list(on_t)})})
         return SubsetResult(on=on_t, key=key, source="started", probes=probes, server=server)
@@ -266,12 +269,12 @@ def _items_text(keys: Sequence[str]) -> str:
     return ("item " if len(keys) == 1 else "items ") + " and ".join(parts)
 
 
-def summary_lines(switches: Sequence[str], items: Sequence[dict]) -> list[str]:
+def summary_lines(switches: Sequence[str], items: Sequence[BisectItemResult]) -> list[str]:
     """One sentence per responsible set, per switch that moves nothing, per kind of item left unexplained."""
     groups: dict[tuple[str, ...], list[str]] = {}
     for it in items:
         if it["status"] == "found":
-            groups.setdefault(tuple(it["responsible"]), []).append(f"{it['dataset']}:{it['index']}")
+            groups.setdefault(tuple(it["responsible"] or ()), []).append(f"{it['dataset']}:{it['index']}")
     lines = []
     for sws, keys in groups.items():
         if len(sws) == 1:
@@ -348,7 +351,7 @@ def bisect_stage(*, divergence_paths: Mapping[str, str], greedy_paths: Mapping[s
                  starts_log: str | None, out_result: str, out_report: str) -> dict:
     """Bisect the change's switches over the audit's divergent greedy items; write result.json and report.md."""
     consumed = [*divergence_paths.values(), *greedy_paths.values()]
-    base = {"schema": BISECT_SCHEMA, "change": None, "switches": [], "n": 0, "items": [], "skipped": [],
+    base: dict[str, Any] = {"schema": BISECT_SCHEMA, "change": None, "switches": [], "n": 0, "items": [], "skipped": [],
             "subsets": [], "starts": {"started": 0, "kept": 0, "failed": 0, "asked": 0, "bound": 0}, "summary": [],
             "provenance": artifacts.provenance(consumed, {"server": server, "change": change})}
     attach = [a for a, cfg in arms.items() if (cfg or {}).get("mode", "launch") != "launch"]

@@ -34,7 +34,8 @@ def parser() -> argparse.ArgumentParser:
                                  "(docs/interop.md)")
     sub = ap.add_subparsers(dest="command", required=True, metavar="{verdict,pair,size,export}")
     for name, mod in COMMANDS.items():
-        p = sub.add_parser(name, help=mod.HELP, description=mod.__doc__.strip().splitlines()[0])
+        # the module docstring's first line; HELP where docstrings are stripped (python -OO)
+        p = sub.add_parser(name, help=mod.HELP, description=(mod.__doc__ or mod.HELP).strip().splitlines()[0])
         mod.add_arguments(p)
     return ap
 

@@ -43,10 +43,10 @@ def run(args: argparse.Namespace) -> int:
             if not (root / "speed" / "decision.json").is_file():
                 print(f"vllm bench: {root}/speed/decision.json not found: the speed stage has not run (skipped)")
             else:
-                ex = vllm_bench.export_audit(root)
-                for start, cells in ex.written.items():
+                bench = vllm_bench.export_audit(root)
+                for start, cells in bench.written.items():
                     print(f"vllm bench {start}: " + ", ".join(cells.values()))
-                for why in ex.skipped:
+                for why in bench.skipped:
                     print(f"vllm bench: skipped: {why}")
     except (artifacts.ArtifactError, lmeval.LmEvalLogError, vllm_bench.VllmBenchExportError, OSError) as exc:
         print(f"pairaudit export: {exc}", file=sys.stderr)

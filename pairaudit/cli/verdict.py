@@ -18,10 +18,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 from pairaudit.core import artifacts
-from pairaudit.core.contracts import DECISION_SCHEMA, PATHS
+from pairaudit.core.contracts import DECISION_SCHEMA, PATHS, Decision
 from pairaudit.promotion import render
 
 from .codes import EXIT, REFUSED
@@ -54,7 +54,7 @@ def decision_path(arg: str | None) -> Path:
     return p if p.suffix == ".json" else p / DECISION_REL
 
 
-def load(path: Path) -> dict:
+def load(path: Path) -> Decision:
     """The decision, content hash checked; ArtifactError naming the file otherwise."""
     if not path.is_file():
         raise artifacts.ArtifactError(f"{path}: not found (has the promotion stage run? `snakemake --cores 4 "
@@ -64,7 +64,7 @@ def load(path: Path) -> dict:
                                                                                                     Mapping):
         raise artifacts.ArtifactError(f"{path}: decision {doc.get('decision')!r} is not one of PROMOTE, REJECT, "
                                       "HOLD, INCONCLUSIVE (or it has no gates)")
-    return doc
+    return cast(Decision, doc)   # its schema and decision checked above
 
 
 # ------------------------------------------------------------------ text
@@ -91,13 +91,13 @@ def _mde(ds: Mapping[str, Any]) -> str:
     return f">= {mde['net_loss']} items ({100 * mde['rate']:.1f} %)"
 
 
-def _also_short(decision: Mapping[str, Any]) -> list[str]:
+def _also_short(decision: Decision) -> list[str]:
     deciding = decision.get("deciding_gates") or []
     return [f"{n} ({'not evaluated' if g is None else g.get('outcome')})" for n, g in decision["gates"].items()
             if n not in deciding and (g is None or g.get("outcome") != "PROMOTE")]
 
 
-def front_page_text(decision: Mapping[str, Any], source: str) -> str:
+def front_page_text(decision: Decision, source: str) -> str:
     rows = render.gate_rows(decision)
     width = max([len(r["gate"]) for r in rows] + [4])
     vwidth = max([len(r["verdict"]) for r in rows] + [7])
@@ -131,7 +131,7 @@ def front_page_text(decision: Mapping[str, Any], source: str) -> str:
 
 # -------------------------------------------------------------- markdown
 
-def front_page_markdown(decision: Mapping[str, Any], source: str, sha256: str | None = None) -> str:
+def front_page_markdown(decision: Decision, source: str, sha256: str | None = None) -> str:
     cell = _cell
     out = [f"## pairaudit: {decision['decision']}", "",
            f"**{decision['decision']}**, deciding gates: {', '.join(decision.get('deciding_gates') or []) or 'none'}. "

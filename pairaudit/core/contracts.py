@@ -195,6 +195,14 @@ class SampledRecord(JournalAttempt, total=False):
     prior_attempts: list[JournalAttempt]   # earlier attempts without a final answer, kept as evidence
 
 
+class PairingFacts(TypedDict):
+    """What ``stats.paired_table`` reads of an arm's sampled record: a SampledRecord has these keys, and so
+    has the stand-in ``interop.lmeval`` builds for a sample log, which has no journal behind it."""
+    index: int
+    body_sha256: str
+    error: str | None
+
+
 class ScoreRecord(TypedDict, total=False):
     """One record of ``scores/<dataset>/<arm>.jsonl`` (``scoring.score_records``), same order as sampled."""
     index: int
@@ -246,7 +254,8 @@ class PairedTable(TypedDict):
     exact_text_match_indices: list[int]
     bodies_identical: bool
     body_mismatch_indices: list[int]
-    natural_finish: dict[str, int]                  # arm -> items that ended with finish_reason "stop"
+    natural_finish: dict[str, int | None]           # arm -> items that ended with finish_reason "stop"; None where
+                                                    # the source records no finish reason (an lm-eval sample log)
     unnatural_finish_indices: dict[str, list[int]]
     unanswered_indices: dict[str, list[int]]
     error_indices: dict[str, list[int]]
@@ -454,6 +463,7 @@ class Decision(TypedDict, total=False):
     datasets: dict                  # name -> the paired summary: counts, only-control/candidate, mcnemar_p, mde, ...
     arms: dict                      # arm -> mode, spec_sha256, env, command, model, max_model_len, packages, ...
     switch_diff: list[dict]         # {name, control, candidate}; None = not set by that arm
+    change: dict | None             # the change form's name, switches and receipt check; None for two stated arms
     notes: list[str]                # comparability facts that do not decide
     preflight: dict                 # arm -> PASS | FAIL | None
     calibration_ref: dict | None    # the latest A/A calibration of the same control on the same host; never decides

@@ -30,7 +30,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from pairaudit.core.contracts import ARMS, NATURAL_FINISH, PairedTable, SampledRecord, ScoreRecord
+from pairaudit.core.contracts import ARMS, NATURAL_FINISH, PairedTable, PairingFacts, ScoreRecord
 
 # scipy.stats is imported where it is used: it takes seconds to import, and the
 # workflow imports this module (through the rules) every time it loads.
@@ -71,8 +71,8 @@ def _by_index(records: Sequence[Mapping[str, Any]], what: str) -> dict[int, Mapp
 def paired_table(
     control_scores: Sequence[ScoreRecord],
     candidate_scores: Sequence[ScoreRecord],
-    control_records: Sequence[SampledRecord],
-    candidate_records: Sequence[SampledRecord],
+    control_records: Sequence[PairingFacts],
+    candidate_records: Sequence[PairingFacts],
 ) -> PairedTable:
     """Pair both arms item by item and build the quality table (schema above).
 

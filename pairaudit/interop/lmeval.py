@@ -73,7 +73,8 @@ from typing import Any, Mapping, Sequence, TypedDict
 
 from pairaudit import gates
 from pairaudit.core import artifacts, stats
-from pairaudit.core.contracts import ARMS, DATASET_SCHEMA, EXPORTS_LMEVAL, PATHS, SAMPLED_SCHEMA, SCORES_SCHEMA
+from pairaudit.core.contracts import (ARMS, DATASET_SCHEMA, EXPORTS_LMEVAL, PATHS, SAMPLED_SCHEMA, SCORES_SCHEMA,
+                                      PairedTable, PairingFacts, ScoreRecord)
 
 LM_EVAL_VERSION = "0.4.13"  # the release whose writer this module follows (docs/interop.md)
 PRIMARY_FILTER = "strict-match"
@@ -367,6 +368,12 @@ def export_audit(audit_dir: str | os.PathLike, out_dir: str | os.PathLike | None
 
 # ------------------------------------------------------------------ import
 
+class AnswerFacts(TypedDict):
+    """What pairaudit's own export adds to a sample log line: whether the item had an answer, and how it ended."""
+    answered: bool
+    finish_reason: str | None
+
+
 @dataclass(frozen=True)
 class LoggedDoc:
     """One document of one filter in an lm-eval sample log."""
@@ -379,7 +386,7 @@ class LoggedDoc:
     target_hash: str
     arguments_sha256: str      # sha256 of the canonical JSON of every request's arguments
     generation: Any            # gen_args_0.arg_1 (the generation kwargs)
-    answer_facts: dict | None = None   # pairaudit's export only: {"answered", "finish_reason"} of the item
+    answer_facts: AnswerFacts | None = None   # pairaudit's export only: {"answered", "finish_reason"} of the item
 
 
 @dataclass(frozen=True)
@@ -483,8 +490,9 @@ def read_log(path: str | os.PathLike, *, metric: str = METRIC, filter: str | Non
         resps = obj["resps"]
         response = resps[0][0] if resps and isinstance(resps[0], list) and resps[0] else None
         extra = obj.get("pairaudit")
-        facts = ({"answered": extra.get("answered"), "finish_reason": extra.get("finish_reason")}
-                 if isinstance(extra, dict) and isinstance(extra.get("answered"), bool) else None)
+        facts: AnswerFacts | None = None
+        if isinstance(extra, dict) and isinstance(extra.get("answered"), bool):
+            facts = {"answered": extra["answered"], "finish_reason": extra.get("finish_reason")}
         docs[did] = LoggedDoc(doc_id=did, line=n, value=obj[metric],
                               response=response if isinstance(response, str) else None,
                               doc_hash=obj["doc_hash"], prompt_hash=obj["prompt_hash"], target_hash=obj["target_hash"],
@@ -520,7 +528,7 @@ class PairedLogs:
     """Two sample logs paired by doc_id, with quality-v1's verdict (``pair_logs``)."""
     control: SampleLog
     candidate: SampleLog
-    table: dict
+    table: PairedTable
     quality: dict
     bootstrap: dict | None
     not_checked: list[str] = field(default_factory=list)
@@ -573,11 +581,16 @@ def pair_logs(control_path: str | os.PathLike, candidate_path: str | os.PathLike
     # pairaudit's own export carries each answer's finish reason and whether there was one: then every
     # clause of quality-v1 applies, as in the audit; lm-eval's logs have neither
     own = all(x.answer_facts is not None for log in (control, candidate) for x in log.docs.values())
-    scores, records = {}, {}
+    scores: dict[str, list[ScoreRecord]] = {}
+    records: dict[str, list[PairingFacts]] = {}
+    lm_eval_facts: AnswerFacts = {"answered": True, "finish_reason": None}
     for arm, log in (("control", control), ("candidate", candidate)):
-        scores[arm] = [{"index": d, "correct": _binary(x.value), "text": x.response,
-                        **(x.answer_facts if own else {"answered": True, "finish_reason": None})}
-                       for d, x in sorted(log.docs.items())]
+        scores[arm] = []
+        for d, x in sorted(log.docs.items()):
+            facts = x.answer_facts if own and x.answer_facts is not None else lm_eval_facts
+            # every value is 0/1 (checked above), so _binary gives a bool
+            scores[arm].append({"index": d, "correct": bool(_binary(x.value)), "text": x.response,
+                                "answered": facts["answered"], "finish_reason": facts["finish_reason"]})
         # identical prompts and arguments were checked above: the request is the same on both sides
         records[arm] = [{"index": d, "body_sha256": x.arguments_sha256, "error": None}
                         for d, x in sorted(log.docs.items())]

@@ -186,7 +186,7 @@ def _check_against_decision(streams: Sequence[Mapping[str, Any]], stored: Mappin
             raise VllmBenchExportError(f"{where}: streams.jsonl gives {key} {again[key]}, decision.json recorded "
                                        f"{stored.get(key)}: the two artifacts are not of the same bracket")
     a, b = again["ttft_ms"]["mean"], (stored.get("ttft_ms") or {}).get("mean")
-    if (a is None) != (b is None) or (a is not None and abs(a - b) > 1e-9 * max(1.0, abs(b))):
+    if (a is None) != (b is None) or (a is not None and b is not None and abs(a - b) > 1e-9 * max(1.0, abs(b))):
         raise VllmBenchExportError(f"{where}: streams.jsonl gives mean TTFT {a} ms, decision.json recorded {b} ms")
 
 

@@ -64,7 +64,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Collection, Literal, Mapping, Sequence
 
 ABSENT, PRESENT = "absent", "present"
-SWITCH_KINDS = ("env", "flag")
+SWITCH_KINDS: tuple[Literal["env", "flag"], ...] = ("env", "flag")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SWITCH_KEYS = ("env", "flag", "rollback", "on", "speculative")
@@ -175,8 +175,9 @@ def parse_change(change_cfg: Any, server: Mapping[str, Any] | None = None, *,
                         f"{{env: NAME, rollback: V, on: V}} or {{flag: --NAME, rollback: V, on: V}})")
         return None, problems
     server = server if isinstance(server, Mapping) else {}
-    server_env = server.get("env") if isinstance(server.get("env"), Mapping) else {}
-    command = server.get("command") if isinstance(server.get("command"), list) else []
+    env_cfg, command_cfg = server.get("env"), server.get("command")
+    server_env: Mapping[str, Any] = env_cfg if isinstance(env_cfg, Mapping) else {}
+    command: list[Any] = command_cfg if isinstance(command_cfg, list) else []
     seen: dict[tuple[str, str], int] = {}
     switches: list[Switch] = []
     for i, sw in enumerate(raw):
@@ -242,7 +243,7 @@ def parse_change(change_cfg: Any, server: Mapping[str, Any] | None = None, *,
         seen[kind, target] = i
         switches.append(Switch(kind=kind, name=target, rollback=values["rollback"], on=values["on"],
                                speculative=spec))
-    if problems:
+    if problems or not isinstance(name, str):   # a name that is no string is already a problem
         return None, problems
     return Change(name=name, switches=tuple(switches), description=desc), []
 
@@ -347,7 +348,7 @@ def derive_arms(config: dict) -> list[str]:
                         "mode attach)")
     change, change_problems = parse_change(config["change"], server)
     problems += change_problems
-    if problems:
+    if problems or change is None:   # no change comes back without a problem
         return problems
     arms = arms_for(server, change)
     problems = _check_derived(change, arms)

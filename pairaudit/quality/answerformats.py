@@ -185,13 +185,13 @@ def normalize_row(fmt: str, i: int, row: dict, *, extract: dict | None = None) -
                 or not all(isinstance(c, str) and c.strip() for c in choices)):
             raise FormatError(f"multiple_choice row {i}: field choices must be a list of 2..{MAX_CHOICES} "
                               f"non-empty strings, got {choices!r}")
-        answer = row.get("answer")
+        letter = row.get("answer")
         allowed = LETTERS[:len(choices)]
-        if not isinstance(answer, str) or len(answer) != 1 or answer not in allowed:
-            raise FormatError(f"multiple_choice row {i}: field answer {answer!r} is not one of the letters "
+        if not isinstance(letter, str) or len(letter) != 1 or letter not in allowed:
+            raise FormatError(f"multiple_choice row {i}: field answer {letter!r} is not one of the letters "
                               f"{', '.join(allowed)} (one per choice)")
         return {"id": str(row.get("id", i)), "question": question,
-                "reference": {"choices": list(choices), "answer": answer}}
+                "reference": {"choices": list(choices), "answer": letter}}
     raise FormatError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
 
 

@@ -627,7 +627,17 @@ def _same_minor(python: str) -> bool:
     return out == "%d.%d" % sys.version_info[:2]
 
 
-_PROBE_LIMITS = {"timeout_s": 20, "cpu_s": 10, "memory_mb": 512, "fsize_mb": 1, "nproc": 16, "nofile": 64}
+class _Limits(TypedDict):
+    """The resource keywords of ``_run``."""
+    timeout_s: float
+    cpu_s: int
+    memory_mb: int
+    fsize_mb: int
+    nproc: int
+    nofile: int
+
+
+_PROBE_LIMITS: _Limits = {"timeout_s": 20, "cpu_s": 10, "memory_mb": 512, "fsize_mb": 1, "nproc": 16, "nofile": 64}
 
 
 @functools.lru_cache(maxsize=None)

@@ -176,17 +176,18 @@ def items_needed(loss_pct: float, discordance: float, *, alpha: float = 0.05, po
                         max_items, method)
     limit = min(max_items, 2 * first + 50)
     ns = np.arange(first, limit + 1)
-    values = dict(zip(ns.tolist(), np.concatenate([pw.batch(ns[i:i + _BATCH]) for i in range(0, ns.size, _BATCH)])))
+    tail: dict[int, float] = dict(zip(ns.tolist(), np.concatenate([pw.batch(ns[i:i + _BATCH])
+                                                                   for i in range(0, ns.size, _BATCH)]).tolist()))
     # the smallest n from which nothing up to the limit dips below the target
     items = first
     for m in range(limit, first - 1, -1):
-        if values[m] < power:
+        if tail[m] < power:
             items = m + 1
             break
     if items > limit:
         return SizePlan(loss_pct, discordance, alpha, power, int(max_net_loss), None, None, first, first_p,
                         limit, method)
-    return SizePlan(loss_pct, discordance, alpha, power, int(max_net_loss), items, values[items], first, first_p,
+    return SizePlan(loss_pct, discordance, alpha, power, int(max_net_loss), items, tail[items], first, first_p,
                     limit, method)
 
 
@@ -264,12 +265,15 @@ def detect_loss_notes(config: Any, documents: dict[str, dict], *, base_dir: str 
         cal = calibrated_discordance(log, of_audit=config.get("audit")) if log.is_file() else None
     except SizingError:
         cal = None
+    cal_audit = cal.audit if cal is not None else None
     notes = []
     floor = items_needed(loss, loss / 100, alpha=alpha, max_net_loss=m)
     for i, entry in enumerate(config.get("datasets") or []):
         if not isinstance(entry, dict):
             continue
         name = entry.get("name")
+        if not isinstance(name, str):   # the config check requires every dataset's name
+            continue
         doc = documents.get(name)
         count = (entry.get("select") or {}).get("count")
         n = len(doc["indices"]) if doc else (count if isinstance(count, int) and not isinstance(count, bool) else None)
@@ -281,12 +285,12 @@ def detect_loss_notes(config: Any, documents: dict[str, dict], *, base_dir: str 
         measured = (items_needed(loss, rate, alpha=alpha, max_net_loss=m)
                     if rate is not None and rate > loss / 100 else None)
         cal_words = ("" if measured is None else
-                     f"; the A/A calibration {cal.audit} measured discordance {rate:.3g} there, which needs "
+                     f"; the A/A calibration {cal_audit} measured discordance {rate:.3g} there, which needs "
                      + (f"{measured.items} items" if measured.items else f"more than {measured.scan_limit} items"))
         if floor.items is None or n < floor.items:
             notes.append(f"{where}: that needs at least {floor.items or f'more than {floor.scan_limit}'} items even "
                          f"if every discordant item were a loss (discordance {loss / 100:g}){cal_words}")
         elif measured is not None and (measured.items is None or n < measured.items):
-            notes.append(f"{where} at the discordance its A/A calibration {cal.audit} measured ({rate:.3g}): that "
+            notes.append(f"{where} at the discordance its A/A calibration {cal_audit} measured ({rate:.3g}): that "
                          f"needs {measured.items or f'more than {measured.scan_limit}'} items")
     return notes

@@ -63,7 +63,7 @@ import operator
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict
+from typing import Any, Callable, Literal, TypedDict, get_args
 
 from pairaudit.quality import sandbox
 
@@ -111,7 +111,7 @@ class PlainError(ValueError):
 
 # ---------------------------------------------------------------- expectations (dataset text, host)
 
-_CONSTRUCTORS = {"set": set, "frozenset": frozenset, "tuple": tuple, "list": list, "sorted": sorted}
+_CONSTRUCTORS: dict[str, Callable[..., Any]] = {"set": set, "frozenset": frozenset, "tuple": tuple, "list": list, "sorted": sorted}
 _FOLD = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
          ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
 _FOLD_CAP = 2 ** 64
@@ -151,7 +151,7 @@ def expected_value(node: ast.expr) -> Any:
             vals = [expected_value(e) for e in node.elts]
             return {ast.Tuple: tuple, ast.List: list, ast.Set: set}[type(node)](vals)
         if isinstance(node, ast.Dict) and None not in node.keys:
-            return {expected_value(k): expected_value(v) for k, v in zip(node.keys, node.values)}
+            return {expected_value(k): expected_value(v) for k, v in zip(node.keys, node.values) if k is not None}
     except TypeError as exc:
         raise NotLiteral(f"an unhashable key or element: {exc}") from None
     raise NotLiteral(f"{type(node).__name__} is not a literal")
@@ -255,8 +255,8 @@ def _assertion(stmt: ast.Assert, src: str, *, math_names: frozenset[str],
             and isinstance(e.func.value, ast.Name):
         if e.func.value.id not in math_names:
             return NotSplit(f"{e.func.value.id}.isclose where the test imports no math as {e.func.value.id}")
-        kws = {k.arg: k.value for k in e.keywords}
-        if len(e.args) != 2 or set(kws) - {"rel_tol", "abs_tol"} or None in kws:
+        kws = {k.arg: k.value for k in e.keywords if k.arg is not None}
+        if len(e.args) != 2 or set(kws) - {"rel_tol", "abs_tol"} or any(k.arg is None for k in e.keywords):
             return NotSplit("math.isclose with arguments other than (a, b, rel_tol=, abs_tol=)")
         tols = {k: _num_literal(v) for k, v in kws.items()}
         if any(v is None for v in tols.values()):
@@ -334,7 +334,7 @@ def plan_humaneval(test: str, entry_point: str) -> SplitPlan | NotSplit:
         elif isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant):
             continue
         elif isinstance(s, ast.Assign) and all(isinstance(t, ast.Name) for t in s.targets) and _is_literal(s.value):
-            test_only.update(t.id for t in s.targets)
+            test_only.update(t.id for t in s.targets if isinstance(t, ast.Name))
         elif isinstance(s, ast.FunctionDef) and s.name == "check":
             checks.append(s)
         else:
@@ -410,8 +410,9 @@ def _plain(n: ast.expr, depth: int) -> Any:
         return -v if isinstance(n.op, ast.USub) else v
     if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Add, ast.Sub)):
         # a complex number's repr: (real +/- imag j); its real part may be "-0"
-        neg = isinstance(n.left, ast.UnaryOp) and isinstance(n.left.op, ast.USub)
-        re, im = _plain(n.left.operand if neg else n.left, d), _plain(n.right, d)
+        negated = n.left if isinstance(n.left, ast.UnaryOp) and isinstance(n.left.op, ast.USub) else None
+        neg = negated is not None
+        re, im = _plain(negated.operand if negated is not None else n.left, d), _plain(n.right, d)
         if type(re) not in (int, float) or type(im) is not complex or im.real != 0:
             raise PlainError("arithmetic other than a complex literal")
         return complex(-float(re) if neg else float(re), im.imag if isinstance(n.op, ast.Add) else -im.imag)
@@ -425,7 +426,7 @@ def _plain(n: ast.expr, depth: int) -> Any:
         if isinstance(n, ast.Dict):
             if any(k is None for k in n.keys):
                 raise PlainError("a ** in a dict")
-            return {_plain(k, d): _plain(v, d) for k, v in zip(n.keys, n.values)}
+            return {_plain(k, d): _plain(v, d) for k, v in zip(n.keys, n.values) if k is not None}
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and not n.keywords \
                 and n.func.id in ("set", "frozenset") and len(n.args) <= 1:
             arg = _plain(n.args[0], d) if n.args else set()
@@ -462,7 +463,7 @@ def _compare(a: Assertion, got: Any) -> bool:
     if a.kind == "abs_within":
         diff = abs(got - a.expected)
         return bool(diff <= a.abs_tol if a.inclusive else diff < a.abs_tol)
-    raise ValueError(f"assertion kind {a.kind!r} is not one of {', '.join(ExpectKind.__args__)}")
+    raise ValueError(f"assertion kind {a.kind!r} is not one of {', '.join(get_args(ExpectKind))}")
 
 
 _WANT = {"eq": "== {e}", "ne": "!= {e}", "is": "is {e}", "is_not": "is not {e}", "truthy": "true", "falsy": "false",

@@ -118,6 +118,13 @@ def context_buckets(max_model_len: int) -> tuple[int, ...]:
     return (*sizes, max_model_len)
 
 
+def _slot_of(cache: object) -> int:
+    # a Segment is typed with model.KVCache; on this decoder every request's cache is a SlotCache (new_cache)
+    if not isinstance(cache, SlotCache):
+        raise TypeError(f"the CUDA decoder's segments carry its own SlotCache, got {type(cache).__name__}")
+    return cache.slot
+
+
 class SlotCache:
     """A request's KV cache: one slot of the decoder's pool (the interface of ``model.KVCache``)."""
 
@@ -183,7 +190,7 @@ class CudaDecoder:
         """fp32 logits [B, vocab] on the CPU for one new token per sequence, written at ``segment.start``."""
         B = len(tokens)
         positions = [s.start for s in segments]
-        slots = [s.cache.slot for s in segments]
+        slots = [_slot_of(s.cache) for s in segments]
         lb = self.bucket(max(positions) + 1)
         if not self.graphs_enabled:
             static = torch.tensor([tokens, positions, slots], dtype=torch.long, device=self.model.device)

@@ -160,8 +160,8 @@ class _Layer:
     qkv: Linear
     o: Linear
     post_norm: torch.Tensor
-    gate_up: Linear
-    down: Linear
+    gate_up: Linear | CastLinear      # CastLinear: the MLP switch computes in bf16
+    down: Linear | CastLinear
 
 
 _LINEARS = ("qkv", "o", "gate_up", "down")
@@ -270,13 +270,15 @@ class LlamaModel:
         self.embed = put(t["embed"])
         self.layers: list[_Layer] = []
         for i in range(cfg.layers):
-            lin = {name: linear(name, i, dt) for name in ("qkv", "o")}
+            qkv, o = linear("qkv", i, dt), linear("o", i, dt)
+            mlp: dict[str, Linear | CastLinear] = {}
             for name in ("gate_up", "down"):
                 # the MLP switch: bf16 weights and inputs, the output back in the model dtype
-                lin[name] = (CastLinear(linear(name, i, BF16), BF16) if num.mlp_dtype != dt
+                mlp[name] = (CastLinear(linear(name, i, BF16), BF16) if num.mlp_dtype != dt
                              else linear(name, i, dt))
             self.layers.append(_Layer(in_norm=put(t["in_norm"][i], norm_dtype),
-                                      post_norm=put(t["post_norm"][i], norm_dtype), **lin))
+                                      post_norm=put(t["post_norm"][i], norm_dtype), qkv=qkv, o=o,
+                                      gate_up=mlp["gate_up"], down=mlp["down"]))
         self.norm = put(t["norm"], norm_dtype)
         self.lm_head_bf16 = num.lm_head_bf16
         head_dtype = num.head_dtype

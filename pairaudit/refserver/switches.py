@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields
-from typing import Mapping
+from typing import Any, Mapping
 
 PREFIX = "PAIRAUDIT_REF_"
 SDPA_BACKENDS = ("auto", "math", "flash", "efficient")
@@ -121,7 +121,7 @@ class Switches:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Switches":
         env = os.environ if env is None else env
-        values = {}
+        values: dict[str, Any] = {}
         for f in fields(cls):
             value = parse_switch(_env_name(f.name), env.get(_env_name(f.name), ""))
             values[f.name] = bool(value) if f.type in ("bool", bool) else value

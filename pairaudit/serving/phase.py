@@ -55,7 +55,7 @@ def _start_time(ep: Endpoint) -> float | None:
 class PhaseServer:
     """One arm's server for one phase: started on first use, checked before every output, stopped once."""
 
-    def __init__(self, spec: ArmSpec, *, phase: str, log_path: str, receipt: dict | None, starts_log: str,
+    def __init__(self, spec: ArmSpec, *, phase: str, log_path: str, receipt: dict | None, starts_log: str | None,
                  timeout_s: float = 900):
         self.spec, self.phase, self.log_path = spec, phase, log_path
         self.receipt, self.starts_log, self.timeout_s = receipt, starts_log, timeout_s

@@ -273,20 +273,19 @@ def read_gpus(cuda_visible_devices: str | None = None, *, exe: str | None = None
     if cuda_visible_devices is not None:
         table, err = _gpu_table(exe)
         if err:
-            q.update(error=err, driver_version=driver_version(exe))
+            q["error"], q["driver_version"] = err, driver_version(exe)
             return q
         sel, notes = select_visible(cuda_visible_devices, table or [])
         q["selected"], q["notes"] = sel, notes
         if not sel:
             return q
         order = [s["uuid"] for s in sel]
-    locked = locked_clock_fields(exe)
-    if locked is None:
+    found = locked_clock_fields(exe)
+    if found is None:
         q["not_reported"]["locked clocks"] = "unknown: nvidia-smi --help-query-gpu failed"
-        locked = ()
-    elif not locked:
+    elif not found:
         q["not_reported"]["locked clocks"] = "this driver lists no query field for locked clocks"
-    locked = list(locked)
+    locked = list(found or ())
     names, counters = CURRENT_NAMES, list(COUNTERS)
     while True:
         fields = [*BASE_FIELDS, f"{names}.active", *(f"{COUNTER_PREFIX}.{c}" for c in counters), *locked]
@@ -312,16 +311,15 @@ def read_gpus(cuda_visible_devices: str | None = None, *, exe: str | None = None
             continue
         what = f"field {field!r} is not a valid field to query" if field else f"exit {rc}"
         ver = driver_version(exe)
-        q.update(driver_version=ver, error=f"nvidia-smi --query-gpu: {what} (driver {ver}): {out[:200]!r}")
+        q["driver_version"], q["error"] = ver, f"nvidia-smi --query-gpu: {what} (driver {ver}): {out[:200]!r}"
         return q
     if not counters:
         q["notes"].append("this driver reports no event-reason counters: slowdowns inside a start are judged "
                           "from the active reasons at its two readings only")
     rows = _rows(out, len(fields))
     if rows is None:
-        q.update(driver_version=driver_version(exe),
-                 error=f"nvidia-smi --query-gpu: {len(fields)} fields asked, the output does not have them: "
-                       f"{out[:200]!r}")
+        q["driver_version"] = driver_version(exe)
+        q["error"] = f"nvidia-smi --query-gpu: {len(fields)} fields asked, the output does not have them: {out[:200]!r}"
         return q
     by_field = [dict(zip(fields, r)) for r in rows]
     q["driver_version"] = ", ".join(sorted({r["driver_version"] for r in by_field})) or None
