@@ -16,7 +16,7 @@ from pairaudit.interop import lmeval
 from pairaudit.plans.requests import body_sha256
 from pairaudit.quality import stage as quality_stage
 
-REAL = Path(__file__).resolve().parent / "data" / "lmeval" / "gsm8k_tiny" / "control"
+REAL = Path(__file__).resolve().parent / "data" / "lmeval" / "arith_tiny" / "control"
 
 QUESTIONS = {0: ("Ann has 2 apples and gets 3 more. How many?", "5"),
              1: ("Bob reads 4 pages a day for 3 days. How many pages?", "12"),
@@ -105,7 +105,7 @@ def test_export_writes_lm_evals_fields_beside_the_artifacts(audit):
         # every key lm-eval 0.4.13 writes into results_<timestamp>.json (the real one in tests/data/lmeval)
         real = json.loads(next(REAL.glob("results_*.json")).read_text())
         assert set(real) <= set(res), set(real) - set(res)
-        assert set(real["results"]["gsm8k_tiny"]) - {"exact_match,flexible-extract",
+        assert set(real["results"]["arith_tiny"]) - {"exact_match,flexible-extract",
                                                      "exact_match_stderr,flexible-extract"} \
             <= set(res["results"]["hand"]) | {"exact_match,strict-match"}
         acc = sum(1.0 for s in scores if s["correct"]) / 6

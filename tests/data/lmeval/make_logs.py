@@ -2,14 +2,14 @@
 
 Run from the repository root (lm-eval in a venv of its own; see README.md here)::
 
-    python tests/data/lmeval/make_logs.py [--task gsm8k_tiny|arith_tiny] [control] [candidate]
+    python tests/data/lmeval/make_logs.py [--task arith_tiny] [control] [candidate]
 
 (``python``: one with lm-eval 0.4.13 and the project importable.) For each
 arm of config/config.yaml (the control's and the candidate's reference-server
 switches) it starts the reference server on a free loopback port, runs
 ``python -m lm_eval --model local-completions`` on one local task of
-``task/`` (``gsm8k_tiny``: twelve GSM8K test items; ``arith_tiny``: twelve
-items of the generated arith suite), and copies lm-eval's own output
+``task/`` (``arith_tiny``: twelve items of the project's generated arith
+suite; a benchmark's own items are never committed here), and copies lm-eval's own output
 (``samples_<task>_<timestamp>.jsonl``, ``results_<timestamp>.json``) into
 ``<task>/<arm>/``, with the exact command in ``<task>/<arm>/command.txt``.
 Not a test: the tests read what it wrote, so CI needs no lm-eval.
@@ -77,7 +77,7 @@ def _clean_env() -> dict[str, str]:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    name = "gsm8k_tiny"
+    name = "arith_tiny"
     if args[:1] == ["--task"]:
         name, args = args[1], args[2:]
     for a in args or ["control", "candidate"]:
