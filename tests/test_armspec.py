@@ -35,7 +35,8 @@ def test_to_json_and_from_json_round_trip_exactly(cfg):
     assert again == spec and again.to_json() == doc == through_a_file
     assert again.spec_sha256 == spec.spec_sha256
     assert set(doc) == {f.name for f in dataclasses.fields(ArmSpec)}
-    assert "gpus" not in doc  # scheduling, not the server
+    # the GPUs a server takes are scheduling, not which server it is: recorded, outside the identity hash
+    assert "gpus" in doc and "gpus" not in spec.identity()
 
 
 def test_a_spec_is_immutable():
@@ -77,7 +78,8 @@ def test_a_value_that_spells_a_host_placeholder_is_refused_at_resolve():
 
 @pytest.mark.parametrize("edit, msg", [
     (lambda d: d.pop("served_model_name"), r"missing: \['served_model_name'\]"),
-    (lambda d: d.update(gpus=1), r"unknown: \['gpus'\]"),
+    (lambda d: d.update(priority=1), r"unknown: \['priority'\]"),
+    (lambda d: d.update(gpus=-1), r"spec.gpus: -1 is not a non-negative integer"),
     (lambda d: d.update(mode="lanch"), r"spec.mode: 'lanch' is not one of launch, attach"),
     (lambda d: d.update(env={"A": 1}), r"spec.env: \{'A': 1\} is not a mapping of strings"),
     (lambda d: d.update(max_model_len="1k"), r"spec.max_model_len: '1k' is not an integer or null"),
