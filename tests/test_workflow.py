@@ -390,3 +390,30 @@ def test_a_candidate_whose_engine_dies_is_rejected_with_the_evidence_not_a_trace
                                                                                                     "dead")
     assert "index out of bounds" in json.dumps(phase["failure"]["error_body"])
     assert refserver_pids(project) == []
+
+
+def test_your_own_qa_and_multiple_choice_sets_run_through_the_tiny_audit(tmp_path):
+    """A team's own regression sets (qa, multiple_choice) go through the real DAG to their paired tables."""
+    config = yaml.safe_load(TINY.read_text())
+    config["datasets"] = [
+        {"name": "facts", "format": "qa", "source": {"local": "tests/data/qa_facts.jsonl"},
+         "select": {"count": 3, "seed": 1}, "prompt_template": "default", "extract": {"method": "exact"}},
+        {"name": "choices", "format": "multiple_choice", "source": {"local": "tests/data/mc_facts.jsonl"},
+         "select": {"count": 3, "seed": 2}, "prompt_template": "default"},
+    ]
+    config["boundary"] = {**config.get("boundary", {}), "enabled": False}
+    config["speed"] = {**config.get("speed", {}), "enabled": False}
+    project = make_project(tmp_path / "own", config)
+    (project / "tests" / "data").mkdir(parents=True)
+    for name in ("qa_facts.jsonl", "mc_facts.jsonl"):
+        shutil.copy2(REPO / "tests" / "data" / name, project / "tests" / "data" / name)
+    snake(project, "results/tiny/paired/facts.json", "results/tiny/paired/choices.json")
+    for name, fmt in (("facts", "qa"), ("choices", "multiple_choice")):
+        paired = json.loads((project / f"results/tiny/paired/{name}.json").read_text())
+        assert paired["table"]["n"] == 3 and paired["quality"]["rule"] == "quality-v1"
+        for arm in ("control", "candidate"):
+            lines = read_jsonl(project / f"results/tiny/scores/{name}/{arm}.jsonl")
+            header, scores = lines[0], [r for r in lines if r.get("kind") == "record"]
+            assert header["dataset"] == name and len(scores) == 3, (header, scores)
+            # judged by the format's own reading (no code runs), right or wrong with the reason kept
+            assert all(isinstance(s["correct"], bool) and "extracted" in s for s in scores), (fmt, scores)
