@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 
 import pytest
+from test_slots import events as lines  # the same helpers as the server slots' tests
+from test_slots import wait_for
 from test_speedgpu import FakeSmi
 
 from pairaudit import configcheck
@@ -36,21 +38,6 @@ from pairaudit.serving.phase import PhaseServer
 ROOT = str(Path(__file__).resolve().parents[1])
 FAKE = str(Path(__file__).with_name("fake_server.py"))
 UUIDS = [f"GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd" for i in range(4)]
-
-
-def wait_for(predicate, what: str, limit_s: float = 120):
-    # A guard against hanging forever, not a timing assertion.
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"gave up waiting for {what}")
-
-
-def lines(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
 
 
 def records(path: Path) -> list[dict]:
