@@ -126,6 +126,10 @@ def test_overlay_replaces_only_datasets(overlay):
 OFFLINE_EXAMPLES = ("vllm-cpu.yaml", "vllm-cpu-fp16.yaml")
 
 
+# Examples sized for a GPU generate their own suites, larger than the default's.
+GENERATED_EXAMPLES = ("gpu-refserver.yaml",)
+
+
 # The planted-defect examples (fault-*.yaml) run the embedded default's own suites instead.
 @pytest.mark.parametrize("example", [p for p in EXAMPLES if not p.name.startswith("fault-")], ids=lambda p: p.name)
 def test_example_is_complete_and_shares_the_hub_datasets(example):
@@ -133,6 +137,9 @@ def test_example_is_complete_and_shares_the_hub_datasets(example):
     assert {"audit", "arms", "datasets", "sampling", "scoring", "rules"} <= set(cfg)
     if example.name in OFFLINE_EXAMPLES:
         assert cfg["datasets"] == load(DEFAULT)["datasets"], f"{example.name}: datasets differ from config.yaml"
+        return
+    if example.name in GENERATED_EXAMPLES:
+        assert all("generated" in d["source"] for d in cfg["datasets"]), f"{example.name}: a suite is not generated"
         return
     hub = load(CONFIG_DIR / "hub-datasets.yaml")["datasets"]
     assert cfg["datasets"] == hub, f"{example.name}: datasets differ from config/hub-datasets.yaml"

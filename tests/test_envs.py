@@ -138,7 +138,7 @@ def missing_packages(rule: Rule, distributions=None) -> list[str]:
     return problems
 
 
-def tested_pins() -> dict[str, str]:
+def _tested_pins() -> dict[str, str]:
     """The tested versions: constraints.txt, one exact pin per line (pyproject.toml states ranges)."""
     pins = {}
     for line in (REPO / "constraints.txt").read_text().splitlines():
@@ -169,7 +169,7 @@ def test_the_rules_env_has_every_package_its_script_imports(rule):
 
 @pytest.mark.parametrize("env", sorted((REPO / "envs").glob("*.yaml")), ids=lambda p: p.name)
 def test_env_pins_equal_the_tested_versions(env):
-    pins = tested_pins()
+    pins = _tested_pins()
     wrong = {name: (version, pins[name]) for name, version in env_dependencies(env).items()
              if name in pins and version != pins[name]}
     assert not wrong, f"envs/{env.name}: pinned differently from constraints.txt (env, tested): {wrong}"

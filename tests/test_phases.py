@@ -81,6 +81,26 @@ def test_a_healthy_phase_records_no_failure_and_answers_every_item(tmp_path):
     assert again["datasets"]["tiny"] == {"items": 3, "from_journal": 3, "asked": 0}
 
 
+@pytest.mark.parametrize("status, alive, kind", [
+    (None, True, "dead"), (500, False, "dead"), (500, True, "server_error"), (503, True, "server_error"),
+    (429, True, "server_error"), (400, True, "refused"), (404, True, "refused"), (422, True, "refused"),
+    # accepted, then the answer broke (a stream cut before its finish_reason): the server's failure
+    (200, True, "server_error"),
+])
+def test_failure_kinds_known_answers(status, alive, kind):
+    assert failures.classify(status, server_alive=alive) == kind
+
+
+def test_a_failed_wave_leads_with_the_stream_the_server_answered_with_an_error():
+    from pairaudit.speed.bracket import failed_streams
+    cut = {"status": 200, "error": "stream: ended without a finish_reason"}
+    http = {"status": 500, "error": "HTTP 500", "body": "EngineCore died"}
+    ok = {"status": 200, "error": None}
+    assert failed_streams([cut, ok, http]) == [(2, http), (0, cut)]
+    assert failed_streams([http, cut]) == [(0, http), (1, cut)]
+    assert failed_streams([ok, ok]) == []
+
+
 def _f(kind, confirmed=None, arm="candidate"):
     rec = {"arm": arm, "stage": "sampled", "what": "ds item 3", "kind": kind,
            "status": {"refused": 400, "server_error": 500, "dead": None, "failed_check": 200}[kind],
@@ -128,6 +148,8 @@ def test_an_engine_that_dies_under_the_speed_bracket_is_evidence_confirmed_on_a_
     assert saved["gate"]["verdict"] == "INCONCLUSIVE" and saved["not_run"].startswith("the candidate server failed")
     f = saved["failure"]
     assert (f["arm"], f["stage"], f["what"]) == ("candidate", "speed", "s2 cell pair-c2 repeat 0 wave 0")
+    # both streams of the wave failed (one answered 500, one cut off when the process died);
+    # the record leads with the one that carries the engine's words, whichever finished first
     assert f["status"] == 500 and "batch of 2 streams" in json.dumps(f["error_body"])
     assert len(f["request"]["bodies"]) == 2  # the wave that failed, as sent
     assert f["confirmation"]["kind"] in (failures.SERVER_ERROR, failures.DEAD)  # the fresh start failed too

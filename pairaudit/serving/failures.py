@@ -46,6 +46,10 @@ def classify(status: int | None, *, server_alive: bool = True) -> str:
         return DEAD
     if status >= 500 or status == 429:
         return SERVER_ERROR
+    if status < 400:
+        # the server accepted the request and then broke its answer (a stream cut off
+        # before its finish_reason, a body that is not the API's): its failure, not a refusal
+        return SERVER_ERROR
     return REFUSED
 
 

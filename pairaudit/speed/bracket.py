@@ -289,6 +289,16 @@ def send_together(ep: Endpoint, bodies: Sequence[dict], *, timeout_s: float) -> 
     return results  # type: ignore[return-value]
 
 
+def failed_streams(streams: Sequence[dict]) -> list[tuple[int, dict]]:
+    """(index, stream) of every failed stream, the one the server answered with an HTTP error first.
+
+    That one carries the engine's own words; a stream cut off by the same death
+    is only its echo, and which of them finishes first is a race.
+    """
+    bad = [(i, s) for i, s in enumerate(streams) if s.get("error") is not None]
+    return sorted(bad, key=lambda x: (not (x[1].get("status") or 0) >= 400, x[0]))
+
+
 def run_wave(ep: Endpoint, bodies: Sequence[dict], *, timeout_s: float) -> dict:
     """Start every stream of the wave together; /metrics right before and once all are booked after."""
     before = _scrape(ep)
@@ -344,13 +354,15 @@ def run_start(ep: Endpoint, *, model: str, cfg: Mapping[str, Any], prompts: Mapp
                           for i in range(c["concurrency"])]
                 wave = run_wave(ep, bodies, timeout_s=timeout)
                 where = f"{start} cell {c['name']} repeat {r} wave {w}"
-                bad = [s for s in wave["streams"] if s.get("error") is not None]
+                bad = failed_streams(wave["streams"])
                 if bad:
                     # A failed stream would bias the pooled rate; the bracket is not comparable.
+                    lead = bad[0][1]
+                    every = "; ".join(f"stream {i}: {s['error']}" for i, s in bad)
                     raise BracketFailure(f"{start} ({arm}) {where[len(start) + 1:]}: {len(bad)} stream(s) failed: "
-                                         f"{bad[0]['error']}", what=where, kind=failures.classify(bad[0].get("status")),
-                                         status=bad[0].get("status"), error=bad[0]["error"],
-                                         error_body=bad[0].get("body"), requests=bodies)
+                                         f"{every}", what=where, kind=failures.classify(lead.get("status")),
+                                         status=lead.get("status"), error=lead["error"],
+                                         error_body=lead.get("body"), requests=bodies)
                 short = [(b, s) for b, s in zip(bodies, wave["streams"]) if s.get("output_tokens") != out_len]
                 if short:
                     clamp = clamping(short[0][0], short[0][1].get("finish_reason"), short[0][1].get("usage"))

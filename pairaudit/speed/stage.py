@@ -14,6 +14,7 @@ from pairaudit.serving.client import ServerError, tail_lines
 from pairaudit.speed.archive import append_archive, archive_line, archive_spread, config_hash, read_archive
 from pairaudit.speed.bracket import (
     BracketFailure,
+    failed_streams,
     log,
     resolve_config,
     run_start,
@@ -159,11 +160,11 @@ def _confirm_failure(exc: BaseException, spec: ArmSpec, receipt: dict, *, cfg: M
             launch.log_start_event(starts_log, event="ready", phase="speed-confirm", spec=spec, receipt=receipt,
                                    facts=srv.facts())
             bodies = exc.requests if isinstance(exc, BracketFailure) else []
-            bad = [s for s in (send_together(srv.endpoint, bodies, timeout_s=cfg["request_timeout_s"])
-                               if bodies else []) if s.get("error") is not None]
+            bad = failed_streams(send_together(srv.endpoint, bodies, timeout_s=cfg["request_timeout_s"])
+                                 if bodies else [])
             alive = srv.proc is None or srv.proc.poll() is None
             if bad or not alive:
-                first = bad[0] if bad else {}
+                first = bad[0][1] if bad else {}
                 conf.update(kind=failures.classify(first.get("status"), server_alive=alive),
                             status=first.get("status"), error=first.get("error") or "the server process exited",
                             error_body=first.get("body"))
