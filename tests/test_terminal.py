@@ -51,6 +51,10 @@ def test_errors_progress_and_shell_commands_keep_snakemakes_words():
     assert f.format(record(LogEvent.PROGRESS, done=3, total=25)) == "3 of 25 steps (12%) done"
     assert f.format(record(LogEvent.SHELLCMD, "Shell command: None", shellcmd=None)) == ""
     assert f.format(record(LogEvent.SHELLCMD, "Shell command: ls", shellcmd="ls", cmd="ls")) == "ls"
+    # the scheduler's chatter goes; any other message stays
+    assert f.format(record(LogEvent.JOB_STARTED, "Execute 2 jobs...", jobs=[3, 4])) == ""
+    assert f.format(record(None, "Select jobs to execute...")) == ""
+    assert f.format(record(None, "Building DAG of jobs...")) == "Building DAG of jobs..."
 
 
 def test_the_block_formatter_is_snakemakes_without_the_none_shell_command():

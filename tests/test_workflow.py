@@ -156,6 +156,7 @@ def test_the_terminal_shows_each_job_on_one_line_and_ends_on_the_decision(tiny):
     assert "finished answers (arm=control)" in err and "finished promotion" in err
     assert not re.search(r"^\s+(output|jobid|wildcards|reason): ", err, re.M), err[:3000]
     assert "Shell command: None" not in err and "steps (100%) done" in err
+    assert "Select jobs to execute" not in err and not re.search(r"^Execute \d+ jobs", err, re.M)
     # the phases' own progress: items done of total, rate, ETA
     assert re.search(r"sampled arith/control: \d+/\d+ \(\d+ %\), [\d.]+/s, ETA", err)
     # the last thing printed is the decision's front page, with the command that prints it again

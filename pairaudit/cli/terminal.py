@@ -46,9 +46,17 @@ class BlockFormatter(DefaultFormatter):
 class CompactFormatter(BlockFormatter):
     """A job's start and end on one line each."""
 
+    # the scheduler's own chatter between jobs; each job's line says what started
+    SCHEDULER = ("Select jobs to execute...",)
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.jobs: dict[int, str] = {}
+
+    def format(self, record: logging.LogRecord) -> str:
+        if getattr(record, "event", None) == LogEvent.JOB_STARTED or record.msg in self.SCHEDULER:
+            return ""  # "Execute 2 jobs...", "Select jobs to execute..."
+        return super().format(record)
 
     def format_job_info(self, msg: dict[str, Any]) -> str:
         label = job_label(msg["rule_name"], msg.get("wildcards"))
