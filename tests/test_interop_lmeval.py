@@ -264,3 +264,60 @@ def test_export_refuses_a_score_file_made_from_other_answers(tmp_path):
     artifacts.write_jsonl(paths["sampled"]["control"], header, recs)
     with pytest.raises(artifacts.ArtifactError, match="changed since it was consumed"):
         lmeval.export_audit(root.resolve())
+
+
+# ---------------------------------------------------------------- against lm-eval's own source
+
+def _lm_eval_source() -> Path:
+    """lm-eval's package folder in .venv-vllm (install.sh --vllm puts its source there, never imported)."""
+    import subprocess
+
+    from vllm_fixture import vllm_python_or_skip
+
+    probe = ("import importlib.util as u, importlib.metadata as m; s = u.find_spec('lm_eval'); "
+             "print(m.version('lm_eval') if s else '', s.origin if s else '')")
+    out = subprocess.run([vllm_python_or_skip(), "-c", probe], capture_output=True, text=True, check=True)
+    version, _, origin = out.stdout.strip().partition(" ")
+    if not origin:
+        pytest.fail("lm-eval's source is missing from .venv-vllm: ./install.sh --vllm installs it")
+    assert version == "0.4.13", f"the export is written against lm-eval 0.4.13, .venv-vllm holds {version}"
+    return Path(origin).parent
+
+
+def sample_keys_in(evaluator_py: str) -> set[str]:
+    """The keys of the dict lm-eval's evaluator builds per logged sample (the one holding doc_id and doc_hash)."""
+    import ast
+
+    for node in ast.walk(ast.parse(evaluator_py)):
+        if isinstance(node, ast.Dict):
+            keys = {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+            if {"doc_id", "doc_hash", "prompt_hash"} <= keys:
+                return keys
+    return set()
+
+
+def test_the_sample_key_reader_finds_the_dict_and_nothing_else():
+    src = 'a = {"doc_id": 1, "doc_hash": 2}\nb = {"doc_id": 1, "doc_hash": 2, "prompt_hash": 3, "resps": 4}\n'
+    assert sample_keys_in(src) == {"doc_id", "doc_hash", "prompt_hash", "resps"}
+    assert sample_keys_in('x = {"doc_id": 1}\n') == set()
+
+
+@pytest.mark.vllm
+def test_the_export_has_every_field_the_installed_lm_evals_evaluator_writes(audit):
+    import ast
+
+    src = _lm_eval_source()
+    written = sample_keys_in((src / "evaluator.py").read_text())
+    assert written == set(lmeval.REQUIRED), written ^ set(lmeval.REQUIRED)
+    root, _, exported = audit
+    for arm in ("control", "candidate"):
+        for line in lines(exported[arm].samples["hand"]):
+            # lm-eval's keys, then each metric by name (example.update(metrics)), then pairaudit's own
+            assert set(line) == written | set(line["metrics"]) | {"pairaudit"}, set(line) ^ written
+    # its hash_string, run as written there, gives the export's hashes
+    utils = ast.parse((src / "utils.py").read_text())
+    fn = next(n for n in utils.body if isinstance(n, ast.FunctionDef) and n.name == "hash_string")
+    scope: dict = {"hashlib": __import__("hashlib")}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), "lm_eval/utils.py", "exec"), scope)
+    for text in ("", "2 + 3 = 5\n#### 5", "ünïcode ✓"):
+        assert scope["hash_string"](text) == lmeval.hash_string(text)
