@@ -22,6 +22,7 @@ def test_conversion_runs_once_per_gguf_sha(tmp_path, monkeypatch):
         calls.append((gguf, sha, dest))
         dest.mkdir(parents=True)
         (dest / "SOURCE.json").write_text(json.dumps({"gguf_sha256": sha}))
+        (dest / "tokenizer_config.json").write_text(json.dumps({"eos_token": modelstore.EMBEDDED_EOS}))
 
     monkeypatch.setenv("PAIRAUDIT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(modelstore, "_convert", fake_convert)
@@ -36,6 +37,36 @@ def test_conversion_runs_once_per_gguf_sha(tmp_path, monkeypatch):
     monkeypatch.setattr(modelstore, "EMBEDDED_GGUF_SHA256", modelstore.file_sha256(other))
     third, _ = modelstore.resolve_model(modelstore.EMBEDDED_NAME)
     assert len(calls) == 2 and third != first and third.name == modelstore.file_sha256(other)
+
+
+def test_a_copy_that_stops_on_another_token_is_retired_and_converted_afresh(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_convert(gguf, sha, dest):
+        calls.append(sha)
+        dest.mkdir(parents=True)
+        (dest / "SOURCE.json").write_text(json.dumps({"gguf_sha256": sha}))
+        (dest / "tokenizer_config.json").write_text(json.dumps({"eos_token": modelstore.EMBEDDED_EOS}))
+
+    monkeypatch.setenv("PAIRAUDIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(modelstore, "_convert", fake_convert)
+    models = tmp_path / "cache" / "models"
+    bad = models / modelstore.EMBEDDED_GGUF_SHA256
+    bad.mkdir(parents=True)
+    (bad / "SOURCE.json").write_text("{}")   # converted before the end-of-turn check, by a transformers that misread it
+    (bad / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "<|im_start|>"}}))
+    path, _ = modelstore.resolve_model(modelstore.EMBEDDED_NAME)
+    assert path == bad and calls == [modelstore.EMBEDDED_GGUF_SHA256]
+    assert modelstore.cached_eos(path) == modelstore.EMBEDDED_EOS
+    retired = [p for p in models.iterdir() if ".retired-" in p.name]
+    assert len(retired) == 1 and modelstore.cached_eos(retired[0]) == "<|im_start|>"   # kept beside, not deleted
+    modelstore.resolve_model(modelstore.EMBEDDED_NAME)
+    assert len(calls) == 1   # a good copy is used as it is
+
+
+def test_the_real_cache_stops_on_the_ggufs_end_of_turn_token():
+    path, _ = modelstore.resolve_model(modelstore.EMBEDDED_NAME)
+    assert modelstore.cached_eos(path) == modelstore.EMBEDDED_EOS
 
 
 def test_swapped_gguf_is_refused(tmp_path, monkeypatch):

@@ -15,7 +15,9 @@ Cache layout (``PAIRAUDIT_CACHE`` or ``~/.cache/pairaudit``)::
 
 The directory is keyed by the GGUF's sha256, so a changed file is a new key and
 is converted afresh; a half-written conversion is never used (written to a temp
-directory, then renamed).
+directory, then renamed). A copy whose tokenizer stops on another end-of-turn
+token than the GGUF names (converted by a transformers that misreads it) is
+moved aside as ``models/<sha256>.retired-<time>-<pid>`` and converted afresh.
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import logging
+import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from pairaudit.core.artifacts import atomic_file
@@ -37,6 +42,9 @@ from pairaudit.serving.modelid import (  # noqa: F401  (this module's names too)
     EMBEDDED_PACKAGE,
     cache_root,
 )
+
+
+log = logging.getLogger("pairaudit")
 
 
 class ModelError(RuntimeError):
@@ -128,6 +136,7 @@ def _convert(gguf: Path, sha: str, dest: Path) -> None:
             "gguf": str(gguf),
             "gguf_sha256": sha,
             "name": EMBEDDED_NAME,
+            "converted_by": {"transformers": _version("transformers"), "gguf": _version("gguf")},
         }
         (tmp / "SOURCE.json").write_text(json.dumps(source, indent=2) + "\n")
         try:
@@ -137,6 +146,30 @@ def _convert(gguf: Path, sha: str, dest: Path) -> None:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cached_eos(dest: Path) -> str | None:
+    """The end-of-turn token a converted copy's tokenizer stops on (None where unreadable)."""
+    try:
+        eos = json.loads((dest / "tokenizer_config.json").read_text()).get("eos_token")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return eos.get("content") if isinstance(eos, dict) else eos
+
+
+def _retire(dest: Path, why: str) -> None:
+    """Move a converted copy that must not be served aside (kept, for a look), so it is converted afresh.
+
+    The cache is keyed by the GGUF alone; a copy converted before the
+    end-of-turn check existed, by a transformers that misreads the GGUF's
+    tokenizer, would otherwise be served for good.
+    """
+    aside = dest.with_name(f"{dest.name}.retired-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+    try:
+        dest.rename(aside)
+    except FileNotFoundError:
+        return  # a concurrent resolver retired it first
+    log.warning("model cache %s retired to %s: %s", dest, aside, why)
 
 
 def _version(dist: str) -> str | None:
@@ -158,6 +191,8 @@ def resolve_model(model: str) -> tuple[Path, dict]:
         if sha != EMBEDDED_GGUF_SHA256:
             raise ModelError(f"{gguf}: sha256 {sha} != expected {EMBEDDED_GGUF_SHA256}")
         dest = cache_root() / "models" / sha
+        if (dest / "SOURCE.json").is_file() and cached_eos(dest) != EMBEDDED_EOS:
+            _retire(dest, f"its tokenizer's end-of-turn token is {cached_eos(dest)!r}, not {EMBEDDED_EOS!r}")
         if not (dest / "SOURCE.json").is_file():
             _convert(gguf, sha, dest)
         return dest, {"name": EMBEDDED_NAME, "source": "gguf", "weights_sha256": sha, "path": str(dest)}
