@@ -5,8 +5,9 @@ every import statement, at module level or inside a function (a deferred
 import still runs), plus the package ``__init__`` that Python runs before a
 submodule of another package. The order of the packages is the README's:
 
-    core  <-  gates, serving  <-  boundary, quality, refserver, speed
-          <-  datasets, plans  <-  answers  <-  diagnostics  <-  promotion  <-  configcheck
+    core  <-  gates  <-  serving  <-  boundary, quality, refserver, speed
+          <-  datasets, plans  <-  answers  <-  diagnostics  <-  bisect  <-  promotion  <-  interop
+          <-  cli, configcheck
 
 A package imports only packages of earlier layers (and the root
 ``pairaudit/__init__.py``, which holds the version and imports nothing).
@@ -27,7 +28,8 @@ PKG = REPO / "pairaudit"
 # layer or later. configcheck (the load-time checks) is the one top-level module and the top.
 LAYERS = [
     {"core"},                                    # contracts, artifacts, logs, defaults, code hash, stats
-    {"serving", "gates"},                        # servers over HTTP; the registered rules
+    {"gates"},                                   # the registered rules: pure functions of their evidence
+    {"serving"},                                 # servers over HTTP; a failed server's record, in gates' kinds
     {"refserver", "quality", "boundary", "speed"},
     {"datasets", "plans"},                       # datasets parse answers with quality's boxed parser
     {"answers"},
@@ -183,8 +185,10 @@ def test_a_cycle_and_an_upward_import_are_found():
     assert cycles({"pairaudit.a.x": {"pairaudit.a.y"}, "pairaudit.a.y": set()}) == []
     up = layering_violations({"pairaudit.core.stats": {"pairaudit.quality.scoring"}})
     assert up and up[0].startswith("pairaudit.core.stats imports pairaudit.quality.scoring: core (layer 0)")
-    same = layering_violations({"pairaudit.serving.client": {"pairaudit.gates.quality"}})
-    assert same and "serving (layer 1)" in same[0] and "gates is layer 1" in same[0]
+    same = layering_violations({"pairaudit.speed.stage": {"pairaudit.quality.scoring"}})
+    assert same and "speed (layer 3)" in same[0] and "quality is layer 3" in same[0]
+    assert layering_violations({"pairaudit.serving.failures": {"pairaudit.gates.server_failure"}}) == []
+    assert layering_violations({"pairaudit.gates.server_failure": {"pairaudit.serving.failures"}})
     assert layering_violations({"pairaudit.promotion.stage": {"pairaudit.core.stats", "pairaudit"}}) == []
 
 

@@ -16,6 +16,7 @@ from test_launch import fake_cfg
 from pairaudit.answers import stage as answers_stage
 from pairaudit.core import artifacts, contracts
 from pairaudit.core.jsonlog import read_log
+from pairaudit.gates import server_failure
 from pairaudit.plans import stage as plan_stage
 from pairaudit.serving import failures
 from pairaudit.speed import stage as speed_stage
@@ -50,10 +51,10 @@ def run_answers(tmp_path: Path, arm: str, cfg: dict) -> dict:
 def test_an_engine_that_dies_on_a_probe_the_control_answers_is_a_confirmed_rejection(tmp_path):
     doc = run_answers(tmp_path, "candidate", fake_cfg("chat500_dies"))
     f = doc["failure"]
-    assert f["stage"] == "preflight" and f["status"] == 500 and f["kind"] in (failures.SERVER_ERROR, failures.DEAD)
+    assert f["stage"] == "preflight" and f["status"] == 500 and f["kind"] in (server_failure.SERVER_ERROR, server_failure.DEAD)
     assert "index out of bounds" in json.dumps(f["error_body"])
     assert f["request"]["path"] == "/v1/chat/completions" and f["request"]["body"]["seed"] is not None
-    assert failures.is_server_failure(f["confirmation"]["kind"])  # the fresh start failed the same way
+    assert server_failure.is_server_failure(f["confirmation"]["kind"])  # the fresh start failed the same way
     starts = [r for r in read_log(tmp_path / "results/servers/starts.jsonl") if r["event"] == "ready"]
     assert [r["phase"] for r in starts] == ["answers", "answers-confirm"]
     # the first failure and its confirmation are both kept; nothing was sampled after the failure
@@ -61,16 +62,16 @@ def test_an_engine_that_dies_on_a_probe_the_control_answers_is_a_confirmed_rejec
     assert kept[0]["status"] == 500 and kept[0]["confirmation"]["kind"] == f["confirmation"]["kind"]
     assert doc["datasets"] == {}
     assert artifacts.read_json(tmp_path / "results/preflight/candidate.json")["verdict"] == "FAIL"
-    gate = failures.server_failure_v1({"control": None, "candidate": f})
+    gate = server_failure.server_failure_v1({"control": None, "candidate": f})
     assert gate["verdict"] == "FAIL" and "HTTP 500" in gate["reasons"][0]
 
 
 def test_a_probe_whose_answer_fails_its_check_is_not_confirmed_and_holds(tmp_path):
     doc = run_answers(tmp_path, "candidate", fake_cfg("logprobs21_ok"))
     f = doc["failure"]
-    assert f["stage"] == "preflight" and f["what"] == "probe known_bad_400" and f["kind"] == failures.FAILED_CHECK
+    assert f["stage"] == "preflight" and f["what"] == "probe known_bad_400" and f["kind"] == server_failure.FAILED_CHECK
     assert "confirmation" not in f
-    assert failures.server_failure_v1({"control": None, "candidate": f})["verdict"] == "HOLD"
+    assert server_failure.server_failure_v1({"control": None, "candidate": f})["verdict"] == "HOLD"
 
 
 def test_a_healthy_phase_records_no_failure_and_answers_every_item(tmp_path):
@@ -122,7 +123,7 @@ def _f(kind, confirmed=None, arm="candidate"):
     (_f("dead", "dead", arm="control"), _f("dead", "dead"), "INCONCLUSIVE"),
 ])
 def test_server_failure_rule_known_answers(control, candidate, verdict):
-    assert failures.server_failure_v1({"control": control, "candidate": candidate})["verdict"] == verdict
+    assert server_failure.server_failure_v1({"control": control, "candidate": candidate})["verdict"] == verdict
 
 
 def _speed_bracket(tmp_path: Path, candidate_cfg: dict) -> tuple[dict, Path]:
@@ -152,7 +153,7 @@ def test_an_engine_that_dies_under_the_speed_bracket_is_evidence_confirmed_on_a_
     # the record leads with the one that carries the engine's words, whichever finished first
     assert f["status"] == 500 and "batch of 2 streams" in json.dumps(f["error_body"])
     assert len(f["request"]["bodies"]) == 2  # the wave that failed, as sent
-    assert f["confirmation"]["kind"] in (failures.SERVER_ERROR, failures.DEAD)  # the fresh start failed too
+    assert f["confirmation"]["kind"] in (server_failure.SERVER_ERROR, server_failure.DEAD)  # the fresh start failed too
     # the control start measured before the failure is kept, with its streams
     assert [s["start"] for s in saved["starts"]] == ["s1", "s2"] and "failure" in saved["starts"][1]
     _, streams = artifacts.read_jsonl(out / "speed/streams.jsonl")
@@ -160,7 +161,7 @@ def test_an_engine_that_dies_under_the_speed_bracket_is_evidence_confirmed_on_a_
     starts = [(r["phase"], r["arm"], r["event"]) for r in read_log(out / "servers/starts.jsonl")]
     assert starts == [("speed", "control", "ready"), ("speed", "control", "stopped"), ("speed", "candidate", "ready"),
                       ("speed-confirm", "candidate", "ready")]
-    gate = failures.server_failure_v1({"control": None, "candidate": f})
+    gate = server_failure.server_failure_v1({"control": None, "candidate": f})
     assert gate["verdict"] == "FAIL" and "again on a fresh start" in gate["reasons"][0]
     # the promotion reads it into the servers gate, beside answers phases that failed nowhere
     from pairaudit.promotion import stage as report

@@ -68,7 +68,7 @@ def test_the_answers_phase_turns_the_engine_death_into_a_confirmed_rejection(tmp
     from test_vllm_audit import vllm_launch_arm
 
     from pairaudit.core import artifacts
-    from pairaudit.serving import failures
+    from pairaudit.gates import server_failure
 
     vllm_python_or_skip()
     cfg = vllm_launch_arm("float32")
@@ -92,8 +92,8 @@ def test_the_answers_phase_turns_the_engine_death_into_a_confirmed_rejection(tmp
         server_log=str(out / "logs/answers-candidate.log"), starts_log=str(out / "servers/starts.jsonl"))
     f = doc["failure"]
     assert f["stage"] == "preflight" and f["what"] == "probe seeded_repeat" and f["status"] == 500
-    assert failures.is_server_failure(f["kind"]) and failures.is_server_failure(f["confirmation"]["kind"])
+    assert server_failure.is_server_failure(f["kind"]) and server_failure.is_server_failure(f["confirmation"]["kind"])
     assert "EngineCore encountered an issue" in str(f["error_body"])
-    gate = failures.server_failure_v1({"control": None, "candidate": f})
+    gate = server_failure.server_failure_v1({"control": None, "candidate": f})
     assert gate["verdict"] == "FAIL" and "HTTP 500" in gate["reasons"][0]
     assert doc["datasets"] == {}  # nothing was asked after the failure

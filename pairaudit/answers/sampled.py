@@ -38,8 +38,8 @@ from pairaudit.core import artifacts, lifecycle
 from pairaudit.core.contracts import SAMPLED_SCHEMA, JournalAttempt, SampledRecord
 from pairaudit.core.jsonlog import AppendLog, read_log
 from pairaudit.core.progress import Progress
+from pairaudit.gates import server_failure
 from pairaudit.plans.requests import body_sha256
-from pairaudit.serving import failures
 from pairaudit.serving.client import Endpoint
 from pairaudit.serving.launch import Server
 
@@ -196,7 +196,7 @@ def assemble_records(*, name: str, arm: str, bodies: dict[int, dict], journal_pa
         "arm": arm,
         "n": len(records),
         "servers": [json.loads(s) for s in servers],
-        "arm_failed": failures.summary(failure) if failure else None,
+        "arm_failed": server_failure.summary(failure) if failure else None,
         # the arm's context limit, so scoring can tell a clamped request that did not fit
         "max_model_len": max_model_len,
         "provenance": artifacts.provenance(consumed, {**params, "journal": str(jpath)}),

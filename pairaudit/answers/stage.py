@@ -11,6 +11,7 @@ from pairaudit.boundary import cases as boundary
 from pairaudit.core import artifacts, contracts
 from pairaudit.core.contracts import PHASE_SCHEMA, BoundaryCase, JournalAttempt, journal_path
 from pairaudit.core.jsonlog import AppendLog, append_record, read_log
+from pairaudit.gates import server_failure
 from pairaudit.plans import requests as plans
 from pairaudit.plans.requests import bodies, read_requests
 from pairaudit.serving import armspec, failures, launch, preflight
@@ -32,7 +33,7 @@ def _probe_failure(arm: str, result: dict, srv: Server) -> failures.FailureRecor
     status = probe.get("status")
     alive = srv.proc is None or srv.proc.poll() is None
     if status is not None and status < 400 and alive:
-        kind = failures.FAILED_CHECK
+        kind = server_failure.FAILED_CHECK
     else:
         kind = failures.classify(status, server_alive=alive)
     return {"arm": arm, "stage": "preflight", "what": f"probe {name}", "kind": kind, "status": status,
@@ -85,7 +86,7 @@ def _confirm(spec: ArmSpec, failure: failures.FailureRecord, *, primary: dict, s
                             error_body=None if res["status"] == 200 else res["body"])
             conf["log_tail"] = srv.log_tail(40)
         except ServerError as exc:
-            conf.update(kind=failures.DEAD, error=str(exc).split("\n")[0], log_tail=str(exc)[-4000:])
+            conf.update(kind=server_failure.DEAD, error=str(exc).split("\n")[0], log_tail=str(exc)[-4000:])
     log.warning("%s: confirmation on a fresh start: %s", failure["what"], conf["kind"])
     return conf
 
@@ -123,7 +124,7 @@ def answers_phase(*, arm: str, spec_path: str, requests_paths: Mapping[str, str]
         append_record(journal_path(journal_dir, contracts.JOURNAL_PREFLIGHT, arm=arm), result)
         if result.get("verdict") != "PASS":
             failure = _probe_failure(arm, result, srv)
-            log.error("preflight of arm %s failed: %s", arm, failures.summary(failure))
+            log.error("preflight of arm %s failed: %s", arm, server_failure.summary(failure))
         else:
             ps.verify()
         artifacts.write_json(preflight_path, result)
@@ -149,19 +150,19 @@ def answers_phase(*, arm: str, spec_path: str, requests_paths: Mapping[str, str]
                                               receipt_path=receipt_path)
                 ps.verify()
             except ServerError as exc:
-                failure = {"arm": arm, "stage": "boundary", "what": "cases", "kind": failures.DEAD, "status": None,
+                failure = {"arm": arm, "stage": "boundary", "what": "cases", "kind": server_failure.DEAD, "status": None,
                            "request": None, "error": str(exc).split("\n")[0], "error_body": None,
                            "log_tail": srv.log_tail(40), "at": artifacts.utc_now()}
         facts = srv.facts()
     if failure is not None:
-        if failures.is_server_failure(failure["kind"]):
+        if server_failure.is_server_failure(failure["kind"]):
             failure["confirmation"] = _confirm(spec, failure, primary=primary, server_log=server_log,
                                                starts_log=starts_log, receipt=rec)
         append_record(journal_path(journal_dir, contracts.JOURNAL_FAILURES, arm=arm), dict(failure))
     if boundary_path is not None and boundary_doc is None:
         boundary_doc = {"schema": contracts.BOUNDARY_SCHEMA, "arm": arm, "served_model_name": spec.served_model_name,
                         "max_model_len": None, "params": boundary.settings(boundary_cfg), "cases": [],
-                        "first_long": None, "not_run": failures.summary(failure or {}),
+                        "first_long": None, "not_run": server_failure.summary(failure or {}),
                         "provenance": artifacts.provenance([receipt_path], {})}
     if boundary_path is not None and boundary_doc is not None:
         artifacts.write_json(boundary_path, boundary_doc)

@@ -9,7 +9,8 @@ from pairaudit.core import artifacts, contracts, defaults
 from pairaudit.core.contracts import ARMS, DIVERGENCE_SCHEMA, GREEDY_SCHEMA, PAIRED_SCHEMA, PHASE_SCHEMA, journal_path
 from pairaudit.diagnostics.divergence import divergence_doc, find_divergences, probe_arm
 from pairaudit.diagnostics.plan import GreedyPlan
-from pairaudit.serving import armspec, failures
+from pairaudit.gates import server_failure
+from pairaudit.serving import armspec
 from pairaudit.serving.phase import PhaseError, PhaseServer
 
 
@@ -49,7 +50,7 @@ def diagnostics_phase(*, dataset_paths: Mapping[str, str], paired_paths: Mapping
     greedy_cfg = {**defaults.section("greedy"), **(greedy_cfg or {})}
     names = list(dataset_paths)
     answers = {arm: artifacts.read_json(answers_paths[arm]) for arm in ARMS} if answers_paths else {}
-    failed = {arm: failures.summary(doc["failure"]) for arm, doc in answers.items() if doc.get("failure")}
+    failed = {arm: server_failure.summary(doc["failure"]) for arm, doc in answers.items() if doc.get("failure")}
     if answers_paths and failed:
         return _diagnostics_not_run(names, failed, greedy_paths, divergence_paths, phase_path,
                                     [*answers_paths.values()])

@@ -50,6 +50,7 @@ from pairaudit.core.contracts import (
 )
 from pairaudit.core.jsonlog import read_log
 from pairaudit.diagnostics import greedy
+from pairaudit.gates import server_failure
 from pairaudit.plans.change import decision_record as change_record
 from pairaudit.promotion import calibration as calib
 from pairaudit.promotion.decision import boundary_evidence, decide, speed_evidence
@@ -73,7 +74,6 @@ from pairaudit.promotion.render import (
     summary_rst,
 )
 from pairaudit.quality.split import judged_counts
-from pairaudit.serving import failures
 
 LATER_SCHEMAS = {
     "divergence": DIVERGENCE_SCHEMA,
@@ -135,13 +135,13 @@ def _load_later(later: Mapping[str, Any] | None) -> tuple[dict, list[str], dict]
             if docs[stage].get("not_run"):  # its gate says why; there is nothing to draw
                 del docs[stage]
     if later.get("answers"):
-        # each arm's answers phase: a server that failed under the audit is evidence (failures.py);
+        # each arm's answers phase: a server that failed under the audit is evidence (gates/server_failure.py);
         # so is one that failed under the speed bracket, where its answers phase did not
         docs["answers"] = _load_keyed(later["answers"], LATER_SCHEMAS["answers"], "arm")
         per_arm = {arm: (docs["answers"].get(arm) or {}).get("failure") for arm in ARMS}
         if bracket_failure and per_arm.get(bracket_failure.get("arm")) is None:
             per_arm[bracket_failure["arm"]] = bracket_failure
-        kw["servers"] = failures.server_failure_v1(per_arm)
+        kw["servers"] = server_failure.server_failure_v1(per_arm)
         paths += [str(p) for p in later["answers"]]
     return kw, paths, docs
 

@@ -132,6 +132,7 @@ from typing import Any, Mapping, Sequence
 from pairaudit.core import defaults
 from pairaudit.core.artifacts import utc_now
 from pairaudit.core.progress import Progress
+from pairaudit.gates import server_failure
 from pairaudit.serving import failures
 from pairaudit.serving.client import Endpoint, clamping, metrics_delta
 from pairaudit.speed.clock import expected_cap_errors
@@ -248,7 +249,7 @@ def _scrape(ep: Endpoint) -> dict[str, float]:
     if parsed is None:
         why = res["error"] or "not Prometheus text"
         raise BracketFailure(f"/metrics scrape failed: {why}", what="GET /metrics",
-                             kind=failures.classify(res.get("status")) if res["error"] else failures.FAILED_CHECK,
+                             kind=failures.classify(res.get("status")) if res["error"] else server_failure.FAILED_CHECK,
                              status=res.get("status"), error=why, error_body=res.get("body"))
     return parsed
 
@@ -369,7 +370,7 @@ def run_start(ep: Endpoint, *, model: str, cfg: Mapping[str, Any], prompts: Mapp
                     why = clamp["reason"] if clamp["clamped"] else "ignore_eos/min_tokens not honoured?"
                     raise BracketFailure(f"{start} ({arm}) {where[len(start) + 1:]}: output lengths "
                                          f"{[s.get('output_tokens') for _, s in short]} != output_len {out_len} ({why})",
-                                         what=where, kind=failures.FAILED_CHECK, status=short[0][1].get("status"),
+                                         what=where, kind=server_failure.FAILED_CHECK, status=short[0][1].get("status"),
                                          error=f"output length {short[0][1].get('output_tokens')} != {out_len}: {why}",
                                          requests=bodies)
                 pc = per_cell[c["name"]]

@@ -8,6 +8,7 @@ from pairaudit.core import artifacts, contracts
 from pairaudit.core.artifacts import utc_now
 from pairaudit.core.contracts import SPEED_DECISION_SCHEMA, SPEED_STREAMS_SCHEMA, SpeedDecision
 from pairaudit.core.progress import Progress
+from pairaudit.gates import server_failure
 from pairaudit.serving import armspec, failures, gpupool, launch
 from pairaudit.serving.armspec import ArmSpec
 from pairaudit.serving.client import ServerError, tail_lines
@@ -145,7 +146,7 @@ def _start_failure(exc: BaseException, *, start: str, arm: str, server_log: str)
                 "error": exc.error, "error_body": exc.error_body, "log_tail": tail_lines(server_log, 40),
                 "at": utc_now("milliseconds")}
     # The server did not come up, or died: its own log is the evidence.
-    return {"arm": arm, "stage": "speed", "what": f"{start} server start", "kind": failures.DEAD, "status": None,
+    return {"arm": arm, "stage": "speed", "what": f"{start} server start", "kind": server_failure.DEAD, "status": None,
             "request": None, "error": str(exc).split("\n")[0], "error_body": None,
             "log_tail": tail_lines(server_log, 40), "at": utc_now("milliseconds")}
 
@@ -172,7 +173,7 @@ def _confirm_failure(exc: BaseException, spec: ArmSpec, receipt: dict, *, cfg: M
                 conf.update(kind="answered", status=200)
             conf["log_tail"] = srv.log_tail(40)
     except ServerError as err:
-        conf.update(kind=failures.DEAD, error=str(err).split("\n")[0], log_tail=str(err)[-4000:])
+        conf.update(kind=server_failure.DEAD, error=str(err).split("\n")[0], log_tail=str(err)[-4000:])
     log.warning("speed: confirmation on a fresh start: %s", conf["kind"])
     return conf
 
@@ -183,13 +184,13 @@ def _failed_bracket(exc: BaseException, *, start: str, arm: str, rec: dict, star
                     inputs: Sequence[str], gpus: gpupool.Reservation | None = None) -> SpeedDecision:
     """decision.json for a bracket a server broke: the failure (and its confirmation), what was measured before."""
     failure = _start_failure(exc, start=start, arm=arm, server_log=server_logs[start])
-    log.warning("speed %s (%s arm) failed: %s", start, arm, failures.summary(failure))
-    if arm == "candidate" and failures.is_server_failure(failure["kind"]):
+    log.warning("speed %s (%s arm) failed: %s", start, arm, server_failure.summary(failure))
+    if arm == "candidate" and server_failure.is_server_failure(failure["kind"]):
         failure["confirmation"] = _confirm_failure(exc, specs[arm], receipts[arm], cfg=cfg,
                                                    server_log=f"{server_logs[start]}.confirm",
                                                    starts_log=starts_log, gpus=gpus)
     rec.update(stopped_at=utc_now("milliseconds"), failure=failure)
-    why = f"the {arm} server failed at {failure['what']}: {failures.summary(failure)}"
+    why = f"the {arm} server failed at {failure['what']}: {server_failure.summary(failure)}"
     prov = artifacts.provenance(inputs, {"speed": cfg})
     artifacts.write_jsonl(streams_path, {"schema": SPEED_STREAMS_SCHEMA, "audit": audit, "provenance": prov}, records)
     doc: SpeedDecision = {
