@@ -150,8 +150,11 @@ def chat_body(prompt: str, n: int) -> dict:
             "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
 
 
-def timed_stream(url: str, body: dict) -> tuple[float, float, int]:
-    """(time to first token, end time, completion tokens) of one streamed chat request."""
+def stream_times(url: str, body: dict) -> tuple[float, float, float, int]:
+    """(start, first token, end) on the perf_counter clock, and completion tokens, of one streamed chat request.
+
+    Absolute times, so that concurrent streams can be lined up (bench/refserver_gpu.py).
+    """
     start = time.perf_counter()
     first, tokens = None, 0
     with requests.post(url + "/v1/chat/completions", json=body, stream=True, timeout=900) as r:
@@ -166,7 +169,13 @@ def timed_stream(url: str, body: dict) -> tuple[float, float, int]:
                 tokens = event["usage"]["completion_tokens"]
     if first is None:
         raise RuntimeError(f"{url}: no content streamed")
-    return first - start, time.perf_counter() - start, tokens
+    return start, first, time.perf_counter(), tokens
+
+
+def timed_stream(url: str, body: dict) -> tuple[float, float, int]:
+    """(time to first token, end time, completion tokens) of one streamed chat request, from its start."""
+    start, first, end, tokens = stream_times(url, body)
+    return first - start, end - start, tokens
 
 
 def decode_rate(url: str, concurrency: int, n: int) -> float:

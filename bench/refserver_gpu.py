@@ -25,12 +25,10 @@ Smoke test on a CPU: python bench/refserver_gpu.py --device cpu --dtype float32 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import threading
-import time
 from pathlib import Path
 
 import requests
@@ -69,24 +67,6 @@ def chat_body(prompt: str, n: int) -> dict:
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
 
 
-def timed_stream(url: str, body: dict) -> tuple[float, float, int]:
-    """(time of the first token, end time, completion tokens) of one streamed chat request, perf_counter clock."""
-    first, tokens = None, 0
-    with requests.post(url + "/v1/chat/completions", json=body, stream=True, timeout=900) as r:
-        r.raise_for_status()
-        for line in r.iter_lines(decode_unicode=True):
-            if not line or not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if first is None and any(c.get("delta", {}).get("content") for c in event.get("choices") or []):
-                first = time.perf_counter()
-            if event.get("usage") and not event.get("choices"):
-                tokens = event["usage"]["completion_tokens"]
-    if first is None:
-        raise RuntimeError(f"{url}: no content streamed")
-    return first, time.perf_counter(), tokens
-
-
 def decode_rate(url: str, concurrency: int, n: int) -> float:
     """Decode tokens/s summed over ``concurrency`` simultaneous streams of ``n`` forced tokens each."""
     results: list = [None] * concurrency
@@ -94,7 +74,7 @@ def decode_rate(url: str, concurrency: int, n: int) -> float:
 
     def run(i: int) -> None:
         try:
-            results[i] = timed_stream(url, chat_body(PROMPTS[i % len(PROMPTS)], n))
+            results[i] = bench_refserver.stream_times(url, chat_body(PROMPTS[i % len(PROMPTS)], n))
         except Exception as exc:  # reported below, not swallowed
             errors.append(exc)
 
@@ -105,11 +85,11 @@ def decode_rate(url: str, concurrency: int, n: int) -> float:
         t.join()
     if errors:
         raise errors[0]
-    tokens = [r[2] for r in results]
+    tokens = [r[3] for r in results]
     if tokens != [n] * concurrency:
         raise RuntimeError(f"{url}: asked for {n} forced tokens per stream, got {tokens}")
-    first_all = max(r[0] for r in results)
-    end_all = max(r[1] for r in results)
+    first_all = max(r[1] for r in results)
+    end_all = max(r[2] for r in results)
     return sum(t - 1 for t in tokens) / (end_all - first_all)
 
 
