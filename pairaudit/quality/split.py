@@ -203,6 +203,15 @@ def _text(src: str, node: ast.AST) -> str:
     return ast.unparse(node)
 
 
+def _literal_side(a: ast.expr, b: ast.expr) -> tuple[ast.expr, Any] | None:
+    """(the tested expression, the expected value) of a pair whose one side is a literal, else None."""
+    if _is_literal(b):
+        return a, expected_value(b)
+    if _is_literal(a):
+        return b, expected_value(a)
+    return None
+
+
 def _num_literal(node: ast.expr) -> float | None:
     try:
         v = expected_value(node)
@@ -225,12 +234,10 @@ def _assertion(stmt: ast.Assert, src: str, *, math_names: frozenset[str],
     if isinstance(e, ast.Compare) and len(e.ops) == 1:
         op, left, right = e.ops[0], e.left, e.comparators[0]
         if isinstance(op, (ast.Eq, ast.NotEq, ast.Is, ast.IsNot)):
-            if _is_literal(right):
-                tested, exp = left, expected_value(right)
-            elif _is_literal(left):
-                tested, exp = right, expected_value(left)
-            else:
+            sides = _literal_side(left, right)
+            if sides is None:
                 return NotSplit("neither side of the comparison is a literal")
+            tested, exp = sides
             if isinstance(op, (ast.Eq, ast.NotEq)):
                 return call(tested, "eq" if isinstance(op, ast.Eq) else "ne", expected=exp)
             if exp is not True and exp is not False and exp is not None:
@@ -243,12 +250,10 @@ def _assertion(stmt: ast.Assert, src: str, *, math_names: frozenset[str],
             inner = left.args[0]
             if tol is None:
                 return NotSplit("the tolerance of abs(...) < T is not a number literal")
-            if _is_literal(inner.right):
-                tested, exp = inner.left, expected_value(inner.right)
-            elif _is_literal(inner.left):
-                tested, exp = inner.right, expected_value(inner.left)
-            else:
+            sides = _literal_side(inner.left, inner.right)
+            if sides is None:
                 return NotSplit("neither side of abs(a - b) is a literal")
+            tested, exp = sides
             return call(tested, "abs_within", expected=exp, abs_tol=tol, inclusive=isinstance(op, ast.LtE))
         return NotSplit(f"comparison {type(op).__name__} is not a form that splits")
     if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == "isclose" \
@@ -261,13 +266,10 @@ def _assertion(stmt: ast.Assert, src: str, *, math_names: frozenset[str],
         tols = {k: _num_literal(v) for k, v in kws.items()}
         if any(v is None for v in tols.values()):
             return NotSplit("a math.isclose tolerance that is not a number literal")
-        a, b = e.args
-        if _is_literal(b):
-            tested, exp = a, expected_value(b)
-        elif _is_literal(a):
-            tested, exp = b, expected_value(a)
-        else:
+        sides = _literal_side(*e.args)
+        if sides is None:
             return NotSplit("neither argument of math.isclose is a literal")
+        tested, exp = sides
         return call(tested, "isclose", expected=exp, **tols)
     if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.Not) and _is_tested_call(e.operand):
         return call(e.operand, "falsy")
