@@ -29,7 +29,7 @@ CELLS = [{"name": "short-c1", "prompt": "short", "decide": True},
          {"name": "rnd-c4", "prompt": "random", "concurrency": 4, "decide": False}]
 # win2-v1 known answers: the rule stays selectable and decides as it always did.
 CFG = speed.resolve_config({"cells": CELLS, "repeats": 3, "rule": "win2-v1"})
-CFG_V2 = speed.resolve_config({"cells": CELLS, "repeats": 3})
+CFG_V2 = speed.resolve_config({"cells": CELLS, "repeats": 3, "rule": "win2-v2"})
 STARTS = ("s1", "s2", "s3")
 QUIET = {"governor": "performance", "scaling_max_freq_khz": 3000000, "cpu_mhz": 2990.0, "loadavg": [0.1, 0.1, 0.1],
          "gpu": None}
@@ -196,14 +196,15 @@ def test_informational_gate_only_rejects_on_loss():
 NO_CLOCK = {**QUIET, "governor": None, "scaling_max_freq_khz": None}   # a VM: no cpufreq, no GPU
 
 
-def test_default_rule_is_win2_v2_and_decides_over_the_deciding_cells():
+def test_default_rule_is_win2_v3_and_win2_v2_decides_over_the_deciding_cells_as_a_deviation():
+    assert speed.resolve_config({"cells": CELLS})["rule"] == "win2-v3"
     res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
     win2, _, gate = speeddecision.decide(res, CFG_V2, quiet_clock())
     assert CFG_V2["rule"] == "win2-v2"
     assert gate["rule"] == "win2-v2" and gate["verdict"] == "WIN", gate["reasons"]
     assert gate["decision_cells"] == ["short-c1"] and win2["rnd-c4"]["decides"] is False
     assert gate["noise"]["start_sd_used_pct"] == 3.0 and gate["rates"]["assumed"]["false_win"] <= 0.05
-    assert gate["stage_deviations"] == [] and gate["clock_check"] == "OK"
+    assert [d["what"] for d in gate["stage_deviations"]] == ["rule"] and gate["clock_check"] == "OK"
     # win2-v2 judges the same numbers by its own rule: a +3 % bracket is too noisy to decide here
     small = bracket([100.0, 101.0, 99.0], [103.0, 104.03, 101.97])
     assert speeddecision.decide(small, CFG_V2, quiet_clock())[2]["verdict"] == "INCONCLUSIVE"
@@ -451,7 +452,7 @@ def test_clock_facts_here_and_a_failing_nvidia_smi(tmp_path):
     ({"cells": [{"name": "a", "prompt": "short"}, {"name": "a", "prompt": "long"}]}, "speed.cells[1].name"),
     ({"wins": 2}, "unknown key"),
     ({"informational": "yes"}, "speed.informational"),
-    ({"rule": "win2-v3"}, "speed.rule"),
+    ({"rule": "win2-v9"}, "speed.rule"),
     ({"start_noise_pct": -1}, "speed.start_noise_pct"),
     ({"accept_unverifiable_clock": "yes"}, "speed.accept_unverifiable_clock"),
 ])
@@ -503,28 +504,36 @@ def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
     cfg = {"cells": [{"name": "rep-c1", "prompt": "repetitive", "input_len": 40, "concurrency": 1},
                      {"name": "rnd-c2", "prompt": "random", "input_len": 16, "concurrency": 2, "decide": False}],
            "repeats": 2, "waves": 1, "output_len": n, "archive": str(archive),
-           "accept_unverifiable_clock": True}
+           "accept_unverifiable_clock": True,
+           # win2-v3 with a start-noise fallback no 3-start window can beat: the bracket must grow to
+           # five starts (at five the window's own 3 degrees of freedom replace the fallback)
+           "max_starts": 5, "start_noise_pct": 50.0, "repeat_s": None}
     out, streams = tmp_path / "speed" / "decision.json", tmp_path / "speed" / "streams.jsonl"
     logs = {s: str(tmp_path / f"server-{s}.log") for s in STARTS}
+    every = ("s1", "s2", "s3", "s4", "s5")
     doc = speed_stage.speed_stage(launch_paths=lp, preflight_paths=pp, spec_paths=sp, speed_cfg=cfg, audit="e2e",
                             out_path=str(out), streams_path=str(streams), archive_path=str(archive),
                             server_logs=logs)
     saved = artifacts.check_schema(artifacts.read_json(out), contracts.SPEED_DECISION_SCHEMA, out)
-    assert saved["gate"] == doc["gate"] and saved["gate"]["rule"] == "win2-v2"
-    # three fresh servers, in bracket order, on one host
-    assert [(s["start"], s["role"], s["arm"]) for s in saved["starts"]] == [
-        ("s1", "control_before", "control"), ("s2", "candidate", "candidate"), ("s3", "control_after", "control")]
+    assert saved["gate"] == doc["gate"] and saved["gate"]["rule"] == "win2-v3"
+    # five fresh servers, alternating, in bracket order, on one host; the first look asked for more
+    assert [(s["start"], s["arm"]) for s in saved["starts"]] == [
+        ("s1", "control"), ("s2", "candidate"), ("s3", "control"), ("s4", "candidate"), ("s5", "control")]
+    assert [s["role"] for s in saved["starts"][:3]] == ["control_before", "candidate", "control_after"]
+    assert [lk["starts"] for lk in saved["looks"]] == [3, 5] and saved["looks"][0]["more_starts"] is True
+    assert saved["gate"]["starts"] == 5 and saved["gate"]["noise"]["window_df"] == 3
     assert len({s["host"] for s in saved["starts"]}) == 1
     pids = [s["server"]["pid"] for s in saved["starts"]]
-    assert len(set(pids)) == 3 and all(s["server"]["identity_check"]["ok"] for s in saved["starts"])
+    assert len(set(pids)) == 5 and all(s["server"]["identity_check"]["ok"] for s in saved["starts"])
     assert all(os.path.getsize(p) > 0 for p in logs.values())
+    assert all(os.path.getsize(tmp_path / f"server-{st}.log") > 0 for st in ("s4", "s5"))
     # speculation shows in the counters of the ON start only, and only there
     for cell in ("rep-c1", "rnd-c2"):
-        for st in STARTS:
+        for st in every:
             for rep in saved["pooled"][cell][st]:
                 assert rep["requests"] == (1 if cell == "rep-c1" else 2)
                 assert rep["generation_tokens"] == n * rep["requests"]
-                if st == "s2":
+                if st in ("s2", "s4"):
                     assert rep["drafts"] > 0
                 else:
                     assert rep["drafts"] == rep["accepted"] == 0 and rep["rounds"] == (n - 1) * rep["requests"]
@@ -533,9 +542,9 @@ def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
     assert g["point_gain_pct"] == 100.0  # drafts accepted against none: better, never a loss
     assert g["guard_verdict"] == "OK"
     # the verdict follows the stored series (timing noise here decides it; the rule must not drift)
-    again = gates.win2_v2(saved["series"], primary="pooled_rate_tps", guards=["accepted_per_round", "decode_tps"],
+    again = gates.win2_v3(saved["series"], primary="pooled_rate_tps", guards=["accepted_per_round", "decode_tps"],
                           reported=["ms_per_round", "ttft_s"], lower_is_better=["ms_per_round", "ttft_s"],
-                          decide=["rep-c1"], with_rates=False)
+                          decide=["rep-c1"], max_starts=5, evidence=saved["evidence"], start_noise_pct=50.0)
     assert again["verdict"] == saved["gate"]["verdict"]
     assert saved["win2"]["rnd-c2"]["decides"] is False
     # clock facts were read before and after every start; a VM without cpufreq has none,
@@ -551,24 +560,27 @@ def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
     assert bs["completed"] == 4 and bs["failed"] == 0 and bs["total_output_tokens"] == 4 * n
     header, recs = artifacts.read_jsonl(streams)
     assert header["schema"] == contracts.SPEED_STREAMS_SCHEMA
-    assert len(recs) == 3 * (1 + 2 * 1 + 2 * 2)  # warm-up + repeats x (c1 + c2 streams) per start
+    # a warm-up wave of every cell, then repeats x (c1 + c2 streams), per start
+    assert len(recs) == 5 * ((1 + 2) + 2 * (1 + 2))
     # every request, warm-ups too, says when it was sent: the busy time of the server is read from them
-    for st in STARTS:
+    for st in every:
         mine = [r for r in recs if r["start"] == st]
-        warm = dt.datetime.fromisoformat(mine[0]["started_at"])
-        assert mine[0]["cell"] == "warmup"
+        assert [r["warmup_of"] for r in mine[:3]] == ["rep-c1", "rnd-c2", "rnd-c2"]
+        warm = max(dt.datetime.fromisoformat(r["started_at"]) for r in mine[:3])
+        assert all(r["cell"] != "warmup" for r in mine[3:])
         assert all(dt.datetime.fromisoformat(r["started_at"]) >= max(warm, dt.datetime.fromisoformat(
-            r["wave_started_at"])) for r in mine[1:])
+            r["wave_started_at"])) for r in mine[3:])
     salts = [r["cache_salt"] for r in recs]
     assert len(set(salts)) == len(salts)  # a fresh salt per stream
-    seeds = {st: [r["seed"] for r in recs if r["start"] == st] for st in STARTS}
-    assert seeds["s1"] == seeds["s2"] == seeds["s3"]  # matched across starts
-    # both control starts reached the archive, once per cell
+    seeds = {st: [r["seed"] for r in recs if r["start"] == st] for st in every}
+    assert all(seeds[st] == seeds["s1"] for st in every)  # matched across starts
+    # every control start reached the archive, once per cell, under this window
     lines = speedarchive.read_archive(archive)
-    assert sorted((r["start"], r["cell"]) for r in lines) == [("s1", "rep-c1"), ("s1", "rnd-c2"),
-                                                              ("s3", "rep-c1"), ("s3", "rnd-c2")]
-    assert saved["spread"]["rep-c1"]["archive_n"] == 0 and saved["spread"]["rep-c1"]["archive_with_window_n"] == 2
-    assert saved["archive"]["appended"] == 4
+    assert sorted((r["start"], r["cell"]) for r in lines) == [(s, c) for s in ("s1", "s3", "s5")
+                                                              for c in ("rep-c1", "rnd-c2")]
+    assert {r["window"] for r in lines} == {saved["window"]}
+    assert saved["spread"]["rep-c1"]["archive_n"] == 0 and saved["spread"]["rep-c1"]["archive_with_window_n"] == 3
+    assert saved["archive"]["appended"] == 6
 
 
 def test_the_report_accepts_either_registered_speed_rule():
@@ -578,7 +590,7 @@ def test_the_report_accepts_either_registered_speed_rule():
         gate = speeddecision.decide(res, cfg, quiet_clock())[2]
         decision._check_rule("speed", "speed", gate)
     assert decision._key_numbers(gate)["point_gain_pct"] > 2 and decision._key_numbers(gate)["rates"]
-    with pytest.raises(ValueError, match="win2-v2 or win2-v1"):
+    with pytest.raises(ValueError, match="win2-v3 or win2-v2 or win2-v1"):
         decision._check_rule("speed", "speed", {**gate, "rule": "win2-v0"})
     md = "\n".join(render.speed_markdown({"gate": gate}))
     assert md.startswith("## Speed (win2-v2)")

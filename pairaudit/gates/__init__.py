@@ -12,7 +12,23 @@ from pairaudit.gates.grid_tie import GRID_TIE_V1, PROBE_CLAUSES, grid_tie_audit,
 from pairaudit.gates.promotion import NO_CHANGE, promotion_v1
 from pairaudit.gates.quality import QUALITY_V1, mde_reason, quality_v1
 from pairaudit.gates.server_failure import server_failure_v1
-from pairaudit.gates.speed import WIN2_V1, WIN2_V2, simulate_windows, win2_v1, win2_v2, win2_v2_needed, win2_v2_rates
+from pairaudit.gates.speed import (
+    WIN2_V1,
+    WIN2_V2,
+    WIN2_V3,
+    bracket_arms,
+    evidence_from_controls,
+    looks_for,
+    sequential_verdicts,
+    simulate_sequences,
+    simulate_windows,
+    win2_v1,
+    win2_v2,
+    win2_v2_needed,
+    win2_v2_rates,
+    win2_v3,
+    win2_v3_rates,
+)
 
 # name -> the rule's function: what a config's `rules:` section may name
 REGISTERED = {
@@ -22,13 +38,15 @@ REGISTERED = {
     "boundary-v1": boundary_v1,
     "win2-v1": win2_v1,
     "win2-v2": win2_v2,
+    "win2-v3": win2_v3,
     "promotion-v1": promotion_v1,
     "server-failure-v1": server_failure_v1,
 }
 
 __all__ = [
     "BOUNDARY_REQUIRED_CASES", "CAPACITY_TAIL_CASE", "GRID_TIE_V1", "NO_CHANGE", "PROBE_CLAUSES", "QUALITY_V1",
-    "REGISTERED", "WIN2_V1", "WIN2_V2", "boundary_missing_cases", "boundary_v1", "determinism_v1", "grid_tie_audit",
+    "REGISTERED", "WIN2_V1", "WIN2_V2", "WIN2_V3", "bracket_arms", "evidence_from_controls", "looks_for", "sequential_verdicts",
+    "simulate_sequences", "boundary_missing_cases", "boundary_v1", "determinism_v1", "grid_tie_audit",
     "grid_tie_probe", "grid_tie_v1", "mde_reason", "promotion_v1", "quality_v1", "server_failure_v1", "simulate_windows", "win2_v1",
-    "win2_v2", "win2_v2_needed", "win2_v2_rates",
+    "win2_v2", "win2_v2_needed", "win2_v2_rates", "win2_v3", "win2_v3_rates",
 ]

@@ -512,3 +512,525 @@ def win2_v2(
                pooled_gain_pct=gain, half_width_pct=half, lower_bound_pct=gain - half,
                loss_tests=core["n_loss_tests"], rates=rates)
     return out
+
+
+# ----------------------------------------------------------------- win2-v3
+#
+# Registered values. The bracket grows C, T, C, T, C ... up to max_starts, and
+# the gate looks after every candidate/control pair; each look tests at
+# alpha / looks (a union bound), so the false WIN and false LOSS rates of the
+# whole sequence stay at or below alpha_win and alpha_loss. min_df: below this
+# many degrees of freedom for the start-to-start variance the rule does not
+# trust the estimate and uses start_noise_pct instead (the fallback).
+WIN2_V3 = {"win_pct": 2.0, "alpha_win": 0.05, "alpha_loss": 0.05, "start_noise_pct": 3.0, "min_df": 2,
+           "evidence_f_alpha": 0.05}
+
+
+def _q(p: float, df: float | None) -> float:
+    """Upper p-quantile: Student-t with ``df`` degrees of freedom, the normal where df is None."""
+    from scipy.stats import norm, t  # here: scipy.stats costs a second at the workflow's load
+
+    return float(norm.ppf(p)) if df is None else float(t.ppf(p, df))
+
+
+def bracket_arms(n_starts: int) -> list[str]:
+    """The arms of an alternating bracket of ``n_starts`` starts: control, candidate, control, ..."""
+    if n_starts < 3 or n_starts % 2 == 0:
+        raise ValueError(f"a bracket has an odd number of starts >= 3 (control first and last), got {n_starts}")
+    return ["control" if k % 2 == 0 else "candidate" for k in range(n_starts)]
+
+
+def looks_for(max_starts: int) -> int:
+    """How many times the sequential bracket may decide: after 3, 5, ... max_starts starts."""
+    return 1 + (max_starts - 3) // 2
+
+
+def arm_factor(n_starts: int) -> float:
+    """Var(mean of the candidate starts - mean of the control starts) / sigma^2 for an alternating bracket.
+
+    C, T, C, ... C puts both arms' mean position at the bracket's middle, so a
+    linear drift of the host cancels in the difference of the arm means, as
+    it does in pairing each candidate start with its two neighbours; unlike
+    that pairing, the arm means are orthogonal to the within-arm deviations
+    the variance is estimated from, so the t statistic is exact.
+    """
+    n_cand = n_starts // 2
+    return 1.0 / n_cand + 1.0 / (n_starts - n_cand)
+
+
+def _v3_start_values(x: np.ndarray, lower_is_better: bool) -> np.ndarray:
+    """(..., repeats, starts) raw values -> (..., starts) per-start means in log-% of the control, oriented.
+
+    Every start runs the same prompts at the same repeat index, so a prompt
+    that decodes slower slows every start alike: averaging over repeats per
+    start keeps that effect identical in every start, and every difference
+    between starts cancels it. Positive metrics are compared on the log scale
+    (100 ln(x / geometric mean of the controls), about % for small effects): a
+    ratio of speeds is symmetric there, where x / mean - 1 is skewed by the
+    noise of its own denominator. A metric that is 0 somewhere (accepted
+    drafts without speculation) stays linear, 0 against 0 and +-100 against a
+    control of 0 (any drafting beats none).
+    """
+    x = np.asarray(x, dtype=float)
+    positive = (x > 0).all(axis=(-1, -2), keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lx = np.log(np.where(positive, x, 1.0))
+        log_rel = 100.0 * (lx - lx[..., 0::2].mean(axis=(-1, -2), keepdims=True))
+        c = x[..., 0::2].mean(axis=(-1, -2), keepdims=True)
+        lin = np.where(c != 0, 100.0 * (x / np.where(c != 0, c, 1.0) - 1.0),
+                       np.where(x == 0, 0.0, 100.0 * np.sign(x)))
+    rel = np.where(positive, log_rel, lin)
+    if lower_is_better:
+        rel = -rel
+    return rel.mean(axis=-2)
+
+
+def log_bar(pct: float) -> float:
+    """A bar in % of the control as a bar on the log scale the gate tests on: 100 ln(1 + pct / 100)."""
+    return 100.0 * math.log1p(pct / 100.0)
+
+
+def pct_of_log(v: float) -> float:
+    """A log-scale gain (100 ln ratio) as % of the control."""
+    return 100.0 * math.expm1(v / 100.0)
+
+
+def _v3_gain(m: np.ndarray) -> np.ndarray:
+    """(..., starts) -> (...): the mean of the candidate starts minus the mean of the control starts."""
+    return m[..., 1::2].mean(axis=-1) - m[..., 0::2].mean(axis=-1)
+
+
+def _v3_window_var(m: np.ndarray) -> tuple[np.ndarray, int]:
+    """Within-arm variance of the start values (a slow drift only inflates it) and its degrees of freedom."""
+    c, t = m[..., 0::2], m[..., 1::2]
+    nc, nt = c.shape[-1], t.shape[-1]
+    ss = ((c - c.mean(axis=-1, keepdims=True)) ** 2).sum(axis=-1)
+    if nt > 1:
+        ss = ss + ((t - t.mean(axis=-1, keepdims=True)) ** 2).sum(axis=-1)
+    df = (nc - 1) + max(0, nt - 1)
+    return ss / df, df
+
+
+def _v3_noise(win_var: np.ndarray, win_df: int, ev_var: np.ndarray | float | None, ev_df: int, *,
+              floor: float, min_df: float, f_alpha: float) -> dict:
+    """The start-to-start variance the gate uses: the window's, pooled with the host's evidence where they agree.
+
+    Evidence (earlier windows of the same control on this host) is pooled
+    unless the window's own variance is significantly larger (one-sided F
+    test at ``f_alpha``): a candidate that makes the host noisier must not
+    borrow a quiet history. Below ``min_df`` degrees of freedom the
+    registered floor is the least variance used (the t quantile of the
+    degrees of freedom seen still applies).
+    """
+    from scipy.stats import f as f_dist
+
+    win_var = np.asarray(win_var, dtype=float)
+    if ev_var is not None and ev_df > 0:
+        ev = np.broadcast_to(np.asarray(ev_var, dtype=float), win_var.shape)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(ev > 0, win_var / np.where(ev > 0, ev, 1.0), np.where(win_var > 0, np.inf, 1.0))
+        crit = float(f_dist.ppf(1.0 - f_alpha, win_df, ev_df))
+        pool = ratio <= crit
+        var = np.where(pool, (win_df * win_var + ev_df * ev) / (win_df + ev_df), win_var)
+        df = np.where(pool, win_df + ev_df, win_df)
+    else:
+        pool = np.zeros(win_var.shape, dtype=bool)
+        var, df = win_var, np.full(win_var.shape, win_df)
+    fallback = df < min_df
+    used = np.where(fallback, np.maximum(var, floor ** 2), var)
+    return {"var": var, "df": df, "pooled_evidence": pool, "fallback": fallback, "used_var": used}
+
+
+def _quantiles(p: float, df: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+    """Student-t at the variance's degrees of freedom, the fallback too.
+
+    The fallback raises the variance to the floor but keeps the t quantile of
+    the degrees of freedom actually seen: a host noisier than the floor then
+    stays undecided at one bracket instead of deciding on a variance that a
+    single control pair happened to understate.
+    """
+    from scipy.stats import t
+
+    del fallback  # the same quantile either way; kept in the signature for the record's sake
+    return np.asarray(t.ppf(p, np.maximum(df, 1)))
+
+
+def _win2_v3_core(metrics: Mapping[str, np.ndarray], *, primary: str, guards: Sequence[str],
+                  lower_is_better: Iterable[str], win_pct: float, alpha_win: float, alpha_loss: float,
+                  start_noise_pct: float, min_df: int, evidence_f_alpha: float, looks: int,
+                  evidence: Mapping[str, Mapping[str, Any]] | None = None) -> dict:
+    """win2-v3 at one look over many windows: arrays (windows, cells, repeats, starts) per metric.
+
+    ``evidence``: metric -> {"pooled": (var, df), "cells": [(var, df) or None per cell]} from the host's
+    earlier windows of this control (variances in %^2 of the control; a var may be an array, one per
+    window), or None. The simulation runs exactly this.
+    """
+    lib = set(lower_is_better)
+    evidence = evidence or {}
+    x = np.asarray(metrics[primary], dtype=float)
+    n_cells, n_starts = x.shape[1], x.shape[-1]
+    fac = arm_factor(n_starts)
+    kw: dict[str, float] = dict(floor=start_noise_pct, min_df=min_df, f_alpha=evidence_f_alpha)
+    vals = {m: _v3_start_values(np.asarray(metrics[m], dtype=float), m in lib) for m in [primary, *guards]}
+    # pooled over the deciding cells: a start's offset is shared by every cell it runs
+    pm = vals[primary].mean(axis=1)                                         # (W, S)
+    pooled_gain = _v3_gain(pm)
+    wv, wdf = _v3_window_var(pm)
+    ev = evidence.get(primary, {}).get("pooled")
+    pn = _v3_noise(wv, wdf, None if ev is None else ev[0], 0 if ev is None else int(ev[1]), **kw)
+    se = np.sqrt(fac * pn["used_var"])
+    q_win = _quantiles(1.0 - alpha_win / looks, pn["df"], pn["fallback"])
+    half = q_win * se
+    # the bar on the log scale: a win is a ratio above 1 + bar, a loss one below 1 - bar
+    up, down = log_bar(win_pct), -log_bar(-win_pct) if win_pct < 100 else math.inf
+    cell_gain = {m: _v3_gain(v) for m, v in vals.items()}                 # (W, C)
+    consistent = (cell_gain[primary] > up).all(axis=-1)
+    win = (pooled_gain - half > 0) & (pooled_gain > up) & consistent
+    # one loss test per cell and metric, plus the primary pooled over the cells (it borrows every cell's
+    # repeats and the host's evidence, so it sees a uniform slowdown no single cell can show alone)
+    n_tests = n_cells * len(vals) + 1
+    q_pool_loss = _quantiles(1.0 - alpha_loss / (looks * n_tests), pn["df"], pn["fallback"])
+    pooled_loss = (pooled_gain < -down) & (pooled_gain + q_pool_loss * se < 0)
+    loss_by, cell_noise = {}, {}
+    for m, v in vals.items():
+        cv, cdf = _v3_window_var(v)                                         # (W, C)
+        cells_ev = evidence.get(m, {}).get("cells")
+        if cells_ev is not None:
+            nz = [_v3_noise(cv[:, j], cdf, None if e is None else e[0], 0 if e is None else int(e[1]), **kw)
+                  for j, e in enumerate(cells_ev)]
+            cn = {k: np.stack([z[k] for z in nz], axis=-1) for k in ("var", "df", "fallback", "used_var")}
+        else:
+            cn = _v3_noise(cv, cdf, None, 0, **kw)
+        q_loss = _quantiles(1.0 - alpha_loss / (looks * n_tests), cn["df"], cn["fallback"])
+        g = cell_gain[m]
+        loss_by[m] = (g < -down) & (g + q_loss * np.sqrt(fac * cn["used_var"]) < 0)
+        cell_noise[m] = cn
+    loss = pooled_loss.copy()
+    for m in loss_by:
+        loss |= loss_by[m].any(axis=-1)
+    decided = half <= up
+    verdict = np.where(loss, "LOSS", np.where(win, "WIN", np.where(decided, "NO_WIN", "INCONCLUSIVE")))
+    return {"verdict": verdict, "values": vals, "pooled_values": pm, "pooled_gain": pooled_gain, "se": se,
+            "half_width": half, "q_win": q_win, "noise": pn, "window_var": wv, "window_df": wdf,
+            "cell_gain": cell_gain, "cell_noise": cell_noise, "consistent": consistent, "loss_by": loss_by,
+            "pooled_loss": pooled_loss, "n_loss_tests": n_tests, "factor": fac, "n_starts": n_starts}
+
+
+def _v3_pct(values: np.ndarray, gain: float) -> float:
+    """A cell metric's gain in %: from the log scale where its values are all positive, else already linear."""
+    return float(gain) if not np.isfinite(values).all() or (np.asarray(values) == 0).any() else pct_of_log(float(gain))
+
+
+def repeat_noise_sd(x: np.ndarray) -> float:
+    """Per-repeat noise in % of the control with the prompts' own speed removed (two-way residual sd).
+
+    x: (cells, repeats, starts). Each repeat index is the same prompts in
+    every start, so the repeat's mean over starts is that prompt's speed, not
+    noise; what is left after removing it and each start's mean is.
+    """
+    out = []
+    for cell in np.asarray(x, dtype=float):
+        c = cell[:, 0::2].mean()
+        if c == 0:
+            continue
+        rel = 100.0 * (cell / c - 1.0)
+        r, s = rel.shape
+        if r < 2 or s < 2:
+            continue
+        res = rel - rel.mean(axis=1, keepdims=True) - rel.mean(axis=0, keepdims=True) + rel.mean()
+        out.append((res ** 2).sum() / ((r - 1) * (s - 1)))
+    return math.sqrt(float(np.mean(out))) if out else 0.0
+
+
+def simulate_sequences(rng: np.random.Generator, n: int, *, cells: int, repeats: int, rep_sd: float,
+                       start_sd: float, max_starts: int, gain_pct: float = 0.0, prompt_sd: float = 0.0,
+                       metrics: Sequence[str] = ("primary",), zero: Sequence[str] = ()) -> dict[str, np.ndarray]:
+    """n synthetic alternating brackets of ``max_starts`` starts, (n, cells, repeats, max_starts) per metric.
+
+    As simulate_windows, plus ``prompt_sd``: a per (cell, repeat) speed shared by every start (the same
+    prompts at the same repeat index decode at their own speed). Candidate starts are ``gain_pct`` % faster.
+    """
+    off = rng.normal(0.0, start_sd, (n, 1, 1, max_starts))
+    prompt = rng.normal(0.0, prompt_sd, (n, cells, repeats, 1))
+    scale = np.array([1.0 + (gain_pct / 100.0 if k % 2 else 0.0) for k in range(max_starts)])
+    out = {}
+    for m in metrics:
+        if m in zero:
+            out[m] = np.zeros((n, cells, repeats, max_starts))
+            continue
+        e = rng.normal(0.0, rep_sd, (n, cells, repeats, max_starts))
+        out[m] = 100.0 * (1.0 + (off + e + prompt) / 100.0) * scale
+    return out
+
+
+def evidence_from_controls(x: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], int]:
+    """Earlier windows' control starts (windows, cells, repeats, starts) -> the evidence the gate is given.
+
+    The arithmetic of :mod:`pairaudit.speed.evidence` on simulated windows:
+    per window, each start's mean over repeats in % of the window's mean,
+    pooled over the cells; the within-window variance, starts - 1 degrees of
+    freedom. Returns (pooled variance per window, per-cell variances, df).
+    """
+    lv = np.log(x).mean(axis=-2)                                          # (W, C, S), as the gate's start values
+    rel = 100.0 * (lv - lv.mean(axis=-1, keepdims=True))
+    df = x.shape[-1] - 1
+    pooled = rel.mean(axis=1).var(axis=-1, ddof=1)
+    cells = [rel[:, j].var(axis=-1, ddof=1) for j in range(x.shape[1])]
+    return pooled, cells, df
+
+
+def sequential_verdicts(metrics: Mapping[str, np.ndarray], *, max_starts: int, **kw) -> tuple[np.ndarray, np.ndarray]:
+    """The sequential win2-v3 over simulated full brackets: each window's verdict and the starts it used."""
+    n = next(iter(metrics.values())).shape[0]
+    verdict = np.full(n, "INCONCLUSIVE", dtype=object)
+    used = np.full(n, max_starts)
+    open_ = np.ones(n, dtype=bool)
+    looks = looks_for(max_starts)
+    for k in range(3, max_starts + 1, 2):
+        core = _win2_v3_core({m: v[..., :k] for m, v in metrics.items()}, looks=looks, **kw)
+        v = core["verdict"]
+        now = open_ & (v != "INCONCLUSIVE")
+        verdict[now] = v[now]
+        used[now] = k
+        open_ &= ~now
+    return verdict.astype(str), used
+
+
+def win2_v3_rates(*, rep_sd: float, start_sd: float, cells: int, repeats: int, max_starts: int,
+                  guards: Sequence[str] = (), zero_guards: Sequence[str] = (), win_pct: float = 2.0,
+                  alpha_win: float = 0.05, alpha_loss: float = 0.05, start_noise_pct: float = 3.0, min_df: int = 2,
+                  evidence_f_alpha: float = 0.05, evidence_df: int = 0, power_gain_pct: float = 3.0,
+                  prompt_sd: float = 0.0, n: int = WIN2_V2_RATE_WINDOWS, seed: int = WIN2_V2_RATE_SEED) -> dict:
+    """Seeded simulated error rates of the sequential win2-v3 at one noise level.
+
+    ``evidence_df``: the host evidence the gate is given, one simulated earlier window of
+    ``evidence_df + 1`` control starts per bracket under the same noise (0: none). false_win / false_loss on
+    identical arms; power / power_loss: WIN for a +power_gain_pct change, LOSS for a -power_gain_pct one.
+    """
+    names = ["primary", *guards]
+    kw: dict[str, Any] = dict(primary="primary", guards=list(guards), lower_is_better=(), win_pct=win_pct,
+                              alpha_win=alpha_win, alpha_loss=alpha_loss, start_noise_pct=start_noise_pct,
+                              min_df=min_df, evidence_f_alpha=evidence_f_alpha)
+    rng = np.random.default_rng(seed)
+
+    def run(gain: float) -> tuple[np.ndarray, np.ndarray]:
+        sims = simulate_sequences(rng, n, cells=cells, repeats=repeats, rep_sd=rep_sd, start_sd=start_sd,
+                                  max_starts=max_starts, gain_pct=gain, prompt_sd=prompt_sd, metrics=names,
+                                  zero=zero_guards)
+        ev = None
+        if evidence_df > 0:
+            # each bracket gets its own earlier window: evidence_df + 1 control starts of the same host
+            ctrl = simulate_sequences(rng, n, cells=cells, repeats=repeats, rep_sd=rep_sd, start_sd=start_sd,
+                                      max_starts=evidence_df + 1, prompt_sd=prompt_sd, metrics=names)
+            ev = {}
+            for m in names:
+                pv, cv, df = evidence_from_controls(ctrl[m])
+                ev[m] = {"pooled": (pv, df), "cells": [(c, df) for c in cv]}
+        return sequential_verdicts(sims, max_starts=max_starts, evidence=ev, **kw)
+
+    null, used0 = run(0.0)
+    up, used_up = run(power_gain_pct)
+    down, used_down = run(-power_gain_pct)
+    return {"rep_sd_pct": rep_sd, "start_sd_pct": start_sd, "prompt_sd_pct": prompt_sd, "cells": cells,
+            "repeats": repeats, "max_starts": max_starts, "evidence_df": evidence_df, "windows": n, "seed": seed,
+            "false_win": float((null == "WIN").mean()), "false_loss": float((null == "LOSS").mean()),
+            "null_no_win": float((null == "NO_WIN").mean()),
+            "null_inconclusive": float((null == "INCONCLUSIVE").mean()), "null_mean_starts": float(used0.mean()),
+            "power_gain_pct": power_gain_pct, "power": float((up == "WIN").mean()),
+            "power_loss": float((down == "LOSS").mean()), "alt_mean_starts": float(used_up.mean())}
+
+
+def win2_v3_needed(*, start_var: float, df: int | None, win_pct: float, alpha_win: float, looks: int,
+                   limit: int = 41) -> int | None:
+    """The smallest odd number of starts whose half-width would reach the bar at this start-to-start variance."""
+    for k in range(3, limit + 1, 2):
+        q = _q(1.0 - alpha_win / looks, None if df is None else max(df, k - 2))
+        if q * math.sqrt(arm_factor(k) * start_var) <= log_bar(win_pct):
+            return k
+    return None
+
+
+def win2_v3(
+    cells: Mapping[str, Mapping[str, Sequence[Sequence[float]]]],
+    *,
+    primary: str,
+    guards: Iterable[str] = (),
+    reported: Iterable[str] = (),
+    decide: Iterable[str] | None = None,
+    lower_is_better: Iterable[str] = (),
+    max_starts: int = 5,
+    evidence: Mapping[str, Mapping[str, Any]] | None = None,
+    win_pct: float = 2.0,
+    alpha_win: float = 0.05,
+    alpha_loss: float = 0.05,
+    start_noise_pct: float = 3.0,
+    min_df: int = 2,
+    evidence_f_alpha: float = 0.05,
+) -> dict:
+    """win2-v3: the alternating bracket (C, T, C, T, C ...) decided sequentially, paired by prompt.
+
+    cells: cell -> metric -> per repeat, one value per start in run order
+    (control first and last, alternating). evidence: metric -> {"pooled":
+    {"var", "df"}, "cells": {cell: {"var", "df"}}} from the host's earlier
+    windows of the same control (``pairaudit.speed.evidence``), or None.
+
+    Per cell and metric each start's value is its mean over repeats in % of
+    the cell's control mean (prompt effects are the same in every start and
+    cancel); the gain is the mean of the candidate starts minus the mean of
+    the control starts (alternating, so a linear drift cancels). The
+    start-to-start variance is the within-arm variance of the start values,
+    pooled with the evidence unless the window is significantly noisier;
+    below ``min_df`` degrees of freedom ``start_noise_pct`` is the fallback.
+    Each of the looks_for(max_starts) looks tests at alpha / looks.
+
+    - WIN: pooled gain over the deciding cells above the bar, its one-sided
+      lower bound above 0, and every deciding cell above the bar.
+    - LOSS: a deciding cell's primary or guard worse than the bar with its
+      upper bound below 0 (each test at alpha_loss / (looks x cells x metrics)).
+    - NO_WIN: neither, and the half-width is within the bar.
+    - INCONCLUSIVE otherwise; ``more_starts`` says whether the bracket may
+      still grow (fewer than max_starts starts so far).
+    """
+    guards, reported = list(guards), list(reported)
+    lib = set(lower_is_better)
+    params, dev, reasons = registered_params(
+        {"win_pct": win_pct, "alpha_win": alpha_win, "alpha_loss": alpha_loss, "start_noise_pct": start_noise_pct,
+         "min_df": min_df, "evidence_f_alpha": evidence_f_alpha}, dict(WIN2_V3))
+    names = list(cells)
+    decide = names if decide is None else [c for c in names if c in set(decide)]
+    looks = looks_for(max_starts)
+    params.update(primary=primary, guards=guards, reported=reported, lower_is_better=sorted(lib),
+                  decision_cells=list(decide), max_starts=max_starts, looks=looks)
+    roles = [primary] + guards + reported
+    if len(set(roles)) != len(roles):
+        raise ValueError(f"a metric has more than one role: {roles}")
+    if not decide:
+        raise ValueError("win2-v3 needs at least one deciding cell")
+    shapes = set()
+    for c in names:
+        missing = [m for m in roles if m not in cells[c]]
+        if missing:
+            raise ValueError(f"cell {c}: metrics {missing} absent from series")
+        for m in roles:
+            for rep in cells[c][m]:
+                if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in rep):
+                    raise ValueError(f"{c}/{m}: every start's value must be a finite number, got {rep!r}")
+                shapes.add((len(cells[c][m]), len(rep)))
+    if len(shapes) != 1:
+        raise ValueError(f"cells and metrics have different repeats x starts: {sorted(shapes)}")
+    n_rep, n_starts = shapes.pop()
+    bracket_arms(n_starts)  # refuses an even or too short bracket
+    if n_starts > max_starts:
+        raise ValueError(f"{n_starts} starts exceed max_starts {max_starts}")
+    out: dict[str, Any] = {"rule": "win2-v3", "params": params, "deviations": dev, "repeats": n_rep,
+                           "starts": n_starts, "arms": bracket_arms(n_starts)}
+
+    def arr(cs, m):
+        return np.asarray([[cells[c][m] for c in cs]], dtype=float)       # (1, C, R, S)
+
+    def ev_for(cs):
+        if not evidence:
+            return None
+        out_ev = {}
+        for m, e in evidence.items():
+            pooled = e.get("pooled")
+            per = e.get("cells") or {}
+            out_ev[m] = {"pooled": None if not pooled else (pooled["var"], pooled["df"]),
+                         "cells": [None if c not in per else (per[c]["var"], per[c]["df"]) for c in cs]}
+        return out_ev
+
+    kw: dict[str, Any] = dict(lower_is_better=lib, win_pct=win_pct, alpha_win=alpha_win, alpha_loss=alpha_loss,
+                              start_noise_pct=start_noise_pct, min_df=min_df, evidence_f_alpha=evidence_f_alpha,
+                              looks=looks)
+    core = _win2_v3_core({m: arr(decide, m) for m in [primary, *guards]}, primary=primary, guards=guards,
+                         evidence=ev_for(decide), **kw)
+    pn = core["noise"]
+    ev_p = (evidence or {}).get(primary, {}).get("pooled")
+    fallback = bool(pn["fallback"][0])
+    source = ("fallback: the registered start_noise_pct (fewer than min_df degrees of freedom)" if fallback
+              else "this window and the host's earlier windows of this control" if bool(pn["pooled_evidence"][0])
+              else "this window alone" + (" (the host's evidence was quieter than this window: not pooled)"
+                                          if ev_p else ""))
+    noise: dict[str, Any] = {
+        "rep_sd_pct": repeat_noise_sd(arr(decide, primary)[0]),
+        "start_sd_pct": math.sqrt(float(core["window_var"][0])), "window_df": int(core["window_df"]),
+        "evidence_sd_pct": None if not ev_p else math.sqrt(ev_p["var"]),
+        "evidence_df": None if not ev_p else int(ev_p["df"]),
+        "evidence_windows": None if not ev_p else ev_p.get("windows"),
+        "start_sd_used_pct": math.sqrt(float(pn["used_var"][0])), "df_used": None if fallback else int(pn["df"][0]),
+        "source": source, "start_values_pct": _nums(core["pooled_values"][0]),
+    }
+    # the gate tests on the log scale; what it reports is in % of the control
+    lg, half = float(core["pooled_gain"][0]), float(core["half_width"][0])
+    gain, lower = pct_of_log(lg), pct_of_log(lg - half)
+    verdict = str(core["verdict"][0])
+    need = win2_v3_needed(start_var=float(pn["used_var"][0]), df=None if fallback else int(pn["df"][0]),
+                          win_pct=win_pct, alpha_win=alpha_win, looks=looks)
+    per_cell: dict[str, dict[str, Any]] = {}
+    for j, c in enumerate(decide):
+        cell_loss = [m for m in core["loss_by"] if core["loss_by"][m][0, j]]
+        cg = pct_of_log(float(core["cell_gain"][primary][0, j]))
+        per_cell[c] = {"decides": True,
+                       "primary": {"point_gain_pct": cg,
+                                   "start_values_pct": _nums(core["values"][primary][0, j]),
+                                   "start_sd_pct": math.sqrt(float(core["cell_noise"][primary]["var"][0, j]))},
+                       "guards": {g: {"point_gain_pct": _v3_pct(core["values"][g][0, j], core["cell_gain"][g][0, j]),
+                                      "guard_verdict": "LOSS" if g in cell_loss else "OK"} for g in guards},
+                       "losses": cell_loss,
+                       "verdict": "LOSS" if cell_loss else ("ABOVE_BAR" if cg > win_pct else "NOT_ABOVE_BAR")}
+    for c in [c for c in names if c not in decide]:
+        one = _win2_v3_core({m: arr([c], m) for m in [primary, *guards]}, primary=primary, guards=guards,
+                            evidence=ev_for([c]), **kw)
+        per_cell[c] = {"decides": False, "verdict": str(one["verdict"][0]),
+                       "primary": {"point_gain_pct": pct_of_log(float(one["pooled_gain"][0])),
+                                   "start_values_pct": _nums(one["pooled_values"][0])},
+                       "guards": {g: {"point_gain_pct": _v3_pct(one["values"][g][0, 0], one["cell_gain"][g][0, 0]),
+                                      "guard_verdict": "LOSS" if one["loss_by"][g][0, 0] else "OK"} for g in guards}}
+    rep_res = {}
+    for m in reported:
+        one = _win2_v3_core({m: arr(decide, m)}, primary=m, guards=[], evidence=None, **kw)
+        rep_res[m] = {"verdict": str(one["verdict"][0]), "point_gain_pct": pct_of_log(float(one["pooled_gain"][0])),
+                      "lower_is_better": m in lib}
+    a_pct = 100 * alpha_win / looks
+    summary = (f"primary {primary}: gain {gain:+.2f} % over {len(decide)} deciding cell(s) and {n_starts} starts "
+               f"vs bar {win_pct} %, one-sided {100 - a_pct:g} % lower bound {lower:+.2f} % (half-width "
+               f"{half:.2f} % on the log scale); noise: per repeat {noise['rep_sd_pct']:.2f} % (prompt effects removed), start to "
+               f"start {noise['start_sd_pct']:.2f} % in this window ({noise['window_df']} df)"
+               + (f", {noise['evidence_sd_pct']:.2f} % in the host's evidence ({noise['evidence_df']} df)"
+                  if ev_p else ", no host evidence")
+               + f"; used {noise['start_sd_used_pct']:.2f} % from {source}")
+    more = verdict == "INCONCLUSIVE" and n_starts + 2 <= max_starts
+    if verdict == "LOSS":
+        if bool(core["pooled_loss"][0]):
+            reasons.append(f"primary {primary} pooled over the deciding cells: {gain:+.2f} %, worse than the bar "
+                           f"beyond the noise (each loss test at "
+                           f"{100 * alpha_loss / (looks * core['n_loss_tests']):.3g} %)")
+        if bool(core["pooled_loss"][0]):
+            reasons.append(f"primary {primary} pooled over the deciding cells: {gain:+.2f} %, worse than the bar "
+                           f"beyond the noise (upper bound {gain + half * 0:+.2f} % + its quantile; each loss test at "
+                           f"{100 * alpha_loss / (looks * core['n_loss_tests']):.3g} %)")
+        for c, pc in per_cell.items():
+            if pc.get("decides") and pc.get("losses"):
+                reasons.append(f"{c}: {', '.join(pc['losses'])} worse than the bar beyond the noise (each loss "
+                               f"test at {100 * alpha_loss / (looks * core['n_loss_tests']):.3g} %)")
+    elif verdict == "WIN":
+        reasons.append("gain above the bar in every deciding cell and its lower bound above 0")
+    elif verdict == "NO_WIN":
+        reasons.append("speed gain not shown, and the bracket resolves the bar (half-width <= bar)")
+    else:
+        how = (f"about {need} starts would resolve it" if need is not None
+               else "no bracket of up to 41 starts would resolve it at this noise")
+        reasons.append(f"too noisy to decide at the {win_pct} % bar after {n_starts} starts: half-width {half:.2f} % "
+                       f"> {log_bar(win_pct):.2f} % (the bar on the log scale); {how}" + ("; the bracket grows by a candidate and a control start" if more
+                                                  else f" (max_starts {max_starts} reached)"))
+    reasons.append(summary)
+    if not core["consistent"][0] and verdict != "LOSS":
+        low = [c for c in decide if per_cell[c]["primary"]["point_gain_pct"] <= win_pct]
+        reasons.append(f"cells not above the bar: {low}")
+    for m, r in rep_res.items():
+        reasons.append(f"reported {m}: {r['verdict']} ({r['point_gain_pct']:+.3f} %), does not decide")
+    out.update(verdict=verdict, more_starts=more, reasons=reasons, cells=per_cell, reported=rep_res, noise=noise,
+               needed={"starts_needed": need, "half_width_pct": half}, pooled_gain_pct=gain, half_width_pct=half,
+               lower_bound_pct=lower, log_gain=lg, loss_tests=core["n_loss_tests"], looks=looks,
+               alpha_per_look={"win": alpha_win / looks, "loss": alpha_loss / looks})
+    return out

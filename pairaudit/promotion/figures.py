@@ -226,7 +226,7 @@ def plot_divergence(docs: Mapping[str, Mapping[str, Any]], out_png: str | os.Pat
 
 
 def plot_speed(doc: Mapping[str, Any], out_png: str | os.PathLike) -> None:
-    """Per cell: s1, s2, s3 of every repeat for the primary metric, and the win bar above the control mean."""
+    """Per cell: every start of every repeat for the primary metric, and the win bar above the control mean."""
     primary = speed_primary(doc)
     series = doc.get("series") or {}
     bar = doc.get("bar") or {}
@@ -241,17 +241,20 @@ def plot_speed(doc: Mapping[str, Any], out_png: str | os.PathLike) -> None:
     for j, cell in enumerate(cells):
         ax = fig.add_subplot(1, len(cells), j + 1)
         reps = series[cell][primary]
-        for r, trio in enumerate(reps):
-            s1, s2, s3 = (float("nan") if v is None else float(v) for v in trio)
-            ctrl = (s1 + s3) / 2
-            ax.plot([r - 0.2, r + 0.2], [s1, s3], color="#999", lw=0.8, zorder=1)
-            ax.scatter([r - 0.2], [s1], marker="s", color="#d9822b", label="s1 control" if r == 0 else None, zorder=3)
-            ax.scatter([r], [s2], marker="o", color="#3b75af", s=50, label="s2 candidate" if r == 0 else None, zorder=3)
-            ax.scatter([r + 0.2], [s3], marker="s", color="#a0522d", label="s3 control" if r == 0 else None, zorder=3)
+        for r, starts in enumerate(reps):
+            vals = [float("nan") if v is None else float(v) for v in starts]
+            n = len(vals)
+            xs = [r - 0.3 + 0.6 * k / max(1, n - 1) for k in range(n)]   # the starts in run order within a repeat
+            ctrl = sum(vals[0::2]) / len(vals[0::2])
+            ax.plot(xs[0::2], vals[0::2], color="#999", lw=0.8, zorder=1)
+            ax.scatter(xs[0::2], vals[0::2], marker="s", color="#d9822b",
+                       label="control starts (s1, s3, ...)" if r == 0 else None, zorder=3)
+            ax.scatter(xs[1::2], vals[1::2], marker="o", color="#3b75af", s=50,
+                       label="candidate starts (s2, ...)" if r == 0 else None, zorder=3)
             edge = ctrl * (1 - win_pct / 100) if lower else ctrl * (1 + win_pct / 100)
-            ax.fill_between([r - 0.3, r + 0.3], [ctrl] * 2, [edge] * 2, color="#c0392b", alpha=0.15,
+            ax.fill_between([r - 0.35, r + 0.35], [ctrl] * 2, [edge] * 2, color="#c0392b", alpha=0.15,
                             label=f"{win_pct:g} % bar over control mean" if r == 0 else None)
-            ax.hlines(ctrl, r - 0.3, r + 0.3, color="#555", lw=1, label="control mean (s1+s3)/2" if r == 0 else None)
+            ax.hlines(ctrl, r - 0.35, r + 0.35, color="#555", lw=1, label="control mean" if r == 0 else None)
         w = (doc.get("win2") or {}).get(cell) or {}
         prim = w.get("primary") or {}
         gain = prim.get("point_gain_pct")

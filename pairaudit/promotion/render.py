@@ -490,17 +490,21 @@ def _num(v: Any, digits: int = 3) -> str:
 
 
 def _speed_repeat_rows(doc: Mapping[str, Any], primary: str) -> list[str]:
-    """Per cell and repeat: s1, s2, s3 of the primary metric, the control mean and the candidate's ratio to it."""
-    out = [_row(["cell", "repeat", f"s1 control {primary}", f"s2 candidate {primary}", f"s3 control {primary}",
-                 "control mean", "candidate / control", "s1-s3 spread / control"]), _row(["---"] * 8)]
-    for cell, metrics in (doc.get("series") or {}).items():
-        for r, trio in enumerate((metrics or {}).get(primary) or [], start=1):
-            s1, s2, s3 = (trio + [None] * 3)[:3]
-            nums = all(isinstance(v, (int, float)) for v in (s1, s2, s3))
-            ctrl = (s1 + s3) / 2 if nums else None
-            ratio = s2 / ctrl if nums and ctrl else None
-            spread = abs(s1 - s3) / ctrl if nums and ctrl else None
-            out.append(_row([_cell(cell), r, _num(s1), _num(s2), _num(s3), _num(ctrl), _num(ratio),
+    """Per cell and repeat: every start's primary metric (controls at odd starts), the control mean, the ratio."""
+    series = doc.get("series") or {}
+    n = max((len(trio) for m in series.values() for trio in (m or {}).get(primary) or []), default=3)
+    heads = [f"s{k + 1} {'control' if k % 2 == 0 else 'candidate'} {primary}" for k in range(n)]
+    out = [_row(["cell", "repeat", *heads, "control mean", "candidate / control", "control spread / control"]),
+           _row(["---"] * (n + 5))]
+    for cell, metrics in series.items():
+        for r, vals in enumerate((metrics or {}).get(primary) or [], start=1):
+            vals = (list(vals) + [None] * n)[:n]
+            nums = all(isinstance(v, (int, float)) for v in vals)
+            ctrl = sum(vals[0::2]) / len(vals[0::2]) if nums else None
+            cand = sum(vals[1::2]) / len(vals[1::2]) if nums else None
+            ratio = cand / ctrl if nums and ctrl else None
+            spread = (max(vals[0::2]) - min(vals[0::2])) / ctrl if nums and ctrl else None
+            out.append(_row([_cell(cell), r, *(_num(v) for v in vals), _num(ctrl), _num(ratio),
                              "n/a" if spread is None else f"{100 * spread:.1f} %"]))
     return out
 
@@ -544,8 +548,10 @@ def speed_markdown(doc: Mapping[str, Any] | None) -> list[str]:
                              _cell(sp.get("archive_n")), _cell(sp.get("win_pct"))]))
     primary = speed_primary(doc)
     if primary and doc.get("series"):
-        how = ("win2-v2 compares s2 with s1 and s3 over all repeats and deciding cells"
-               if gate.get("rule") == "win2-v2" else "win2-v1 pairs s2 with the mean of s1 and s3")
+        how = {"win2-v3": "win2-v3 compares each candidate start with its two neighbouring control starts, over "
+                          "all repeats and deciding cells",
+               "win2-v2": "win2-v2 compares s2 with s1 and s3 over all repeats and deciding cells"}.get(
+            str(gate.get("rule")), "win2-v1 pairs s2 with the mean of s1 and s3")
         out += ["", f"Primary metric `{primary}` per repeat ({how}):", ""]
         out += _speed_repeat_rows(doc, primary)
     if doc.get("bench_serve"):

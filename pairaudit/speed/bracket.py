@@ -125,6 +125,7 @@ have ``cell: "warmup"``.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from typing import Any, Mapping, Sequence
@@ -196,6 +197,13 @@ def resolve_config(cfg: Mapping[str, Any] | None) -> dict:
         raise SpeedConfigError(f"speed.win_pct: {out['win_pct']!r} is not a non-negative number")
     if out["rule"] not in RULES:
         raise SpeedConfigError(f"speed.rule: {out['rule']!r} is not one of {', '.join(RULES)}")
+    rs = out["repeat_s"]
+    if rs is not None and (isinstance(rs, bool) or not isinstance(rs, (int, float)) or rs <= 0):
+        raise SpeedConfigError(f"speed.repeat_s: {rs!r} is not a positive number of seconds or null")
+    ms = out["max_starts"]
+    if isinstance(ms, bool) or not isinstance(ms, int) or ms < 3 or ms % 2 == 0:
+        raise SpeedConfigError(f"speed.max_starts: {ms!r} is not an odd integer >= 3 (control first and last, "
+                               "alternating with the candidate)")
     snp = out["start_noise_pct"]
     if isinstance(snp, bool) or not isinstance(snp, (int, float)) or not 0 <= snp < 100:
         raise SpeedConfigError(f"speed.start_noise_pct: {snp!r} is not a number in [0, 100)")
@@ -239,6 +247,8 @@ def resolve_config(cfg: Mapping[str, Any] | None) -> dict:
     if not any(c["decide"] for c in resolved):
         raise SpeedConfigError("speed.cells: no cell has decide: true; the verdict needs a decision cell")
     out["cells"] = resolved
+    if out["rule"] != "win2-v3":
+        out["max_starts"] = 3  # win2-v1 and win2-v2 are registered for one bracket of three starts
     return out
 
 
@@ -324,31 +334,71 @@ def _stream_record(s: Mapping[str, Any], **where) -> dict:
     return {**where, **{k: s.get(k) for k in keep}}
 
 
+def warm_up(ep: Endpoint, *, model: str, cfg: Mapping[str, Any], prompts: Mapping[str, Any], start: str,
+            arm: str) -> tuple[dict[str, float], list[dict]]:
+    """One unmeasured wave of every cell, at its concurrency and output length, before any measured repeat.
+
+    A server that compiles or captures per shape (CUDA graphs per batch size
+    and context bucket, a compile cache) meets every shape the cells use
+    here, not in the first measured repeat. Returns each cell's wave
+    duration (what ``wave_plan`` sizes the repeats from) and the records.
+    """
+    out_len, timeout = cfg["output_len"], cfg["request_timeout_s"]
+    records: list[dict] = []
+    durations: dict[str, float] = {}
+    for c in cfg["cells"]:
+        bodies = [request_body(model, prompts[c["name"]][(0, 0, i)], output_len=out_len,
+                               seed=cfg["base_seed"] - 1 - i) for i in range(c["concurrency"])]
+        base = _scrape(ep).get(COUNTERS["requests"], 0.0)
+        t0 = time.perf_counter()
+        streams = send_together(ep, bodies, timeout_s=timeout)
+        durations[c["name"]] = time.perf_counter() - t0
+        bad = failed_streams(streams)
+        if bad:
+            lead = bad[0][1]
+            raise BracketFailure(f"{start} ({arm}): warm-up of {c['name']} failed: {lead['error']}",
+                                 what=f"{start} warm-up", kind=failures.classify(lead.get("status")),
+                                 status=lead.get("status"), error=lead["error"], error_body=lead.get("body"),
+                                 requests=bodies)
+        settled_scrape(ep, base + len(bodies))
+        for i, (b, st) in enumerate(zip(bodies, streams)):
+            records.append(_stream_record(st, start=start, arm=arm, cell="warmup", warmup_of=c["name"], repeat=None,
+                                          wave=None, stream=i, seed=b["seed"], cache_salt=b["cache_salt"],
+                                          prompt_tokens=len(b["prompt"]), wave_started_at=None))
+    return durations, records
+
+
+def wave_plan(cfg: Mapping[str, Any], durations: Mapping[str, float]) -> dict[str, int]:
+    """Waves per repeat for each cell: the configured waves, raised so a repeat lasts ``repeat_s`` at least.
+
+    Sized once, from the first start's warm-up, and used by every start of
+    the bracket: the same waves mean the same prompts and seeds at each
+    repeat index in every start.
+    """
+    plan = {}
+    for c in cfg["cells"]:
+        waves = cfg["waves"]
+        d = durations.get(c["name"])
+        if cfg.get("repeat_s") and d and d > 0:
+            waves = max(waves, math.ceil(cfg["repeat_s"] / d - 1e-9))
+        plan[c["name"]] = int(waves)
+    return plan
+
+
 def run_start(ep: Endpoint, *, model: str, cfg: Mapping[str, Any], prompts: Mapping[str, Any],
-              start: str, arm: str, progress: Progress | None = None) -> tuple[dict, list[dict]]:
-    """One start's measurements: warm-up, then repeats x cells x waves.
+              start: str, arm: str, plan: Mapping[str, int], progress: Progress | None = None) -> tuple[dict, list[dict]]:
+    """One start's measurements: repeats x cells x waves (``plan``: waves per cell), after ``warm_up``.
 
     Returns (per cell: {"pooled": [per repeat], "bench_serve": table}, stream records).
     """
     records: list[dict] = []
-    out_len, waves, timeout = cfg["output_len"], cfg["waves"], cfg["request_timeout_s"]
-    first = cfg["cells"][0]
-    warm_body = request_body(model, prompts[first["name"]][(0, 0, 0)], output_len=out_len, seed=cfg["base_seed"] - 1)
-    base = _scrape(ep).get(COUNTERS["requests"], 0.0)
-    warm = ep.stream_completion("/v1/completions", warm_body, timeout_s=timeout)
-    if warm.get("error") is not None:
-        raise BracketFailure(f"{start} ({arm}): warm-up request failed: {warm['error']}", what=f"{start} warm-up",
-                             kind=failures.classify(warm.get("status")), status=warm.get("status"),
-                             error=warm["error"], error_body=warm.get("body"), requests=[warm_body])
-    settled_scrape(ep, base + 1)
-    records.append(_stream_record(warm, start=start, arm=arm, cell="warmup", repeat=None, wave=None, stream=0,
-                                  seed=warm_body["seed"], cache_salt=warm_body["cache_salt"],
-                                  prompt_tokens=len(warm_body["prompt"]), wave_started_at=None))
+    out_len, timeout = cfg["output_len"], cfg["request_timeout_s"]
     per_cell: dict[str, dict[str, Any]] = {c["name"]: {"waves": [[] for _ in range(cfg["repeats"])], "streams": [],
                                                        "duration_s": 0.0}
                 for c in cfg["cells"]}
     for r in range(cfg["repeats"]):
         for c in cfg["cells"]:
+            waves = plan[c["name"]]
             for w in range(waves):
                 bodies = [request_body(model, prompts[c["name"]][(r, w, i)], output_len=out_len,
                                        seed=stream_seed(cfg["base_seed"], r, w, waves, i))

@@ -1,10 +1,12 @@
-"""The speed gate: win2-v2 (default) or win2-v1 over the bracket's series, with the stage's deviations.
+"""The speed gate: win2-v3 (default), win2-v2 or win2-v1 over the bracket's series, with the stage's deviations.
 
-``speed.rule`` selects the registered rule: win2-v2 (gates.win2_v2, the
-default; docs/speed.md) decides over all deciding cells at once against an
-interval that keeps the start-to-start noise, and says INCONCLUSIVE when the
-window is too noisy to decide at the bar; win2-v1 (gates.win2_v1, kept
-unchanged and selectable, reported as a deviation) pairs by repeat per cell.
+``speed.rule`` selects the registered rule: win2-v3 (gates.win2_v3, the
+default; docs/speed.md) decides over the alternating bracket's starts,
+sequentially, with the start-to-start noise of this window and the host's
+evidence (:mod:`pairaudit.speed.evidence`); win2-v2 (gates.win2_v2) decides
+one bracket with the noise floored at ``start_noise_pct``; win2-v1
+(gates.win2_v1) pairs by repeat per cell. v2 and v1 are kept unchanged and
+selectable, and reported as deviations.
 
 The gate's fields: the ``gate`` and ``win2`` entries of the speed decision
 (:mod:`pairaudit.speed.bracket`).
@@ -19,7 +21,7 @@ from pairaudit import gates
 from pairaudit.speed.clock import clock_findings
 from pairaudit.speed.metrics import LOWER_IS_BETTER, START_ROLES, series_for
 
-RULES = ("win2-v2", "win2-v1")
+RULES = ("win2-v3", "win2-v2", "win2-v1")
 
 
 def combine(cell_verdicts: Mapping[str, Mapping[str, Any]], decision_cells: Sequence[str], *,
@@ -51,7 +53,10 @@ def _rule_deviations(rule: str, res: Mapping[str, Any]) -> list[dict]:
              f"registered {v['registered']!r}"} for k, v in (res.get("deviations") or {}).items()]
     if rule != RULES[0]:
         devs.append({"gate": "speed", "what": "rule", "detail": f"speed.rule {rule} instead of the default "
-                     f"{RULES[0]} (win2-v1 does not bound its false WIN/LOSS under start-level noise)"})
+                     f"{RULES[0]} (" + ("win2-v2 floors the start-to-start noise at start_noise_pct whatever the "
+                                        "host's evidence, so a 2 % bar is out of reach of one bracket"
+                                        if rule == "win2-v2" else "win2-v1 does not bound its false WIN/LOSS "
+                                        "under start-level noise") + ")"})
     return devs
 
 
@@ -128,8 +133,69 @@ def _decide_v2(series: Mapping[str, Mapping], cfg: Mapping[str, Any], clock: Map
     return win2, gate
 
 
+def _decide_v3(series: Mapping[str, Mapping], cfg: Mapping[str, Any], clock: Mapping[str, Any],
+               archive_pct: Mapping[str, float | None], incon: list[str],
+               evidence: Mapping[str, Any] | None) -> tuple[dict, dict]:
+    metrics = [cfg["primary"], *cfg["guards"], *cfg["reported"]]
+    deciding = [c["name"] for c in cfg["cells"] if c["decide"]]
+    missing = {name: sorted({m for m, reps in series[name].items() for tr in reps for x in tr if x is None})
+               for name in series}
+    usable = [n for n in series if not missing[n]]
+    lib = [m for m in metrics if m in LOWER_IS_BETTER]
+    blocked = [n for n in deciding if missing[n]]
+    res: dict[str, Any]
+    if blocked or not usable:
+        res = {"rule": "win2-v3", "verdict": "INCONCLUSIVE", "params": {}, "deviations": {}, "cells": {},
+               "noise": None, "rates": None, "more_starts": False,
+               "reasons": [f"{n}: metric(s) {missing[n]} have no value in some repeat (0 rounds or 0 decode "
+                           "seconds): nothing to compare" for n in blocked]}
+    else:
+        res = gates.win2_v3({n: series[n] for n in usable}, decide=deciding, primary=cfg["primary"],
+                            guards=cfg["guards"], reported=cfg["reported"], lower_is_better=lib,
+                            max_starts=cfg["max_starts"], evidence=evidence, win_pct=cfg["win_pct"],
+                            start_noise_pct=cfg["start_noise_pct"])
+        nz = res["noise"]
+        zero = [g for g in cfg["guards"] if all(v == 0 for c in deciding for tr in series[c][g] for v in tr)]
+        res["rates"] = gates.win2_v3_rates(
+            rep_sd=nz["rep_sd_pct"], start_sd=nz["start_sd_used_pct"], cells=len(deciding), repeats=res["repeats"],
+            max_starts=cfg["max_starts"], guards=cfg["guards"], zero_guards=zero, win_pct=cfg["win_pct"],
+            start_noise_pct=cfg["start_noise_pct"], evidence_df=int(nz["evidence_df"] or 0))
+        r = res["rates"]
+        res["reasons"].append(
+            f"win2-v3 at this noise (start to start {nz['start_sd_used_pct']:.2f} %, per repeat "
+            f"{nz['rep_sd_pct']:.2f} %, up to {cfg['max_starts']} starts): false WIN {100 * r['false_win']:.1f} %, "
+            f"false LOSS {100 * r['false_loss']:.1f} %, WIN for a +{r['power_gain_pct']:g} % change "
+            f"{100 * r['power']:.1f} %, LOSS for a -{r['power_gain_pct']:g} % one {100 * r['power_loss']:.1f} % "
+            f"({r['windows']} simulated brackets, seed {r['seed']})")
+    if clock["mismatch"]:
+        incon = [f"starts differ in clock cap facts {clock['mismatch']}", *incon]
+    if incon:
+        res["verdict"] = "INCONCLUSIVE"
+        res["more_starts"] = False  # more starts under the same clock findings cannot make them comparable
+        res["reasons"][:0] = incon
+    per_cell = dict(res.get("cells") or {})
+    for n in series:
+        if missing[n]:
+            per_cell[n] = {"decides": n in deciding, "verdict": "INCONCLUSIVE",
+                           "reasons": [f"metric(s) {missing[n]} have no value in some repeat"]}
+        per_cell[n]["archive_spread_pct"] = archive_pct.get(n)
+    win2 = {n: {"rule": "win2-v3", **per_cell[n]} for n in series}
+    reasons = list(res["reasons"])
+    if cfg["informational"]:
+        reasons.append("speed is informational (config speed.informational): only a LOSS gates the decision")
+    gate = {"rule": "win2-v3", "verdict": res["verdict"], "reasons": reasons, "params": res.get("params", {}),
+            "deviations": res.get("deviations", {}), "informational": bool(cfg["informational"]),
+            "decision_cells": deciding, "cells": {n: win2[n].get("verdict") for n in win2},
+            "clock_check": clock.get("verdict"),
+            **{k: res.get(k) for k in ("noise", "rates", "needed", "pooled_gain_pct", "half_width_pct",
+                                       "lower_bound_pct", "loss_tests", "repeats", "reported", "more_starts",
+                                       "starts", "arms", "looks", "alpha_per_look")}}
+    return win2, gate
+
+
 def decide(results: Mapping[str, Mapping[str, Any]], cfg: Mapping[str, Any], clock: Mapping[str, Any],
-           archive_pct: Mapping[str, float | None] | None = None) -> tuple[dict, dict, dict]:
+           archive_pct: Mapping[str, float | None] | None = None, *, starts: Sequence[str] | None = None,
+           evidence: Mapping[str, Any] | None = None) -> tuple[dict, dict, dict]:
     """(win2 per cell, series per cell, gate) from ``results[start][cell]["pooled"]`` under ``cfg["rule"]``.
 
     Clock findings (``clock_findings``) make the gate INCONCLUSIVE under either
@@ -139,12 +205,17 @@ def decide(results: Mapping[str, Mapping[str, Any]], cfg: Mapping[str, Any], clo
     """
     metrics = [cfg["primary"], *cfg["guards"], *cfg["reported"]]
     rule = cfg.get("rule", RULES[0])
-    series = {c["name"]: series_for({st: results[st][c["name"]] for st, _, _ in START_ROLES}, metrics)
+    names = list(starts) if starts is not None else [st for st, _, _ in START_ROLES]
+    series = {c["name"]: series_for({st: results[st][c["name"]] for st in names}, metrics, names)
               for c in cfg["cells"]}
     incon, devs = clock_findings(clock, cfg)
-    fn = _decide_v2 if rule == "win2-v2" else _decide_v1
-    win2, gate = fn(series, cfg, clock, archive_pct or {}, incon)
-    rule_res = gate if rule == "win2-v2" else next((w for w in win2.values() if w.get("deviations")), {})
+    if rule == "win2-v3":
+        win2, gate = _decide_v3(series, cfg, clock, archive_pct or {}, incon, evidence)
+    else:
+        fn = _decide_v2 if rule == "win2-v2" else _decide_v1
+        win2, gate = fn(series, cfg, clock, archive_pct or {}, incon)
+    rule_res = gate if rule in ("win2-v3", "win2-v2") else next((w for w in win2.values() if w.get("deviations")),
+                                                                 {})
     gate["stage_deviations"] = devs + _rule_deviations(rule, rule_res)
     for d in devs:
         gate["reasons"].append(f"deviation: {d['detail']}")

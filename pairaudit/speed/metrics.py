@@ -117,9 +117,21 @@ def pool_repeat(waves: Sequence[Mapping[str, Any]]) -> dict:
 
 # ----------------------------------------------------------------- decision
 
-def series_for(cell_results: Mapping[str, Mapping[str, Any]], metrics: Iterable[str]) -> dict:
-    """metric -> per repeat [s1, s2, s3] from ``{start: {"pooled": [per repeat]}}``."""
-    starts = [s for s, _, _ in START_ROLES]
+def start_roles(n_starts: int) -> list[tuple[str, str, str]]:
+    """(start, role, arm) of an alternating bracket: s1 control, s2 candidate, s3 control, s4 candidate, ..."""
+    out = []
+    for k in range(n_starts):
+        arm = "control" if k % 2 == 0 else "candidate"
+        role = ("control_before" if k == 0 else "control_after" if k == 2 else f"control_{k // 2 + 1}"
+                if arm == "control" else "candidate" if k == 1 else f"candidate_{k // 2 + 1}")
+        out.append((f"s{k + 1}", role, arm))
+    return out
+
+
+def series_for(cell_results: Mapping[str, Mapping[str, Any]], metrics: Iterable[str],
+               starts: Sequence[str] | None = None) -> dict:
+    """metric -> per repeat [s1, s2, s3, ...] from ``{start: {"pooled": [per repeat]}}``."""
+    starts = list(starts) if starts is not None else [s for s, _, _ in START_ROLES]
     n = len(cell_results[starts[0]]["pooled"])
     return {m: [[cell_results[s]["pooled"][r][m] for s in starts] for r in range(n)] for m in metrics}
 

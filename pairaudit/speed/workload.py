@@ -64,9 +64,9 @@ def _tokenize(ep: Endpoint, model: str, text: str) -> list[int]:
     return list(res["body"]["tokens"])
 
 
-def build_prompts(ep: Endpoint, model: str, cells: Sequence[Mapping[str, Any]], repeats: int, waves: int,
-                  base_seed: int) -> dict:
-    """cell -> (r, w, i) -> token ids: built once, sent unchanged to every start.
+def build_prompts(ep: Endpoint, model: str, cells: Sequence[Mapping[str, Any]], repeats: int,
+                  waves: int | Mapping[str, int], base_seed: int) -> dict:
+    """cell -> (r, w, i) -> token ids: built once, sent unchanged to every start (``waves``: per cell, or one for all).
 
     Token-id prompts make every start see exactly the same input whatever its
     chat template or tokenizer settings. ``random`` draws ids from the
@@ -83,8 +83,9 @@ def build_prompts(ep: Endpoint, model: str, cells: Sequence[Mapping[str, Any]], 
     for c in cells:
         n = c["input_len"]
         per: dict = {}
+        n_waves = waves if isinstance(waves, int) else waves[c["name"]]
         for r in range(repeats):
-            for w in range(waves):
+            for w in range(n_waves):
                 for i in range(c["concurrency"]):
                     if c["prompt"] == "short":
                         ids = short_ids[:n]
