@@ -1,4 +1,4 @@
-"""Run the speed bracket (s1 control, s2 candidate, s3 control) on the embedded default, and print it.
+"""Run the speed bracket (control, candidate, control, ... as the rule grows it) on a config, and print it.
 
 Reads config/config.yaml (arms and the ``speed:`` section, schema defaults
 filled in by pairaudit.speed.bracket), writes its artifacts to a scratch directory
@@ -10,13 +10,25 @@ beside the 2 % bar, the archive's spread, the rule's verdict and reasons
 (win2-v2 by default: the window's noise and the rule's error rates at it),
 and the wall time.
 
+``--aa`` runs the control against itself (an A/A: what the gate must call
+NO_WIN); ``--plant-delay-us N`` plants a known slowdown instead of the
+config's change: the control is the config's control, the candidate the same
+server with the reference server's calibration switch
+``PAIRAUDIT_REF_STEP_DELAY_US=N`` (a fixed delay after every engine step);
+with ``--plant-in control`` the delay goes to the control instead, a known
+speedup. ``--summary FILE`` appends one JSON line per run (verdict, gain,
+half-width, noise, starts, wall time).
+
 Usage: .venv/bin/python bench/speed_bracket.py [--config config/config.yaml] [--out DIR] [--archive PATH]
+           [--aa | --plant-delay-us N [--plant-in candidate|control]] [--audit NAME] [--summary FILE]
 Run it on a quiet machine: the numbers are the machine's, not the code's.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import json
 import sys
 import tempfile
 import time
@@ -43,11 +55,25 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default=str(REPO / "config" / "config.yaml"))
     ap.add_argument("--out", default=None, help="artifact directory (default: a fresh temp dir)")
     ap.add_argument("--archive", default=None, help="control archive (default: the config's, under the repo)")
+    ap.add_argument("--aa", action="store_true", help="the control against itself")
+    ap.add_argument("--plant-delay-us", type=int, default=None,
+                    help="plant a step delay of N us instead of the config's change")
+    ap.add_argument("--plant-in", choices=("candidate", "control"), default="candidate",
+                    help="where the planted delay goes: the candidate (a slowdown) or the control (a speedup)")
+    ap.add_argument("--audit", default="bench-speed-bracket")
+    ap.add_argument("--summary", default=None, help="append one JSON line per run here")
     args = ap.parse_args(argv)
     cfg = yaml.safe_load(Path(args.config).read_text())
     problems = change.derive_arms(cfg)  # a config in the change form: its arms, as the workflow derives them
     if problems:
         raise SystemExit("\n".join(problems))
+    if args.aa or args.plant_delay_us is not None:
+        base = cfg["arms"]["control"]
+        cfg["arms"]["candidate"] = copy.deepcopy(base)
+        if args.plant_delay_us is not None:
+            # the other arm stays the config's control exactly, so its starts meet the host's evidence
+            arm = cfg["arms"][args.plant_in]
+            arm["env"] = {**(arm.get("env") or {}), "PAIRAUDIT_REF_STEP_DELAY_US": str(args.plant_delay_us)}
     scfg = speed.resolve_config(cfg.get("speed"))
     out = Path(args.out or tempfile.mkdtemp(prefix="speed-bracket-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -65,10 +91,22 @@ def main(argv=None) -> int:
         artifacts.write_json(pp[arm], {"schema": "pairaudit.preflight/v1", "verdict": "PASS", "bench": True})
     t0 = time.monotonic()
     doc = speed_stage.speed_stage(launch_paths=lp, preflight_paths=pp, spec_paths=sp, speed_cfg=cfg.get("speed"),
-                            audit="bench-speed-bracket", out_path=str(out / "decision.json"),
+                            audit=args.audit, out_path=str(out / "decision.json"),
                             streams_path=str(out / "streams.jsonl"), archive_path=str(archive),
                             server_logs={s: str(out / f"server-{s}.log") for s in ("s1", "s2", "s3")})
     wall = time.monotonic() - t0
+    if args.summary:
+        g = doc["gate"]
+        line = {"audit": args.audit, "aa": args.aa, "plant_delay_us": args.plant_delay_us,
+                "plant_in": args.plant_in if args.plant_delay_us is not None else None, "wall_s": round(wall, 1),
+                "verdict": g["verdict"], "rule": g["rule"], "starts": len(doc.get("starts") or []),
+                "looks": doc.get("looks"), "pooled_gain_pct": g.get("pooled_gain_pct"),
+                "half_width_pct": g.get("half_width_pct"), "noise": g.get("noise"), "waves_plan": doc.get("waves_plan"),
+                "clock_check": (doc.get("clock_check") or {}).get("verdict"),
+                "ms_per_round": {c: [r.get("ms_per_round") for r in doc["pooled"][c]["s1"]] for c in doc["pooled"]},
+                "reasons": g.get("reasons")}
+        with open(args.summary, "a") as fh:
+            fh.write(json.dumps(line) + "\n")
     prim = scfg["primary"]
     print(f"speed bracket on {doc['hosts']}: {wall:.0f} s wall; primary {prim}; bar {scfg['win_pct']} %")
     print(f"clock check: {doc['clock_check']['verdict']} (mismatch {doc['clock_check']['mismatch']}); "
@@ -77,18 +115,15 @@ def main(argv=None) -> int:
         name = c["name"]
         w = doc["win2"][name]
         print(f"\n{name} ({'decides' if c['decide'] else 'reported'}): {w['verdict']}")
-        print("  repeat        s1        s2        s3   s2/ctrl   |s1-s3|/ctrl")
-        for r, (a, k, b) in enumerate(doc["series"][name][prim]):
-            ctrl = (a + b) / 2 if a is not None and b is not None else None
-            ratio = k / ctrl if ctrl and k is not None else None
-            spread = abs(a - b) / ctrl if ctrl else None
-            print(f"  {r:6d} {_f(a, '{:9.3f}')} {_f(k, '{:9.3f}')} {_f(b, '{:9.3f}')} {_f(ratio, '{:9.4f}')} "
-                  f"{_f(None if spread is None else 100 * spread, '{:10.2f}')} %")
+        n = len(doc["starts"])
+        print("  repeat " + "".join(f"{'s' + str(k + 1):>10}" for k in range(n)) + "   cand/ctrl")
+        for r, vals in enumerate(doc["series"][name][prim]):
+            ok = all(v is not None for v in vals)
+            ratio = (sum(vals[1::2]) / len(vals[1::2])) / (sum(vals[0::2]) / len(vals[0::2])) if ok else None
+            print(f"  {r:6d} " + "".join(_f(v, "{:10.3f}") for v in vals) + f" {_f(ratio, '{:10.4f}')}")
         p = w.get("primary") or {}
         sp = doc["spread"][name]
-        print(f"  gain {_f(p.get('point_gain_pct'), '{:+.2f}')} %, 95 % paired-t "
-              f"[{_f((p.get('t_interval') or {}).get('lo'), '{:.4g}')}, "
-              f"{_f((p.get('t_interval') or {}).get('hi'), '{:.4g}')}]; in-window spread max "
+        print(f"  gain {_f(p.get('point_gain_pct'), '{:+.2f}')} %; in-window s1-s3 spread max "
               f"{_f(sp['window_max_pct'], '{:.2f}')} % beside the {scfg['win_pct']} % bar; archive spread "
               f"{_f(sp['archive_with_window_pct'], '{:.2f}')} % over {sp['archive_with_window_n']} control starts")
         for m in scfg["guards"] + scfg["reported"]:

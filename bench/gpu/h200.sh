@@ -6,6 +6,9 @@
 #   bench/gpu/h200.sh install        offline install from the stashed wheels (the host's torch kept)
 #   bench/gpu/h200.sh audit CONFIG   promotion, then calibrate, on CONFIG; timings in $OUT
 #   bench/gpu/h200.sh collect        the evidence worth committing as numbers, tarred into $OUT
+#   bench/gpu/h200.sh proof CONFIG   detached: the server-loop bench, the speed gate's proof runs
+#                                    (bench/gpu/speed_proof.py), then the GPU tests; into $STASH/proof
+#   bench/gpu/h200.sh poll [SECS]    wait up to SECS (default 540) for the proof, then tar it into $OUT
 #
 # The carried wheels must include the tested transformers (constraints.txt):
 # the model conversion refuses a transformers that misreads the GGUF's
@@ -57,5 +60,39 @@ collect)
         "results/$audit-calibration/speed/decision.json" "results/$audit-calibration/servers/starts.jsonl" \
         results/ledger.jsonl 2>&1 | tail -3
     ls -la "$OUT" ;;
-*) sed -n 2,10p "$0"; exit 2 ;;
+proof)
+    cfg=${2:-config/examples/gpu-refserver.yaml}
+    P=$STASH/proof
+    mkdir -p "$P"
+    # one detached driver: a call returns at once, later calls poll (a call may last 10 minutes at most)
+    setsid nohup bash -c "
+        cd '$REPO'
+        t0=\$SECONDS
+        python3 bench/refserver_loop.py --device cuda --dtype bfloat16 --out '$P/loop-bf16.json' > '$P/loop-bf16.log' 2>&1
+        echo \"loop_bench_bf16 rc=\$? wall_s \$((SECONDS - t0))\" >> '$P/timings.txt'
+        t0=\$SECONDS
+        python3 bench/refserver_loop.py --device cuda --dtype float32 --items 160 --out '$P/loop-fp32.json' \
+            > '$P/loop-fp32.log' 2>&1
+        echo \"loop_bench_fp32 rc=\$? wall_s \$((SECONDS - t0))\" >> '$P/timings.txt'
+        t0=\$SECONDS
+        python3 bench/gpu/speed_proof.py --config '$cfg' --out '$P/speed' --budget-s \${PROOF_BUDGET_S:-960} \
+            > '$P/speed.log' 2>&1
+        echo \"speed_proof rc=\$? wall_s \$((SECONDS - t0))\" >> '$P/timings.txt'
+        t0=\$SECONDS
+        python3 -m pytest -q -m gpu tests/test_refserver_cuda.py -p no:cacheprovider > '$P/gpu-tests.log' 2>&1
+        echo \"gpu_tests rc=\$? wall_s \$((SECONDS - t0))\" >> '$P/timings.txt'
+        touch '$P/DONE'
+    " > "$P/driver.log" 2>&1 < /dev/null &
+    echo "proof started: $P" ;;
+poll)
+    P=$STASH/proof
+    end=$((SECONDS + ${2:-540}))
+    while [ ! -e "$P/DONE" ] && [ $SECONDS -lt $end ]; do sleep 10; done
+    cat "$P/timings.txt" 2>/dev/null
+    tail -20 "$P/speed.log" 2>/dev/null
+    tar czf "$OUT/proof.tgz" -C "$STASH" --exclude='*.safetensors' --exclude='streams.jsonl' proof 2>&1 | tail -2
+    nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu --format=csv,noheader \
+        >> "$OUT/nvsmi.txt" 2>&1
+    [ -e "$P/DONE" ] && echo PROOF-DONE || echo PROOF-RUNNING ;;
+*) sed -n 2,12p "$0"; exit 2 ;;
 esac

@@ -113,7 +113,8 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
                 prompts = prompts or facts.pop("prompts")
                 records += recs
                 starts.append(rec)
-                if arm == "control":
+                # an A/A's candidate is the control server itself: its starts are control starts too
+                if arm == "control" or specs["candidate"].identity() == specs["control"].identity():
                     appended += append_archive(archive_path, [
                         archive_line(audit=audit, start=start, cell=c, chash=hashes[c["name"]],
                                      pooled=results[start][c["name"]]["pooled"], clock=rec["clock"],
