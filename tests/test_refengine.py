@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -210,3 +212,71 @@ def test_bf16_head_puts_every_logit_on_the_bf16_grid(real):
             logits = model.logits(rows)
             assert logits.dtype == torch.float32
             assert torch.equal(logits, logits.to(torch.bfloat16).float()) == on_grid
+
+
+# --- the planted step delay, incremental text, metrics snapshots ----------------------------
+def test_busy_wait_waits_at_least_the_delay():
+    from pairaudit.refserver.engine import busy_wait
+
+    for seconds in (0.0, 50e-6, 2e-3):
+        t = time.perf_counter()
+        busy_wait(seconds)
+        assert time.perf_counter() - t >= seconds
+
+
+def test_step_delay_slows_every_decode_step_by_at_least_the_delay(real):
+    from pairaudit.refserver.metrics import LATENCY_BUCKETS, Metrics
+
+    _, tok, model = real
+    ids = tok("The three primary colors are").input_ids
+    outputs, hists = [], []
+    for delay_us in (0, 100_000):
+        metrics = Metrics("m")
+        eng = Engine(model, tok, max_model_len=256, switches=Switches(step_delay_us=delay_us), metrics=metrics)
+        req = eng.submit(Request(prompt=ids, params=SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)))
+        while not req.done:
+            eng.step_once()
+        outputs.append(req.output)
+        hists.append(metrics.hist["vllm:inter_token_latency_seconds"])
+    assert outputs[0] == outputs[1]  # a delay changes when tokens come, never which
+    at_100ms = LATENCY_BUCKETS.index(0.1)
+    for h in hists:
+        assert h[-2] == 5  # one prefill step (its first token) and four decode steps
+    # every decode step took at least the delay: only the prefill step may be in a bucket below it
+    assert hists[1][at_100ms] <= 1
+    assert hists[1][-1] >= 4 * 0.1
+
+
+def test_incremental_text_equals_the_whole_decode(real):
+    from pairaudit.refserver.tokenizer import IncrementalText
+
+    _, tok, _ = real
+    texts = ["Hello, world! The café serves crème brûlée.", "emoji 😀🎉 and 日本語のテキスト mixed in",
+             "  leading spaces\nnew lines\n\n\ttabs", "<|im_end|> special, then text"]
+    for text in texts:
+        ids = tok(text, add_special_tokens=False).input_ids
+        inc = IncrementalText(tok)
+        for n in range(1, len(ids) + 1):
+            got = inc.extend(ids[:n])
+            whole = tok.decode(ids[:n], skip_special_tokens=True)
+            assert whole.startswith(got)  # all of it, less at most a half character at the end
+        assert inc.text == tok.decode(ids, skip_special_tokens=True)
+    # a byte split over tokens: nothing of the half character is shown until it is whole
+    ids = list(range(200, 260))
+    inc = IncrementalText(tok)
+    for n in range(1, len(ids) + 1):
+        assert "\ufffd" not in inc.extend(ids[:n])[-1:]
+
+
+def test_metrics_state_round_trip_renders_the_same():
+    from pairaudit.refserver.metrics import Metrics
+
+    a = Metrics("m")
+    a.inc("vllm:generation_tokens_total", 3)
+    a.observe("vllm:inter_token_latency_seconds", 0.003)
+    a.accepted_at(1)
+    a.finish("stop")
+    a.set_queue(2, 1)
+    b = Metrics("m")
+    b.load(a.state())
+    assert b.render() == a.render()
