@@ -147,7 +147,7 @@ def main(argv=None) -> int:
 
 def start_api_process(args: argparse.Namespace, name: str, model_root: str):
     """Spawn the HTTP process; it waits for the engine's facts (CONFIG) before it listens."""
-    from .protocol import run_api_process  # torch-free, and aiohttp is imported over there only
+    from .apiproc import run_api_process  # aiohttp is imported over there only
 
     ctx = multiprocessing.get_context("spawn")
     conn, child_end = ctx.Pipe(duplex=True)

@@ -67,9 +67,3 @@ class Update(NamedTuple):
     error: str | None
     prompt_logprobs: list[dict | None] | None  # sent once, with the request's first tokens
 
-
-def run_api_process(conn, start: dict) -> None:
-    """The API process's entry point, named here so the engine process need not import aiohttp to spawn it."""
-    from .frontend import main
-
-    main(conn, start)
