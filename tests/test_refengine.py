@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -210,3 +212,138 @@ def test_bf16_head_puts_every_logit_on_the_bf16_grid(real):
             logits = model.logits(rows)
             assert logits.dtype == torch.float32
             assert torch.equal(logits, logits.to(torch.bfloat16).float()) == on_grid
+
+
+# --- the planted step delay, incremental text, metrics snapshots ----------------------------
+def test_busy_wait_waits_at_least_the_delay():
+    from pairaudit.refserver.engine import busy_wait
+
+    for seconds in (0.0, 50e-6, 2e-3):
+        t = time.perf_counter()
+        busy_wait(seconds)
+        assert time.perf_counter() - t >= seconds
+
+
+def test_step_delay_slows_every_decode_step_by_at_least_the_delay(real):
+    from pairaudit.refserver.metrics import LATENCY_BUCKETS, Metrics
+
+    _, tok, model = real
+    ids = tok("The three primary colors are").input_ids
+    outputs, hists = [], []
+    for delay_us in (0, 100_000):
+        metrics = Metrics("m")
+        eng = Engine(model, tok, max_model_len=256, switches=Switches(step_delay_us=delay_us), metrics=metrics)
+        req = eng.submit(Request(prompt=ids, params=SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)))
+        while not req.done:
+            eng.step_once()
+        outputs.append(req.output)
+        hists.append(metrics.hist["vllm:inter_token_latency_seconds"])
+    assert outputs[0] == outputs[1]  # a delay changes when tokens come, never which
+    at_100ms = LATENCY_BUCKETS.index(0.1)
+    for h in hists:
+        assert h[-2] == 5  # one prefill step (its first token) and four decode steps
+    # every decode step took at least the delay: only the prefill step may be in a bucket below it
+    assert hists[1][at_100ms] <= 1
+    assert hists[1][-1] >= 4 * 0.1
+
+
+def test_incremental_text_equals_the_whole_decode(real):
+    from pairaudit.refserver.tokenizer import IncrementalText
+
+    _, tok, _ = real
+    texts = ["Hello, world! The café serves crème brûlée.", "emoji 😀🎉 and 日本語のテキスト mixed in",
+             "  leading spaces\nnew lines\n\n\ttabs", "<|im_end|> special, then text"]
+    for text in texts:
+        ids = tok(text, add_special_tokens=False).input_ids
+        inc = IncrementalText(tok)
+        for n in range(1, len(ids) + 1):
+            got = inc.extend(ids[:n])
+            whole = tok.decode(ids[:n], skip_special_tokens=True)
+            assert whole.startswith(got)  # all of it, less at most a half character at the end
+        assert inc.text == tok.decode(ids, skip_special_tokens=True)
+    # a byte split over tokens: nothing of the half character is shown until it is whole
+    ids = list(range(200, 260))
+    inc = IncrementalText(tok)
+    for n in range(1, len(ids) + 1):
+        assert "\ufffd" not in inc.extend(ids[:n])[-1:]
+
+
+def test_metrics_state_round_trip_renders_the_same():
+    from pairaudit.refserver.metrics import Metrics
+
+    a = Metrics("m")
+    a.inc("vllm:generation_tokens_total", 3)
+    a.observe("vllm:inter_token_latency_seconds", 0.003)
+    a.accepted_at(1)
+    a.finish("stop")
+    a.set_queue(2, 1)
+    b = Metrics("m")
+    b.load(a.state())
+    assert b.render() == a.render()
+
+
+def _batch_engine(**switches):
+    from pairaudit.refserver.metrics import Metrics
+
+    eng = Engine.__new__(Engine)
+    eng.eos, eng.max_model_len, eng.metrics = 0, 1000, Metrics("m")
+    eng.switches, eng.track, eng.touched = Switches(**switches), False, {}
+    return eng
+
+
+def _batch(eng, rows, params):
+    reqs = [Request(prompt=[1], params=p, events=None) for p in params]
+    eng._sample_batch([(r, rows[i : i + 1]) for i, r in enumerate(reqs)])
+    return reqs
+
+
+def test_batched_sampler_agrees_with_the_per_request_one():
+    # the sampler a CUDA server runs, exercised here on CPU tensors: same choices, same logprob entries
+    torch.manual_seed(0)
+    rows = torch.randn(5, 64) * 3
+    eng = _batch_engine()
+    params = [SamplingParams(max_tokens=9, temperature=0.0, logprobs=3),
+              SamplingParams(max_tokens=9, temperature=1.0, top_k=1, seed=1, logprobs=0),
+              SamplingParams(max_tokens=9, temperature=0.8, min_p=1.0, seed=2),
+              SamplingParams(max_tokens=9, temperature=0.0, min_tokens=2, stop_token_ids=(5,)),
+              SamplingParams(max_tokens=9, temperature=1.0, top_p=0.5, top_k=10, seed=3, logprobs=5)]
+    reqs = _batch(eng, rows, params)
+    argmax = rows.argmax(-1).tolist()
+    assert [r.output[0] for r in reqs[:3]] == argmax[:3]  # greedy, top_k=1 and min_p=1 are all the argmax
+    banned = rows[3].clone()
+    banned[[5, 0]] = float("-inf")
+    assert reqs[3].output[0] == int(banned.argmax())
+    for r, row in ((reqs[0], rows[0]), (reqs[1], rows[1]), (reqs[4], rows[4])):
+        raw = torch.log_softmax(row, -1)
+        e = r.emitted[0]
+        assert e.token == r.output[0] and e.logprob == raw[e.token].item()
+        assert e.rank == int((raw > raw[e.token]).sum()) + 1
+        vals, ids = torch.topk(raw, r.params.logprobs or 0)
+        assert e.top == list(zip(ids.tolist(), vals.tolist()))
+    # top-p 0.5 within top-k 10: only tokens of the nucleus are ever drawn
+    probs = torch.softmax(rows[4], -1)
+    order = probs.argsort(descending=True)
+    nucleus = set(order[: int((probs[order].cumsum(0) - probs[order] <= 0.5).sum())].tolist())
+    seen = set()
+    for seed in range(40):
+        p = SamplingParams(max_tokens=9, temperature=1.0, top_p=0.5, top_k=10, seed=seed)
+        seen.add(_batch(eng, rows[4:5], [p])[0].output[0])
+    assert seen <= nucleus and len(seen) > 1
+
+
+def test_batched_sampler_seeded_rows_repeat_whatever_the_batch():
+    torch.manual_seed(1)
+    rows = torch.randn(4, 64)
+    eng = _batch_engine()
+    p = SamplingParams(max_tokens=9, temperature=1.0, seed=7)
+    alone = _batch(eng, rows[2:3], [p])[0].output
+    batched = _batch(eng, rows, [SamplingParams(max_tokens=9, temperature=1.0)] * 2 + [p]
+                     + [SamplingParams(max_tokens=9, temperature=0.0)])[2].output
+    assert alone == batched
+
+
+def test_batched_sampler_fault_tail_emits_the_runner_up():
+    rows = torch.tensor([[0.0, 3.0, 2.0, 1.0]])
+    eng = _batch_engine(fault_tail=10)
+    eng.max_model_len = 5  # position 1 + 0 >= 5 - 10: in the tail
+    assert _batch(eng, rows, [SamplingParams(max_tokens=1, temperature=0.0)])[0].output == [2]

@@ -1,14 +1,23 @@
-"""``python -m pairaudit.refserver``: serve the reference model over vLLM's OpenAI-compatible API."""
+"""``python -m pairaudit.refserver``: serve the reference model over vLLM's OpenAI-compatible API.
+
+Two processes: this one loads the model and runs the engine's step loop in its
+main thread (:mod:`.core`); the HTTP side runs in a child process
+(:mod:`.frontend`, aiohttp), spawned as soon as the model's files are found so
+its imports overlap the weights' loading.  Either exits when the other does.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import multiprocessing
+import os
 import platform
 import signal
 import sys
-import threading
 import time
+from typing import Any
 
 from pairaudit import __version__
 
@@ -38,17 +47,20 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(message)s", stream=sys.stderr)
     log = logging.getLogger("refserver")
     t0 = time.monotonic()
+    front: Any = None  # the API process, once spawned, and the engine's end of its connection
+    conn: Any = None
     try:
         import torch
 
         from pairaudit.serving.modelstore import resolve_model
 
-        from .api import Api, serve
+        from .core import ApiGone, EngineCore
         from .cuda import CudaDecoder, device_info, resolve_device, set_tf32
         from .engine import Engine, Switches
         from .metrics import Metrics
         from .model import LlamaModel, layout_cache_path
         from .numerics import Numerics
+        from .protocol import CONFIG
         from .tokenizer import ChatTokenizer
 
         switches = Switches.from_env()
@@ -62,13 +74,14 @@ def main(argv=None) -> int:
             set_tf32(switches.tf32)
         numerics = Numerics.from_switches(switches, args.dtype)
         path, identity = resolve_model(args.model)
+        name = args.served_model_name or args.model
+        front, conn = start_api_process(args, name, str(path))
         tokenizer = ChatTokenizer(path)
         model = LlamaModel(path, numerics=numerics, device=device,
                            layout_cache=layout_cache_path(identity["weights_sha256"]))
         limit = model.cfg.max_positions
         if args.max_model_len > limit:
             raise ValueError(f"--max-model-len {args.max_model_len} exceeds the model's context of {limit} tokens")
-        name = args.served_model_name or args.model
         metrics = Metrics(name)
         decoder = None
         if device == "cuda":
@@ -78,6 +91,8 @@ def main(argv=None) -> int:
                  time.monotonic() - t0, path, device, args.dtype, switches.as_env())
     except Exception as exc:
         print(f"ERROR: refserver cannot start: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        if front is not None:
+            stop_api_process(front, conn)
         return 1
     engine = Engine(model, tokenizer, max_model_len=args.max_model_len, switches=switches, metrics=metrics,
                     max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -100,31 +115,72 @@ def main(argv=None) -> int:
         "decode": decoder.describe() if decoder is not None
         else {"mode": "eager", "graph_batch_sizes": [], "note": "CUDA graphs are not applicable on a CPU"},
     }
-    api = Api(engine, tokenizer, served_name=name, model_root=str(path), info=info)
-    try:
-        server = serve(api, metrics, args.host, args.port, VERSION)
-    except OSError as exc:
-        print(f"ERROR: refserver cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr, flush=True)
-        return 1
 
     def stop(signum, frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
-    # the engine owns the main thread (its matmuls are slower from any other); HTTP gets a background one
-    http = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="http", daemon=True)
-    http.start()
-    log.info("serving %s on http://%s:%d (max_model_len %d)", name, args.host, server.server_port,
-             args.max_model_len)
+    code = 0
     try:
-        engine.run()
+        # as JSON data: torch.__version__ is a torch class, and unpickling it would import torch over there
+        facts = json.loads(json.dumps({"info": info, "vocab": engine.vocab, "eos": engine.eos,
+                                       "max_model_len": args.max_model_len}))
+        conn.send((CONFIG, facts))
+        port = wait_listening(front, conn)
+        if isinstance(port, str):
+            print(f"ERROR: refserver cannot listen on {args.host}:{args.port}: {port}", file=sys.stderr, flush=True)
+            return 1
+        log.info("serving %s on http://%s:%d (max_model_len %d; HTTP in process %d)", name, args.host, port,
+                 args.max_model_len, front.pid)
+        # the engine owns the main thread (its matmuls are slower from any other)
+        EngineCore(engine, conn).run()
     except KeyboardInterrupt:
         log.info("shutting down")
+    except (ApiGone, EOFError, OSError):
+        log.error("the API process (HTTP) exited (code %s): stopping the engine", front.exitcode)
+        code = 1
     finally:
         engine.stopped = True
-        server.shutdown()
-        server.server_close()
-    return 0
+        stop_api_process(front, conn)
+    return code
+
+
+def start_api_process(args: argparse.Namespace, name: str, model_root: str):
+    """Spawn the HTTP process; it waits for the engine's facts (CONFIG) before it listens."""
+    from .apiproc import run_api_process  # aiohttp is imported over there only
+
+    ctx = multiprocessing.get_context("spawn")
+    conn, child_end = ctx.Pipe(duplex=True)
+    start = {"host": args.host, "port": args.port, "served_name": name, "model_root": model_root,
+             "version": VERSION, "parent_pid": os.getpid()}
+    # daemon: multiprocessing ends it if this process exits on any path
+    proc = ctx.Process(target=run_api_process, args=(child_end, start), name="refserver-api", daemon=True)
+    proc.start()
+    child_end.close()
+    return proc, conn
+
+
+def wait_listening(front, conn) -> int | str:
+    """The port the API process listens on, or why it cannot."""
+    from .protocol import LISTEN_ERROR, LISTENING
+
+    while True:
+        if conn.poll(0.2):
+            msg = conn.recv()
+            if msg[0] == LISTENING:
+                return msg[1]
+            if msg[0] == LISTEN_ERROR:
+                return msg[1]
+        elif not front.is_alive():
+            return f"the API process exited with code {front.exitcode} before listening"
+
+
+def stop_api_process(front, conn) -> None:
+    conn.close()  # end-of-file: the API process stops on its own
+    front.join(5)
+    if front.is_alive():
+        front.terminate()
+        front.join(5)
 
 
 if __name__ == "__main__":

@@ -1,22 +1,22 @@
-"""vLLM's OpenAI-compatible HTTP surface over the reference engine.
+"""vLLM's OpenAI-compatible request surface: validation, prompts, response bodies (no torch, no HTTP).
 
-Handler threads (``ThreadingHTTPServer``) parse and validate a request, submit
-it to the engine and wait on the request's event queue; only the engine thread
-touches the model.  Field names, response shapes and the error contract follow
-vLLM's OpenAI server: HTTP 400 with
-``{"error": {"message", "type", "param", "code"}}`` for a bad request, 404 for
-an unknown model.
+The API process (:mod:`.frontend`) parses a request with this, sends the
+engine process the prompt's token ids and the sampling parameters, and builds
+the response from what comes back.  A request here is anything with the
+fields of :class:`.frontend.Stream` (``prompt``, ``output``, ``emitted``,
+``finish_reason``, ``stop_reason``, ``prompt_logprobs``).  Field names,
+response shapes and the error contract follow vLLM's OpenAI server: HTTP 400
+with ``{"error": {"message", "type", "param", "code"}}`` for a bad request,
+404 for an unknown model.
 """
 
 from __future__ import annotations
 
 import json
 import time
-import uuid
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
-from .engine import Engine, Request, SamplingParams
+from .protocol import SamplingParams
 
 MAX_LOGPROBS = 20
 SPECIAL_NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
@@ -66,7 +66,7 @@ FIELD_TYPES = {
 }
 
 
-def _check_types(body: dict, extra: dict) -> None:
+def check_types(body: dict, extra: dict) -> None:
     types = {**FIELD_TYPES, **extra}
     for key, value in body.items():
         if value is None or key not in types:
@@ -96,14 +96,16 @@ def check_cache_salt(salt) -> None:
 
 
 class Api:
-    def __init__(self, engine: Engine, tokenizer, *, served_name: str, model_root: str, info: dict):
-        self.engine = engine
+    def __init__(self, tokenizer, *, served_name: str, model_root: str, info: dict, max_model_len: int,
+                 vocab: int, eos: int | None):
         self.tok = tokenizer
         self.name = served_name
         self.root = model_root
         self.info = info
         self.created = int(time.time())
-        self.max_model_len = engine.max_model_len
+        self.max_model_len = max_model_len
+        self.vocab = vocab
+        self.eos = eos
 
     # --- helpers ----------------------------------------------------------
     def check_model(self, body: dict) -> None:
@@ -217,9 +219,9 @@ class Api:
             ids = self.tok(prompt).input_ids
         elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             ids = list(prompt)
-            bad = [t for t in ids if not 0 <= t < self.engine.vocab]
+            bad = [t for t in ids if not 0 <= t < self.vocab]
             if bad:
-                raise ApiError(f"prompt: token id {bad[0]} is out of vocabulary (0..{self.engine.vocab - 1})",
+                raise ApiError(f"prompt: token id {bad[0]} is out of vocabulary (0..{self.vocab - 1})",
                                param="prompt")
         else:
             raise ApiError("prompt: expected a string or a list of token ids (one prompt per request)", param="prompt")
@@ -242,13 +244,9 @@ class Api:
             raise ApiError(f"chat template failed: {exc}", param="messages") from None
         return self.tok(text, add_special_tokens=False).input_ids
 
-    def run(self, prompt: list[int], params: SamplingParams, prefix: str) -> Request:
-        req = Request(prompt=prompt, params=params, request_id=f"{prefix}-{uuid.uuid4().hex}")
-        return self.engine.submit(req)
-
-    def final_text(self, req: Request) -> str:
+    def final_text(self, req: Any) -> str:
         ids = [t for t in req.output if not (req.finish_reason == "stop" and t == req.stop_reason)]
-        if ids and ids[-1] == self.engine.eos and req.finish_reason == "stop" and req.stop_reason is None:
+        if ids and ids[-1] == self.eos and req.finish_reason == "stop" and req.stop_reason is None:
             ids = ids[:-1]
         text = self.tok.decode(ids, skip_special_tokens=True)
         if isinstance(req.stop_reason, str):
@@ -257,12 +255,12 @@ class Api:
                 text = text[:cut]
         return text
 
-    def usage(self, req: Request) -> dict:
+    def usage(self, req: Any) -> dict:
         n = len(req.output)
         return {"prompt_tokens": len(req.prompt), "total_tokens": len(req.prompt) + n, "completion_tokens": n,
                 "prompt_tokens_details": None}
 
-    def completion_logprobs(self, req: Request, as_ids: bool, start: int = 0, end: int | None = None) -> dict:
+    def completion_logprobs(self, req: Any, as_ids: bool, start: int = 0, end: int | None = None) -> dict:
         tokens, lps, tops, offsets = [], [], [], []
         offset = len(self.tok.decode(req.output[:start], skip_special_tokens=True)) if start else 0
         for i, e in enumerate(req.emitted[start:end], start=start):
@@ -275,7 +273,7 @@ class Api:
             offset = len(self.tok.decode(req.output[: i + 1], skip_special_tokens=True))
         return {"text_offset": offsets, "token_logprobs": lps, "tokens": tokens, "top_logprobs": tops}
 
-    def chat_logprobs(self, req: Request, as_ids: bool, start: int = 0, end: int | None = None) -> dict:
+    def chat_logprobs(self, req: Any, as_ids: bool, start: int = 0, end: int | None = None) -> dict:
         content = []
         for e in req.emitted[start:end]:
             text = self.token_text(e.token, as_ids)
@@ -285,7 +283,7 @@ class Api:
                             "top_logprobs": top})
         return {"content": content}
 
-    def prompt_logprobs(self, req: Request) -> list | None:
+    def prompt_logprobs(self, req: Any) -> list | None:
         if req.prompt_logprobs is None:
             return None
         out: list[dict | None] = []
@@ -303,248 +301,4 @@ def _clamp(value: float) -> float:
     return max(value, -9999.0)
 
 
-def make_handler(api: Api, metrics, started: dict):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        server_version = "pairaudit-refserver"
-        # TCP_NODELAY, as uvicorn sets for vLLM: headers and body go out in two
-        # writes, and with Nagle on the body waits for the client's delayed ACK
-        # (measured: 44 ms per keep-alive POST, against 3 ms with it off).
-        disable_nagle_algorithm = True
-
-        def log_message(self, fmt, *args):  # one line per request on stderr, like uvicorn's access log
-            import sys
-
-            sys.stderr.write(f"INFO: {self.address_string()} - {fmt % args}\n")
-
-        # --- plumbing ---------------------------------------------------
-        def send_json(self, status: int, obj) -> None:
-            data = json.dumps(obj).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def send_text(self, status: int, text: str, ctype: str = "text/plain; version=0.0.4") -> None:
-            data = text.encode()
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def read_body(self) -> dict:
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
-            try:
-                body = json.loads(raw or b"null")
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise ApiError(f"malformed JSON body: {exc}") from None
-            if not isinstance(body, dict):
-                raise ApiError("the request body must be a JSON object")
-            return body
-
-        def guarded(self, fn) -> None:
-            try:
-                fn()
-            except ApiError as exc:
-                self.send_json(exc.status, exc.body())
-            except (BrokenPipeError, ConnectionResetError):
-                pass
-            except Exception as exc:  # keep the server up; report like vLLM's 500
-                err = ApiError(f"internal error: {type(exc).__name__}: {exc}", status=500)
-                self.send_json(500, err.body())
-
-        # --- routes -----------------------------------------------------
-        def do_GET(self):
-            path = self.path.split("?")[0]
-            routes = {"/health": self.health, "/v1/models": self.models, "/metrics": self.metrics,
-                      "/version": self.version, "/ping": self.health}
-            fn = routes.get(path)
-            if fn is None:
-                self.guarded(lambda: (_ for _ in ()).throw(ApiError(f"no route GET {path}", status=404)))
-            else:
-                self.guarded(fn)
-
-        def do_POST(self):
-            path = self.path.split("?")[0]
-            routes = {"/v1/completions": self.completions, "/v1/chat/completions": self.chat,
-                      "/tokenize": self.tokenize, "/detokenize": self.detokenize}
-            fn = routes.get(path)
-            if fn is None:
-                self.guarded(lambda: (_ for _ in ()).throw(ApiError(f"no route POST {path}", status=404)))
-            else:
-                self.guarded(fn)
-
-        def health(self):
-            ok = api.engine.alive
-            self.send_response(200 if ok else 503)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def models(self):
-            card = {"id": api.name, "object": "model", "created": api.created, "owned_by": "vllm",
-                    "root": api.root, "parent": None, "max_model_len": api.max_model_len, "permission": []}
-            self.send_json(200, {"object": "list", "data": [card]})
-
-        def version(self):
-            self.send_json(200, {"version": started["version"], "pairaudit": api.info})
-
-        def metrics(self):
-            self.send_text(200, metrics.render())
-
-        def tokenize(self):
-            body = self.read_body()
-            _check_types(body, {"prompt": ((str,), "a string"), "add_special_tokens": ((bool,), "a boolean"),
-                                "return_token_strs": ((bool,), "a boolean")})
-            api.check_model(body)
-            if "messages" in body:
-                ids = api.chat_prompt(body)
-            elif isinstance(body.get("prompt"), str):
-                ids = api.tok(body["prompt"], add_special_tokens=body.get("add_special_tokens", True)).input_ids
-            else:
-                raise ApiError("tokenize: expected `prompt` (a string) or `messages`", param="prompt")
-            strs = api.tok.convert_ids_to_tokens(ids) if body.get("return_token_strs") else None
-            self.send_json(200, {"count": len(ids), "max_model_len": api.max_model_len, "tokens": ids,
-                                 "token_strs": strs})
-
-        def detokenize(self):
-            body = self.read_body()
-            api.check_model(body)
-            ids = body.get("tokens")
-            if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-                raise ApiError("tokens: expected a list of integers", param="tokens")
-            self.send_json(200, {"prompt": api.tok.decode(ids)})
-
-        def completions(self):
-            body = self.read_body()
-            _check_types(body, {"logprobs": ((int,), "an integer"), "prompt": ((str, list), "a string or token ids")})
-            api.check_model(body)
-            prompt = api.completion_prompt(body)
-            params = api.sampling(body, len(prompt), chat=False)
-            req = api.run(prompt, params, "cmpl")
-            as_ids = bool(body.get("return_tokens_as_token_ids"))
-            if body.get("stream"):
-                return self.stream(req, body, chat=False, as_ids=as_ids)
-            self.wait(req)
-            choice = {"index": 0, "text": api.final_text(req),
-                      "logprobs": api.completion_logprobs(req, as_ids) if params.logprobs is not None else None,
-                      "finish_reason": req.finish_reason, "stop_reason": req.stop_reason,
-                      "prompt_logprobs": api.prompt_logprobs(req)}
-            self.send_json(200, {"id": req.request_id, "object": "text_completion", "created": int(time.time()),
-                                 "model": api.name, "choices": [choice], "usage": api.usage(req)})
-
-        def chat(self):
-            body = self.read_body()
-            _check_types(body, {"logprobs": ((bool,), "a boolean"), "messages": ((list,), "a list")})
-            api.check_model(body)
-            prompt = api.chat_prompt(body)
-            params = api.sampling(body, len(prompt), chat=True)
-            req = api.run(prompt, params, "chatcmpl")
-            as_ids = bool(body.get("return_tokens_as_token_ids"))
-            if body.get("stream"):
-                return self.stream(req, body, chat=True, as_ids=as_ids)
-            self.wait(req)
-            choice = {"index": 0,
-                      # vLLM 0.32 names a reasoning parser's output `reasoning`
-                      # (older releases: reasoning_content); there is no parser here.
-                      "message": {"role": "assistant", "content": api.final_text(req), "reasoning": None},
-                      "logprobs": api.chat_logprobs(req, as_ids) if params.logprobs is not None else None,
-                      "finish_reason": req.finish_reason, "stop_reason": req.stop_reason}
-            self.send_json(200, {"id": req.request_id, "object": "chat.completion", "created": int(time.time()),
-                                 "model": api.name, "choices": [choice], "usage": api.usage(req),
-                                 "prompt_logprobs": api.prompt_logprobs(req)})
-
-        def wait(self, req: Request) -> None:
-            while req.events.get() != "done":
-                pass
-            if req.error:
-                raise ApiError(req.error, status=500)
-
-        def stream(self, req: Request, body: dict, *, chat: bool, as_ids: bool) -> None:
-            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Cache-Control", "no-cache")
-            # Chunked, as vLLM's uvicorn sends it: each event is its own HTTP
-            # chunk, so a client sees it the moment it is written. Without a
-            # framing a client reading a fixed-size buffer (requests reads 512
-            # bytes) receives several events at once, which skews TTFT and ITL.
-            self.send_header("Transfer-Encoding", "chunked")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.close_connection = True
-
-            def send(payload: bytes) -> None:
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
-                self.wfile.flush()
-            created = int(time.time())
-            obj = "chat.completion.chunk" if chat else "text_completion"
-            hold = max((len(s) for s in req.params.stop), default=1) - 1
-            sent_text, sent_tokens, done = "", 0, False
-
-            def chunk(choices, usage=None):
-                data = {"id": req.request_id, "object": obj, "created": created, "model": api.name,
-                        "choices": choices}
-                if usage is not None:
-                    data["usage"] = usage
-                send(b"data: " + json.dumps(data).encode() + b"\n\n")
-
-            try:
-                if chat:
-                    chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                            "finish_reason": None}])
-                while not done:
-                    req.events.get()
-                    while not req.events.empty():
-                        req.events.get()
-                    done = req.done
-                    if req.error:
-                        raise ApiError(req.error, status=500)
-                    upto = len(req.output)
-                    text = api.final_text(req)
-                    if not req.done:
-                        # hold back what may still become a stop string or half a UTF-8 character
-                        text = text[: max(len(sent_text), len(text) - hold)].rstrip("\ufffd")
-                    if upto == sent_tokens and not req.done:
-                        continue
-                    delta = text[len(sent_text):]
-                    lp = None
-                    if req.params.logprobs is not None:
-                        lp = (api.chat_logprobs(req, as_ids, sent_tokens, upto) if chat
-                              else api.completion_logprobs(req, as_ids, sent_tokens, upto))
-                    sent_tokens = upto
-                    sent_text = text
-                    finish = req.finish_reason if req.done else None
-                    if chat:
-                        choice = {"index": 0, "delta": {"content": delta}, "logprobs": lp, "finish_reason": finish}
-                    else:
-                        choice = {"index": 0, "text": delta, "logprobs": lp, "finish_reason": finish}
-                    if req.done:
-                        choice["stop_reason"] = req.stop_reason
-                    chunk([choice])
-                if include_usage:
-                    chunk([], api.usage(req))
-                send(b"data: [DONE]\n\n")
-                send(b"")  # the zero-length chunk that ends the body
-            except (BrokenPipeError, ConnectionResetError):
-                api.engine.abort(req)
-            except ApiError as exc:
-                try:
-                    send(b"data: " + json.dumps(exc.body()).encode() + b"\n\n")
-                    send(b"")
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-
-    return Handler
-
-
-def serve(api: Api, metrics, host: str, port: int, version: str) -> ThreadingHTTPServer:
-    handler = make_handler(api, metrics, {"version": version, "t": time.time()})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    return server
-
-
-__all__ = ["Api", "ApiError", "serve", "HTTPStatus"]
+__all__ = ["Api", "ApiError", "FIELD_TYPES", "check_cache_salt", "check_types"]

@@ -188,14 +188,21 @@ class CudaDecoder:
 
     def decode(self, tokens: list[int], segments: list[Segment]) -> torch.Tensor:
         """fp32 logits [B, vocab] on the CPU for one new token per sequence, written at ``segment.start``."""
+        return self.decode_device(tokens, segments).cpu()  # waits for the step
+
+    def decode_device(self, tokens: list[int], segments: list[Segment]) -> torch.Tensor:
+        """The same logits left on the device, the step queued and not waited for.
+
+        Graphed, the result is a view of the graph's output: read it before the
+        next step replays the graph.
+        """
         B = len(tokens)
         positions = [s.start for s in segments]
         slots = [_slot_of(s.cache) for s in segments]
         lb = self.bucket(max(positions) + 1)
         if not self.graphs_enabled:
             static = torch.tensor([tokens, positions, slots], dtype=torch.long, device=self.model.device)
-            out = self._step(static[0], static[1], static[2], lb)
-            return out.cpu()
+            return self._step(static[0], static[1], static[2], lb)
         bp = next(b for b in self.sizes if b >= B)
         # captured first: the capture's warm-up runs write the static inputs (with the spare slot)
         graph, out = self.graphs.get((bp, lb)) or self._capture(bp, lb)
@@ -205,7 +212,7 @@ class CudaDecoder:
         graph.replay()
         if self.metrics is not None:
             self.metrics.inc("pairaudit:decode_graph_replays_total")
-        return out[:B].cpu()  # waits for the replay
+        return out[:B]
 
     def _capture(self, bp: int, lb: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         # every row of the shape on the scratch slot: the warm-up runs really execute

@@ -24,6 +24,27 @@ verification of a deterministic n-gram draft accepts draft token ``d`` with
 probability ``p(d)`` and on rejection samples from ``p`` with ``d`` removed,
 which leaves the target distribution unchanged; greedy accepts while the draft
 equals the argmax.
+
+On a CUDA device the logits stay on the device and a step's rows are sampled
+together there (:meth:`Engine._sample_batch`): greedy argmax over every row,
+top-k/top-p/min-p masks as batched tensor ops, and sampling by an exponential
+race (``argmax(p / q)`` with ``q ~ Exp(1)``, as vLLM does), each seeded
+request drawing its ``q`` from its own CUDA generator so its tokens do not
+depend on its batch.  Tokens, logprobs and ranks then come to the host in one
+copy: one host sync per step, where a per-request sampler pays several per
+request.  On a CPU the per-request sampler stays: it is what the reference's
+known outputs were produced with.  Rows that verify speculative drafts, and
+prefills that return prompt logprobs, take the per-request path on either
+device.
+
+``PAIRAUDIT_REF_STEP_DELAY_US`` (a calibration switch) adds a busy-wait to
+every step that decodes, after the step's tokens are on the host, so on a GPU
+it cannot hide behind device work.
+
+Driving: :meth:`Engine.run` runs the loop in-process, each request's news
+going to its ``events`` queue; the server's engine process instead calls
+:meth:`Engine.step_once` from :mod:`.core`, with ``track`` on, and ships what
+each step touched to the API process in one message.
 """
 
 from __future__ import annotations
@@ -37,33 +58,19 @@ import torch
 
 from .metrics import Metrics
 from .model import KVCache, LlamaModel, Segment
+from .protocol import Emitted, SamplingParams
+from .tokenizer import IncrementalText as StopText
 from .switches import Switches  # noqa: F401  (part of the engine's interface)
 
 GREEDY_EPS = 1e-5
+__all__ = ["Emitted", "Engine", "Request", "SamplingParams", "Switches", "busy_wait", "propose_ngram"]
 
 
-@dataclass
-class SamplingParams:
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    logprobs: int | None = None
-    prompt_logprobs: int | None = None
-
-
-@dataclass
-class Emitted:
-    token: int
-    logprob: float
-    rank: int
-    top: list[tuple[int, float]]  # (token id, logprob), best first
+def busy_wait(seconds: float) -> None:
+    """Spin until ``seconds`` have passed: sleep() overshoots by 50+ us, too coarse for a planted delay of tens."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 @dataclass
@@ -81,7 +88,8 @@ class Request:
     first_token_time: float | None = None
     scheduled_time: float | None = None
     finish_time: float | None = None
-    events: "queue.Queue[str]" = field(default_factory=queue.Queue)
+    # the in-process driver's wake-ups ("token", "done"); None where the engine process ships steps instead
+    events: "queue.Queue[str] | None" = field(default_factory=queue.Queue)
     aborted: bool = False
     # engine-private state
     cache: KVCache | None = None  # from admission to finish (``kv``)
@@ -89,7 +97,11 @@ class Request:
     pending: int | None = None
     generator: torch.Generator | None = None
     noise: torch.Generator | None = None
+    device_generator: torch.Generator | None = None  # a seeded request's sampler on a CUDA device
     stop_checked: int = 0
+    stop_text: "StopText | None" = None
+    shipped: int = 0  # tokens already sent to the API process
+    shipped_emitted: int = 0
 
     @property
     def done(self) -> bool:
@@ -131,6 +143,11 @@ class Engine:
         self.running: list[Request] = []
         self.stopped = False
         self.alive = False
+        # requests with news since the last take_touched() (only kept when a driver collects them)
+        self.track = False
+        self.touched: dict[int, Request] = {}
+        self.delay_s = switches.step_delay_us / 1e6
+        self._batch: list[tuple[Request, torch.Tensor]] | None = None
 
     # --- public -----------------------------------------------------------
     def run(self) -> None:
@@ -166,6 +183,26 @@ class Engine:
     def abort(self, req: Request) -> None:
         req.aborted = True
 
+    def step_once(self) -> bool:
+        """Admit what waits and run one step; False where nothing was running (nothing done)."""
+        self._admit()
+        if not self.running:
+            return False
+        self._guarded_step()
+        return True
+
+    def take_touched(self) -> list[Request]:
+        """The requests that got tokens, finished or failed since the last call (``track`` on)."""
+        out = list(self.touched.values())
+        self.touched.clear()
+        return out
+
+    def _notify(self, req: Request, what: str) -> None:
+        if req.events is not None:
+            req.events.put(what)
+        if self.track:
+            self.touched[id(req)] = req
+
     # --- loop -------------------------------------------------------------
     def _loop(self) -> None:
         while not self.stopped:
@@ -176,15 +213,19 @@ class Engine:
                 except queue.Empty:
                     continue
                 self._start(req)
-            try:
-                self._step()
-            except Exception as exc:  # a bug must fail the requests, not hang them
-                for req in self.running:
-                    req.error = f"engine error: {type(exc).__name__}: {exc}"
-                    self._release(req)
-                    req.events.put("done")
-                self.running = []
-            self.metrics.set_queue(len(self.running), self.waiting.qsize())
+            self._guarded_step()
+
+    def _guarded_step(self) -> None:
+        try:
+            self._step()
+        except Exception as exc:  # a bug must fail the requests, not hang them
+            self._batch = None
+            for req in self.running:
+                req.error = f"engine error: {type(exc).__name__}: {exc}"
+                self._release(req)
+                self._notify(req, "done")
+            self.running = []
+        self.metrics.set_queue(len(self.running), self.waiting.qsize())
 
     def _admit(self) -> None:
         while len(self.running) < self.max_num_seqs:
@@ -230,8 +271,10 @@ class Engine:
         tokens = torch.tensor([t for _, toks, _ in plan for t in toks], dtype=torch.long)
         segments = [Segment(req.kv, req.computed, len(toks)) for req, toks, _ in plan]
         step_start = time.monotonic()
-        if self.decoder is not None and all(kind == "decode" and len(toks) == 1 for _, toks, kind in plan):
-            logits = self.decoder.decode([toks[0] for _, toks, _ in plan], segments)
+        on_device = self.decoder is not None
+        if on_device and all(kind == "decode" and len(toks) == 1 for _, toks, kind in plan):
+            # logits stay on the device: the batched sampler brings back tokens only
+            logits = self.decoder.decode_device([toks[0] for _, toks, _ in plan], segments)
             self.metrics.inc("pairaudit:engine_steps_total")
             rows = [[i] for i in range(len(plan))]
         else:
@@ -250,10 +293,12 @@ class Engine:
                     rows.append(want)
                 off += n
             flat = [r for rs in rows for r in rs]
-            logits = self.model.logits(hidden[flat]) if flat else None
-        now = time.monotonic()
-        self.metrics.observe("vllm:inter_token_latency_seconds", now - step_start)
+            logits = None
+            if flat:
+                picked = hidden[flat]
+                logits = self.model.head_logits(picked).float() if on_device else self.model.logits(picked)
         pos = 0
+        self._batch = [] if on_device else None
         for (req, toks, kind), rs in zip(plan, rows):
             lg = logits[pos : pos + len(rs)] if rs and logits is not None else None
             pos += len(rs)
@@ -261,6 +306,13 @@ class Engine:
                 self._after_prefill(req, toks, lg)
             else:
                 self._after_decode(req, toks, lg)
+        batch, self._batch = self._batch, None
+        if batch:
+            self._sample_batch(batch)
+        # the step's tokens are on the host here: a planted delay cannot overlap device work
+        if self.delay_s and any(kind == "decode" for _, _, kind in plan):
+            busy_wait(self.delay_s)
+        self.metrics.observe("vllm:inter_token_latency_seconds", time.monotonic() - step_start)
         for req in self.running:
             if req.done:
                 self._finish(req)
@@ -273,6 +325,7 @@ class Engine:
         req.kv.length = req.computed
         self.metrics.inc("vllm:prompt_tokens_total", len(chunk))
         if req.prompt_logprobs is not None and logits is not None:
+            logits = logits.cpu()  # one entry per prompt token, read on the host: one copy, not one per entry
             k = req.params.prompt_logprobs or 0  # set: the request asked for prompt logprobs
             raw = torch.log_softmax(self._noised(req, logits), dim=-1)
             for i in range(len(chunk)):
@@ -294,6 +347,11 @@ class Engine:
 
     def _emit_from_rows(self, req: Request, drafts: list[int], logits: torch.Tensor) -> None:
         """Sample (or verify drafts) on ``logits`` rows, emit tokens, update the cache length."""
+        if logits.device.type != "cpu":
+            if not drafts and self._batch is not None:
+                self._batch.append((req, logits[-1:]))  # sampled with the step's other rows
+                return
+            logits = logits.cpu()  # draft verification: the per-request sampler, on the host
         accepted = 0
         for i in range(logits.shape[0]):
             row = self._noised(req, logits[i : i + 1])[0]
@@ -317,11 +375,98 @@ class Engine:
             for p in range(accepted):
                 self.metrics.accepted_at(p)
 
+    # --- batched sampling on the device ----------------------------------------
+    def _sample_batch(self, jobs: list[tuple[Request, torch.Tensor]]) -> None:
+        """Sample one row per request on the device, then emit: one host copy for the whole step.
+
+        The same choices as the per-request path (:meth:`_processed`,
+        :meth:`_probs`, :meth:`_choose`, :meth:`_fault_tail`), as tensor ops
+        over all rows; sampling is an exponential race, invariant to the
+        scale of ``p``, so the masked distribution needs no renormalising.
+        """
+        reqs = [r for r, _ in jobs]
+        raw = torch.cat([lg for _, lg in jobs])  # [R, vocab] fp32, a fresh tensor (safe to write)
+        dev, (R, V) = raw.device, raw.shape
+        for i, req in enumerate(reqs):
+            if req.noise is not None:
+                raw[i] = self._noised(req, raw[i : i + 1])[0]
+        proc = raw
+        ban_rows, ban_cols = [], []
+        for i, req in enumerate(reqs):
+            p = req.params
+            if len(req.output) < p.min_tokens:
+                banned = list(p.stop_token_ids) + ([] if self.eos is None else [self.eos])
+                ban_rows += [i] * len(banned)
+                ban_cols += banned
+        if ban_rows:
+            proc = raw.clone()
+            proc[_to(ban_rows, dev), _to(ban_cols, dev)] = float("-inf")
+        tokens = proc.argmax(-1)
+        sampled = [i for i, r in enumerate(reqs) if r.params.temperature >= GREEDY_EPS]
+        if sampled:
+            ps = [reqs[i].params for i in sampled]
+            idx = _to(sampled, dev)
+            knobs = _to([[p.temperature for p in ps], [float(p.top_k) for p in ps],
+                         [p.top_p if p.top_p < 1.0 else 2.0 for p in ps], [p.min_p for p in ps]], dev,
+                        torch.float32)
+            s = proc.index_select(0, idx) / knobs[0][:, None]
+            if any(0 < p.top_k < V or p.top_p < 1.0 for p in ps):
+                sorted_s, order = torch.sort(s, dim=-1, descending=True)
+                ks = knobs[1].long()
+                kth = sorted_s.gather(1, (ks - 1).clamp(min=0)[:, None])
+                kth = torch.where(((ks > 0) & (ks < V))[:, None], kth, float("-inf"))
+                s = s.masked_fill(s < kth, float("-inf"))
+                probs = torch.softmax(s, dim=-1)
+                sorted_p = probs.gather(1, order)  # still best first: softmax keeps the order
+                drop = (torch.cumsum(sorted_p, dim=-1) - sorted_p) > knobs[2][:, None]
+                probs = probs.scatter(1, order, sorted_p.masked_fill(drop, 0.0))
+            else:
+                probs = torch.softmax(s, dim=-1)
+            probs = probs.masked_fill(probs < knobs[3][:, None] * probs.amax(-1, keepdim=True), 0.0)
+            q = torch.empty_like(probs).exponential_()  # unseeded rows: the device's default generator
+            for j, i in enumerate(sampled):
+                if reqs[i].params.seed is not None:
+                    q[j].exponential_(generator=self._device_generator(reqs[i], dev))
+            choice = (probs / q.clamp_min_(torch.finfo(q.dtype).tiny)).argmax(-1)
+            tokens = tokens.index_copy(0, idx, choice)
+        n = self.switches.fault_tail
+        tail = [i for i, r in enumerate(reqs) if n and len(r.prompt) + len(r.output) >= self.max_model_len - n]
+        if tail:
+            t_idx = _to(tail, dev)
+            masked = proc.index_select(0, t_idx).scatter(1, tokens.index_select(0, t_idx)[:, None], float("-inf"))
+            tokens = tokens.index_copy(0, t_idx, masked.argmax(-1))
+        want = [i for i, r in enumerate(reqs) if r.params.logprobs is not None]
+        pack = [tokens.double()]
+        k = max((reqs[i].params.logprobs or 0 for i in want), default=0)
+        if want:
+            w_idx = _to(want, dev)
+            lsm = torch.log_softmax(raw.index_select(0, w_idx), dim=-1)
+            chosen = lsm.gather(1, tokens.index_select(0, w_idx)[:, None])
+            pack += [chosen.flatten().double(), ((lsm > chosen).sum(-1) + 1).double()]
+            if k:
+                vals, ids = torch.topk(lsm, k, dim=-1)
+                pack += [vals.flatten().double(), ids.flatten().double()]
+        host = torch.cat(pack).tolist()  # the step's one host sync (doubles hold every id and fp32 value exactly)
+        W = len(want)
+        entries: dict[int, Emitted] = {}
+        for j, i in enumerate(want):
+            ki = reqs[i].params.logprobs or 0
+            base = R + 2 * W + j * k
+            top = [(int(host[base + W * k + c]), host[base + c]) for c in range(ki)]
+            entries[i] = Emitted(int(host[i]), host[R + j], int(host[R + W + j]), top)
+        for i, req in enumerate(reqs):
+            self._emit(req, int(host[i]), None, entries.get(i))
+
+    def _device_generator(self, req: Request, device: torch.device) -> torch.Generator:
+        if req.device_generator is None:
+            req.device_generator = torch.Generator(device=device).manual_seed(req.params.seed or 0)
+        return req.device_generator
+
     def _noised(self, req: Request, logits: torch.Tensor) -> torch.Tensor:
         if req.noise is None:
             return logits
         noise = torch.randn(logits.shape, generator=req.noise) * self.switches.fault_noise
-        return logits + noise
+        return logits + noise.to(logits.device)
 
     def _processed(self, req: Request, row: torch.Tensor) -> torch.Tensor:
         p = req.params
@@ -385,7 +530,7 @@ class Engine:
             entry[token] = (raw[token].item(), int((raw > raw[token]).sum()) + 1)
         return entry
 
-    def _emit(self, req: Request, token: int, raw: torch.Tensor | None) -> None:
+    def _emit(self, req: Request, token: int, raw: torch.Tensor | None, entry: Emitted | None = None) -> None:
         p = req.params
         now = time.monotonic()
         if req.first_token_time is None:
@@ -393,7 +538,9 @@ class Engine:
             self.metrics.observe("vllm:time_to_first_token_seconds", now - req.arrival)
         req.output.append(token)
         self.metrics.inc("vllm:generation_tokens_total")
-        if p.logprobs is not None and raw is not None:
+        if entry is not None:
+            req.emitted.append(entry)
+        elif p.logprobs is not None and raw is not None:
             k = p.logprobs
             vals, ids = torch.topk(raw, k) if k else (torch.empty(0), torch.empty(0, dtype=torch.long))
             lp = raw[token].item()
@@ -409,10 +556,12 @@ class Engine:
             req.finish_reason = "stop"
         elif len(req.output) >= p.max_tokens or len(req.prompt) + len(req.output) >= self.max_model_len:
             req.finish_reason = "length"
-        req.events.put("token")
+        self._notify(req, "token")
 
     def _hit_stop_string(self, req: Request) -> bool:
-        text = self.tok.decode(req.output, skip_special_tokens=True)
+        if req.stop_text is None:
+            req.stop_text = StopText(self.tok)
+        text = req.stop_text.extend(req.output)
         # only text that could newly contain a stop string is searched
         lo = max(0, req.stop_checked - max(len(s) for s in req.params.stop))
         for s in req.params.stop:
@@ -444,7 +593,13 @@ class Engine:
             m.observe("vllm:e2e_request_latency_seconds", req.finish_time - req.arrival)
             if req.first_token_time is not None:
                 m.observe("vllm:request_decode_time_seconds", req.finish_time - req.first_token_time)
-        req.events.put("done")
+        self._notify(req, "done")
+
+
+def _to(values: list, device: torch.device, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    # from pageable memory, non_blocking: the driver stages the bytes at once and the host does not wait for the
+    # device's queue (a blocking copy would, which is a host sync)
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 def propose_ngram(tokens: list[int], k: int, *, n_min: int = 2, n_max: int = 4) -> list[int]:

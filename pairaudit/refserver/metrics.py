@@ -64,6 +64,20 @@ class Metrics:
         with self.lock:
             self.running, self.waiting = running, waiting
 
+    def state(self) -> dict:
+        """Everything render() shows, as plain data: what the engine process sends the API process."""
+        with self.lock:
+            return {"counters": dict(self.counters), "accepted_per_pos": dict(self.accepted_per_pos),
+                    "finished": dict(self.finished), "hist": {k: list(v) for k, v in self.hist.items()},
+                    "running": self.running, "waiting": self.waiting}
+
+    def load(self, state: dict) -> None:
+        """Take on a snapshot from state() (the API process renders the engine's numbers)."""
+        with self.lock:
+            self.counters, self.accepted_per_pos = state["counters"], state["accepted_per_pos"]
+            self.finished, self.hist = state["finished"], state["hist"]
+            self.running, self.waiting = state["running"], state["waiting"]
+
     def render(self) -> str:
         lab = self.label
         out = []

@@ -10,6 +10,11 @@ nothing is the reference. ``PAIRAUDIT_REF_CUDA_GRAPHS`` is the exception: CUDA
 graphs are on by default (eager decode of this model on a GPU is bound by
 kernel launches), and 0 rolls back to eager.
 
+``PAIRAUDIT_REF_STEP_DELAY_US`` is a calibration switch, not an acceleration
+flag: it plants a known slowdown of every decode step, so a run can check that
+the speed gate sees a change of known size (the delay in the candidate) or a
+known speedup (the delay in the control).
+
 The numeric switches each change one place of the forward pass, independently
 of the others, and deterministically; every one of them except TF32 moves the
 logits on a CPU too, so a bisection over switches can be exercised without a
@@ -56,6 +61,8 @@ _ALL = (
            False),
     Switch("PAIRAUDIT_REF_CUDA_GRAPHS", "flag", 1, 0, "1 (decode steps replayed from CUDA graphs) or 0 (eager)",
            "speed", False),
+    Switch("PAIRAUDIT_REF_STEP_DELAY_US", "count", 0, 0, "a non-negative integer of microseconds (0 = off)", "speed",
+           True),
     Switch("PAIRAUDIT_REF_SPEC_NGRAM", "count", 0, 0, "a non-negative integer K (0 = off)", "decoding", True),
     Switch("PAIRAUDIT_REF_FAULT_TAIL", "count", 0, 0, "a non-negative integer N (0 = off)", "fault", True),
     Switch("PAIRAUDIT_REF_FAULT_NOISE", "number", 0.0, 0.0, "a non-negative number (0 = off)", "fault", True),
@@ -117,6 +124,7 @@ class Switches:
     sdpa_backend: str = "auto"
     tf32: bool = False
     cuda_graphs: bool = True
+    step_delay_us: int = 0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Switches":
@@ -166,7 +174,7 @@ class Switches:
 _FIELD_TO_ENV = {"lm_head_bf16": "LM_HEAD_BF16", "spec_ngram": "SPEC_NGRAM", "fault_tail": "FAULT_TAIL",
                  "fault_noise": "FAULT_NOISE", "attn_bf16": "ATTN_BF16", "mlp_bf16": "MLP_BF16",
                  "rmsnorm_bf16": "RMSNORM_BF16", "sdpa_backend": "SDPA_BACKEND", "tf32": "TF32",
-                 "cuda_graphs": "CUDA_GRAPHS"}
+                 "cuda_graphs": "CUDA_GRAPHS", "step_delay_us": "STEP_DELAY_US"}
 
 
 def _env_name(field_name: str) -> str:

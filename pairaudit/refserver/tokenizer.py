@@ -72,3 +72,35 @@ def _token_text(token) -> str | None:
     if isinstance(token, dict):
         return token.get("content")
     return token
+
+
+class IncrementalText:
+    """The text of a growing list of token ids, decoding only its last few tokens per new token.
+
+    vLLM's scheme: keep two offsets into the ids, decode ``ids[prefix:]`` and
+    ``ids[prefix:read]`` and append the difference.  Decoding from a few tokens
+    back (not from the new token alone) keeps what a tokenizer's decoder does
+    at a word start; a text that ends in U+FFFD (half a UTF-8 character) is held
+    back until the next token completes it.  So each new token costs two small
+    decodes where re-decoding the whole output costs O(length), and ``text`` is
+    the whole decode less a trailing half character.
+    """
+
+    def __init__(self, tok, skip_special_tokens: bool = True):
+        self.tok = tok
+        self.skip = skip_special_tokens
+        self.ids: list[int] = []
+        self.prefix = 0
+        self.read = 0
+        self.text = ""
+
+    def extend(self, ids: list[int]) -> str:
+        """``ids`` is every token so far (what was seen before must be its start); the text so far."""
+        for token in ids[len(self.ids):]:
+            self.ids.append(token)
+            before = self.tok.decode(self.ids[self.prefix:self.read], skip_special_tokens=self.skip)
+            after = self.tok.decode(self.ids[self.prefix:], skip_special_tokens=self.skip)
+            if len(after) > len(before) and not after.endswith("\ufffd"):
+                self.text += after[len(before):]
+                self.prefix, self.read = self.read, len(self.ids)
+        return self.text
