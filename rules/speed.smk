@@ -26,9 +26,6 @@ if SPEED_ON:
             streams=SPEED_STREAMS,
         log:
             f"{LOGS}/speed.log",
-            server_s1=server_log("speed-s1-control"),
-            server_s2=server_log("speed-s2-candidate"),
-            server_s3=server_log("speed-s3-control"),
         conda:
             "../envs/serving.yaml"
         threads: 2
@@ -40,6 +37,9 @@ if SPEED_ON:
             speed=SPEED_CFG,
             audit=config["audit"],
             starts_log=STARTS_LOG,
+            # params, not logs: see rule answers
+            server_logs={s: server_log(f"speed-{s}-{a}") for s, a in
+                         (("s1", "control"), ("s2", "candidate"), ("s3", "control"))},
             archive=SPEED_CFG["archive"],
             code=code("speed"),
         script:

@@ -436,3 +436,105 @@ def test_your_own_qa_and_multiple_choice_sets_run_through_the_tiny_audit(tmp_pat
             assert header["dataset"] == name and len(scores) == 3, (header, scores)
             # judged by the format's own reading (no code runs), right or wrong with the reason kept
             assert all(isinstance(s["correct"], bool) and "extracted" in s for s in scores), (fmt, scores)
+
+
+def _sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _wait_for(proc: subprocess.Popen, what: str, ready, timeout_s: float = 900) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and proc.poll() is None:
+        if ready():
+            return
+        time.sleep(0.05)
+    out = proc.stdout.read() if proc.poll() is not None and proc.stdout else ""
+    raise AssertionError(f"snakemake ended (or took too long) before {what}:\n{out[-4000:]}")
+
+
+def _started(starts: Path, phase: str) -> bool:
+    return starts.exists() and any(r.get("event") == "ready" and r.get("phase") == phase for r in read_jsonl(starts))
+
+
+def test_a_crash_at_any_phase_resumes_with_the_same_command(tmp_path):
+    """kill -9 of snakemake (answers, speed) and of a job (diagnostics): `snakemake --cores 2 promotion` resumes.
+
+    Nothing is answered twice, no finished job reruns, every killed start's log is kept and its start record
+    ends (``stopped``, or ``lost`` for a start whose job was killed under it).
+    """
+    config = answers_only_config("crash", 4)
+    config["speed"]["enabled"] = True
+    project = make_project(tmp_path / "p", config)
+    res = project / "results" / "crash"
+    starts = res / "servers" / "starts.jsonl"
+    journal = res / "journal" / "sampled" / "arith" / "control.jsonl"
+    command = [SNAKEMAKE, "--cores", "2", "promotion"]
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen(command, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+
+    # 1. answers: snakemake alone is killed; its lock and the phase's incomplete outputs stay behind
+    proc = start()
+    _wait_for(proc, "the first answer", lambda: journal.exists() and any(r["status"] == 200
+                                                                       for r in read_jsonl(journal)))
+    proc.kill()
+    proc.communicate()
+    _wait_gone(project)
+    assert list((project / ".snakemake" / "locks").glob("*.lock")), "a killed snakemake leaves its lock"
+    answered_before = {r["index"]: r for r in _answers(journal)}
+
+    # 2. the same command resumes; in diagnostics its job (and with it the server) is killed
+    proc = start()
+    _wait_for(proc, "the diagnostics phase", lambda: _started(starts, "diagnostics"))
+    finished = {p: _sha(p) for p in [*res.glob("answers/*.json"), *res.glob("sampled/*/*.jsonl"),
+                                     *res.glob("scores/*/*.jsonl"), *res.glob("paired/*.json")]}
+    assert len(finished) == 2 + 2 + 2 + 1
+    for pid in _job_pids(project):
+        if "diagnostics" in " ".join(lifecycle_argv(pid)):
+            os.kill(pid, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=600)
+    assert "cleared the lock of snakemake pid" in out and "no longer runs" in out
+    _wait_gone(project)
+
+    # 3. the same command again; in the speed bracket snakemake alone is killed
+    proc = start()
+    _wait_for(proc, "the speed bracket", lambda: _started(starts, "speed"))
+    finished.update({p: _sha(p) for p in [*res.glob("greedy/*/*.json*"), *res.glob("divergence/*.json")]})
+    proc.kill()
+    proc.communicate()
+    _wait_gone(project)
+
+    # 4. and once more, to the end
+    done = snake(project, "promotion")
+    assert "cleared the lock of snakemake pid" in done.stderr + done.stdout
+    assert json.loads((res / "promotion" / "decision.json").read_text())["decision"] == "INCONCLUSIVE"
+    changed = [str(p) for p, h in finished.items() if _sha(p) != h]
+    assert changed == [], f"finished jobs reran: {changed}"
+    _check_resumed(project, journal, res / "sampled" / "arith" / "control.jsonl", answered_before, 4)
+    for arm_journal in res.glob("journal/sampled/*/*.jsonl"):
+        indices = [r["index"] for r in _answers(arm_journal)]
+        assert sorted(indices) == sorted(set(indices)), f"{arm_journal}: an item answered twice"
+    # every start ends: stopped, or lost when its job was killed under it; a killed start's log is kept aside
+    events = read_jsonl(starts)
+    ends = {(r["phase"], r["arm"], r["pid"]) for r in events if r["event"] in ("stopped", "lost")}
+    assert [r for r in events if r["event"] == "ready" and (r["phase"], r["arm"], r["pid"]) not in ends] == []
+    lost = [r for r in events if r["event"] == "lost"]
+    assert any(r["phase"] == "diagnostics" for r in lost), lost
+    assert all("no longer runs" in r["why"] and Path(project, r["log_path"]).is_file() for r in lost), lost
+    logs = res / "logs" / "servers"
+    for name in ("answers-control", "diagnostics-control"):
+        kept, current = logs / f"{name}.1.log", logs / f"{name}.log"
+        assert kept.is_file() and current.is_file(), sorted(p.name for p in logs.iterdir())
+        assert "=== pairaudit launch" in kept.read_text() and "=== pairaudit launch" in current.read_text()
+    assert not list((project / ".snakemake" / "locks").glob("*.lock"))
+
+
+def lifecycle_argv(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a for a in raw.decode(errors="replace").split("\0") if a]
