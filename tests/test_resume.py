@@ -136,3 +136,11 @@ def test_a_killed_start_gets_a_lost_end_and_its_log_is_kept(tmp_path, monkeypatc
     monkeypatch.setattr(launch, "_KEPT", {})
     log.write_text("second\n")
     assert launch.claim_log(log) == str(log.with_name("answers-control.2.log"))
+
+
+def test_every_profile_reruns_incomplete_outputs():
+    import yaml
+
+    root = Path(__file__).resolve().parents[1] / "profiles"
+    for name in ("default", "gpu-host", "slurm"):
+        assert yaml.safe_load((root / name / "config.yaml").read_text()).get("rerun-incomplete") is True, name
