@@ -3,6 +3,7 @@
 #   snakemake --cores 4 <output path>      one stage or one dataset (see README)
 #   snakemake --cores 4 calibrate          the control against itself (results/<audit>-calibration/)
 #   snakemake --cores 4 bisect             which of the change's switches move the greedy divergences
+import sys
 import time
 
 from snakemake.utils import min_version, validate
@@ -10,8 +11,20 @@ from snakemake.utils import min_version, validate
 from pairaudit.promotion.calibration import calibration_config, is_calibration
 from pairaudit.cli import export, verdict
 from pairaudit.configcheck import check_at_load, check_yaml_files, derive_at_load
+from pairaudit.core import resume
 
 min_version("9.0")
+
+# A crash of snakemake (kill -9, a node that reboots) leaves its locks in
+# .snakemake/locks/. Every snakemake of this workflow records who it is
+# before Snakemake takes a lock; here, before Snakemake looks at the locks,
+# they are cleared when every snakemake that could hold them is dead -- a
+# live one's are never touched (pairaudit/core/resume.py, docs/reruns.md).
+# Jobs load this file too (in subprocesses, or on Slurm nodes): only the
+# snakemake that schedules them owns locks.
+if workflow.is_main_process:
+    for line in resume.at_load():
+        print(f"pairaudit: {line}", file=sys.stderr, flush=True)
 
 # Snakemake's own message for a YAML error in this file names no line.
 check_yaml_files(["config/config.yaml"])

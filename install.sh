@@ -22,12 +22,35 @@
 #       --have FILE       ... leaving out what the target has (pip freeze there)
 #       --extras LIST     ... with these extras too (test, slurm)
 #   --offline DIR         install from a wheelhouse, with no network
+#   --which               say which Python and torch it would use, and stop
 # docs/install.md says more.
 set -euo pipefail
 cd "$(dirname "$0")"
-PY=${PYTHON:-python3}
-VLLM=0 TORCH=auto WHEELHOUSE= OFFLINE= WH_ARGS=()
-usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
+# The host's python3: the first on PATH outside this project's own venvs.  An
+# activated .venv (or .venv-vllm) puts its python3 first on PATH; that is the
+# project's interpreter, whose packages (its own torch among them) are not the
+# host's, and a venv made from it would nest in it.
+host_python3() {
+    local here dir real kept=() IFS=:
+    here=$(pwd -P)
+    for dir in $PATH; do
+        real=$(cd "$dir" 2>/dev/null && pwd -P) || continue
+        case "$real" in "$here/.venv/bin" | "$here/.venv-vllm/bin") continue ;; esac
+        kept+=("$dir")
+    done
+    PATH="${kept[*]}" command -v python3
+}
+if [ -n "${PYTHON:-}" ]; then
+    PY=$PYTHON
+else
+    PY=$(host_python3) || { echo "install.sh: no python3 on PATH outside this project's .venv" >&2; exit 2; }
+fi
+# Nor the tools that read VIRTUAL_ENV (pip, for one) while the host's Python runs.
+[ -z "${VIRTUAL_ENV:-}" ] || case "$(cd "$VIRTUAL_ENV" 2>/dev/null && pwd -P)" in
+    "$(pwd -P)/.venv" | "$(pwd -P)/.venv-vllm") unset VIRTUAL_ENV ;;
+esac
+VLLM=0 TORCH=auto WHEELHOUSE= OFFLINE= WHICH=0 WH_ARGS=()
+usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
 bad() { echo "install.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -43,8 +66,9 @@ while [ $# -gt 0 ]; do
             esac
             shift ;;
         --no-torch) WH_ARGS+=(--no-torch) ;;
+        --which) WHICH=1 ;;
         -h|--help) usage; exit 0 ;;
-        *) bad "unknown option '$1' (known: --vllm --use-host-torch --cpu-torch --wheelhouse --offline;" \
+        *) bad "unknown option '$1' (known: --vllm --use-host-torch --cpu-torch --wheelhouse --offline --which;" \
                "with --wheelhouse: --python --platform --no-torch --have --extras)" ;;
     esac
     shift
@@ -113,6 +137,12 @@ case "$TORCH" in
     host) [ -n "$HOST_TORCH" ] || bad "--use-host-torch: $PY does not import torch" ;;
     auto) if [ -n "$HOST_TORCH" ]; then TORCH=host; else TORCH=cpu; fi ;;
 esac
+if [ "$WHICH" = 1 ]; then
+    echo "python: $PY"
+    echo "host torch: ${HOST_TORCH:-none}"
+    echo "torch: $TORCH"
+    exit 0
+fi
 
 # bubblewrap isolates model-written code when it is scored (see README,
 # "The sandbox").  Installed where we can (root with apt-get); elsewhere the

@@ -70,7 +70,6 @@ rule answers:
         phase=PHASE,
     log:
         f"{LOGS}/answers/{{arm}}.log",
-        server=server_log("answers-{arm}"),
     conda:
         "../envs/serving.yaml"
     threads: 2
@@ -84,6 +83,9 @@ rule answers:
         audit=config["audit"],
         journal_dir=JOURNAL,
         starts_log=STARTS_LOG,
+        # not a `log:` of the rule: Snakemake deletes a job's logs before it reruns, and a killed start's
+        # server log is evidence (pairaudit.serving.launch keeps it beside the new one)
+        server_log=server_log("answers-{arm}"),
         code=code("answers"),
     script:
         "../scripts/answers.py"

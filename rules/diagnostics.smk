@@ -23,8 +23,6 @@ rule diagnostics:
         divergence=list(divergence_paths().values()),
     log:
         f"{LOGS}/diagnostics.log",
-        server_control=server_log("diagnostics-control"),
-        server_candidate=server_log("diagnostics-candidate"),
     conda:
         "../envs/serving.yaml"
     threads: 2
@@ -38,6 +36,8 @@ rule diagnostics:
         chat_template_kwargs=config["sampling"].get("chat_template_kwargs", {}),
         journal_dir=JOURNAL,
         starts_log=STARTS_LOG,
+        # params, not logs: see rule answers
+        server_logs={a: server_log(f"diagnostics-{a}") for a in ARMS},
         greedy_paths=greedy_paths(),
         divergence_paths=divergence_paths(),
         max_divergent=config["rules"]["grid_tie"]["max_divergent"],

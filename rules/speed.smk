@@ -1,6 +1,7 @@
-# Speed: one job runs control, candidate, control (s1, s2, s3) on the same
-# host, each a fresh server, and decides under `speed.rule` (win2-v2 by
-# default). Every finished control start is appended to the control archive
+# Speed: one job runs control, candidate, control (s1, s2, s3), and under
+# win2-v3 (the default) candidate, control more while the gate cannot decide,
+# up to `speed.max_starts`, on the same host, each a fresh server, and decides
+# under `speed.rule`. Every finished control start is appended to the control archive
 # outside the audit directory, so a rerun adds to the day-to-day spread.  The
 # receipts and rehearsals are `ancient`: the answers phase rewrites them when it
 # reruns for a dataset, and the bracket depends only on the arms (a parameter)
@@ -26,9 +27,6 @@ if SPEED_ON:
             streams=SPEED_STREAMS,
         log:
             f"{LOGS}/speed.log",
-            server_s1=server_log("speed-s1-control"),
-            server_s2=server_log("speed-s2-candidate"),
-            server_s3=server_log("speed-s3-control"),
         conda:
             "../envs/serving.yaml"
         threads: 2
@@ -40,6 +38,10 @@ if SPEED_ON:
             speed=SPEED_CFG,
             audit=config["audit"],
             starts_log=STARTS_LOG,
+            # params, not logs: see rule answers
+            # one per start the bracket may grow to: control, candidate, control, ...
+            server_logs={f"s{k + 1}": server_log(f"speed-s{k + 1}-{'control' if k % 2 == 0 else 'candidate'}")
+                         for k in range(SPEED_CFG.get("max_starts", 3))},
             archive=SPEED_CFG["archive"],
             code=code("speed"),
         script:

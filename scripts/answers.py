@@ -11,4 +11,4 @@ run_job(log[0], answers_phase, arm=snakemake.wildcards.arm, spec_path=inp.spec, 
         requests_paths=dict(zip(params.datasets, inp.requests)), sampling=params.sampling, audit=params.audit,
         boundary_plan_path=inp.get("boundary_plan"), journal_dir=params.journal_dir, receipt_path=out.receipt,
         preflight_path=out.preflight, phase_path=out.phase, boundary_path=out.get("boundary"),
-        server_log=log.server, starts_log=params.starts_log)
+        server_log=params.server_log, starts_log=params.starts_log)

@@ -16,6 +16,6 @@ run_job(log[0], diagnostics_phase, dataset_paths=dict(zip(names, inp.datasets)),
         chat_template_kwargs=params.chat_template_kwargs,
         journal_dir=params.journal_dir,
         greedy_paths=params.greedy_paths, divergence_paths=params.divergence_paths,
-        server_logs={"control": log.server_control, "candidate": log.server_candidate},
+        server_logs=dict(params.server_logs),
         starts_log=params.starts_log, phase_path=out.phase, max_divergent=params.max_divergent,
         answers_paths={"control": inp.answers_control, "candidate": inp.answers_candidate})

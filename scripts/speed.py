@@ -13,5 +13,5 @@ run_job(log[0], speed_stage,
         spec_paths={"control": inp.spec_control, "candidate": inp.spec_candidate}, speed_cfg=params.speed,
         audit=params.audit,
         out_path=out.decision, streams_path=out.streams, archive_path=params.archive,
-        server_logs={"s1": log.server_s1, "s2": log.server_s2, "s3": log.server_s3},
+        server_logs=dict(params.server_logs),
         starts_log=params.starts_log)

@@ -13,7 +13,7 @@ from test_report import launches, paired_doc, passing_later, passing_pair, prefl
 from pairaudit.cli import main
 from pairaudit.cli.codes import EXIT, REFUSED
 from pairaudit.core.artifacts import write_json
-from pairaudit.promotion import decision
+from pairaudit.promotion import decision, render
 from pairaudit.quality import sizing
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,6 +65,30 @@ def test_verdict_refuses_an_edited_decision_by_its_own_hash(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "does not match the content_sha256" in err and str(path) in err
     assert "no decision" in summary.read_text() and "does not match" in summary.read_text()
+
+
+def test_verdict_refuses_a_resealed_decision_word_its_gates_do_not_give(tmp_path, capsys):
+    """Re-written with the project's own writer (so the self-hash holds): PROMOTE over gates that say HOLD."""
+    root, d = audit_with(tmp_path, "HOLD")
+    path = root / "promotion" / "decision.json"
+    forged = {k: v for k, v in d.items() if k not in ("content_sha256",)}
+    forged["decision"] = "PROMOTE"
+    write_json(path, forged)
+    assert json.loads(path.read_text())["gates"]["quality:mbpp"]["verdict"] == "HOLD"
+    summary = tmp_path / "summary.md"
+    assert main(["verdict", str(root), "--summary", str(summary)]) == REFUSED == 2
+    err = capsys.readouterr().err
+    assert "stated PROMOTE, derived HOLD" in err and "promotion-v1" in err and str(path) in err
+    assert "no decision" in summary.read_text() and "derived HOLD" in summary.read_text()
+    # the report refuses it too, naming both
+    with pytest.raises(decision.DecisionMismatch, match="states PROMOTE but its gates under promotion-v1 give HOLD"):
+        render.render_markdown(json.loads(path.read_text()), {}, {}, {})
+    # a gate's own outcome re-sealed to agree with the word is refused just the same
+    forged["gates"]["quality:mbpp"]["outcome"] = "PROMOTE"
+    forged["deciding_gates"] = []
+    write_json(path, forged)
+    assert main(["verdict", str(root)]) == REFUSED
+    assert "gate quality:mbpp states the outcome PROMOTE but its verdict HOLD gives HOLD" in capsys.readouterr().err
 
 
 def test_verdict_missing_and_not_a_decision(tmp_path, capsys):

@@ -211,6 +211,35 @@ def test_use_host_torch_refuses_a_python_without_torch(tmp_path):
     assert not (repo / ".venv").exists()
 
 
+def test_from_an_activated_venv_the_host_python_is_used_not_the_projects(tmp_path):
+    """`source .venv/bin/activate` puts the project's python3 first on PATH: install.sh must look past it."""
+    repo = tmp_path / "repo"
+    (repo / ".venv" / "bin").mkdir(parents=True)
+    shutil.copy2(REPO / "install.sh", repo / "install.sh")
+    # the project's venv: a python3 that imports a torch of its own (what made install.sh stop)
+    fake = repo / ".venv" / "bin" / "python3"
+    fake.write_text("#!/bin/sh\necho 2.13.0+cpu\n")
+    fake.chmod(0o755)
+    host_path = os.environ["PATH"]
+    host_py = shutil.which("python3", path=host_path)
+    host_torch = subprocess.run([host_py, "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                                text=True, timeout=120).stdout.strip() or "none"
+    activated = {**os.environ, "VIRTUAL_ENV": str(repo / ".venv"), "PATH": f"{repo / '.venv' / 'bin'}:{host_path}"}
+    activated.pop("PYTHON", None)
+    assert shutil.which("python3", path=activated["PATH"]) == str(fake)   # what activation does
+    out = subprocess.run(["bash", "install.sh", "--which"], capture_output=True, text=True, timeout=120, cwd=repo,
+                         env=activated)
+    assert out.returncode == 0, out.stderr
+    lines = dict(line.split(": ", 1) for line in out.stdout.strip().splitlines())
+    assert lines["python"] == host_py and ".venv" not in lines["python"]
+    assert lines["host torch"] == host_torch
+    assert lines["torch"] == ("cpu" if host_torch == "none" else "host")
+    # PYTHON still wins, activated or not
+    out = subprocess.run(["bash", "install.sh", "--which"], capture_output=True, text=True, timeout=120, cwd=repo,
+                         env={**activated, "PYTHON": str(fake)})
+    assert out.stdout.splitlines()[:2] == [f"python: {fake}", "host torch: 2.13.0+cpu"]
+
+
 # --- the round trip ---------------------------------------------------------------------------
 
 def base_python() -> str:

@@ -160,7 +160,8 @@ def test_an_engine_that_dies_under_the_speed_bracket_is_evidence_confirmed_on_a_
     assert {r["start"] for r in streams} == {"s1"} and len(streams) == 5  # warm-up + two repeats of a wave of two
     starts = [(r["phase"], r["arm"], r["event"]) for r in read_log(out / "servers/starts.jsonl")]
     assert starts == [("speed", "control", "ready"), ("speed", "control", "stopped"), ("speed", "candidate", "ready"),
-                      ("speed-confirm", "candidate", "ready")]
+                      ("speed", "candidate", "stopped"), ("speed-confirm", "candidate", "ready"),
+                      ("speed-confirm", "candidate", "stopped")]   # every start ends, the failed ones too
     gate = server_failure.server_failure_v1({"control": None, "candidate": f})
     assert gate["verdict"] == "FAIL" and "again on a fresh start" in gate["reasons"][0]
     # the promotion reads it into the servers gate, beside answers phases that failed nowhere

@@ -71,6 +71,59 @@ def test_memory_bomb_fails_inside_and_modest_allocation_works():
     assert ok["stdout_tail"].strip() == str(40 * 1024 ** 2)
 
 
+# Six forked children each touching 400 MB: every process is within RLIMIT_AS (512 MB), the program as a whole
+# holds 2.4 GB. The children stay until the parent has run the tests, so a per-process cap alone lets them pass.
+SIX_CHILDREN = """
+import os, time
+kids = []
+for _ in range(6):
+    pid = os.fork()
+    if pid == 0:
+        block = b"x" * (400 * 1024 * 1024)   # touched, not merely reserved
+        time.sleep(3)
+        os._exit(0)
+    kids.append(pid)
+for pid in kids:
+    os.waitpid(pid, 0)
+
+def f():
+    return 1
+"""
+
+
+def _six_children_fail_for_memory(bound):
+    from pairaudit.quality import scoring
+
+    limits = {"timeout_s": 20, "cpu_s": 10, "memory_mb": 512, "fsize_mb": 16, "nproc": 64, "nofile": 64}
+    res = sandbox.run_tests(SIX_CHILDREN, ["assert f() == 1"], **limits)
+    assert res["memory"]["bound"] == bound, res["memory"]
+    assert res["memory"]["exceeded"] is True and res["memory"]["limit_mb"] == 512
+    assert res["status"] == "failed", (res["status"], res["memory"], res["stderr_tail"][-500:])
+    assert not (res["harness"]["verified"] and res["harness"]["failed"] == [])   # the tests never ran to a pass
+    why = scoring._sandbox_reason(res, limits)
+    assert why.startswith("killed for memory") and bound in why and "512 MB" in why
+    return res
+
+
+def test_six_forked_children_over_the_cap_fail_for_memory_under_the_watchdog(monkeypatch):
+    monkeypatch.setenv(sandbox.MEMORY_BOUND_ENV, "watchdog")
+    res = _six_children_fail_for_memory("watchdog")
+    assert res["memory"]["peak_mb"] > 512
+    # an honest program of one process well under the cap is left alone by the same watchdog
+    ok = run_python("x = b'x' * (200 * 1024 * 1024)\nprint(len(x))\n", memory_mb=512)
+    assert ok["status"] == "passed" and ok["memory"]["bound"] == "watchdog" and not ok["memory"]["exceeded"]
+    assert 150 < ok["memory"]["peak_mb"] < 512
+
+
+def test_six_forked_children_over_the_cap_fail_for_memory_under_a_cgroup(monkeypatch):
+    parent, why = sandbox.cgroup_parent()
+    if parent is None:
+        pytest.skip(f"this host delegates no cgroup v2 memory controller: {why}")
+    monkeypatch.setenv(sandbox.MEMORY_BOUND_ENV, "cgroup")
+    res = _six_children_fail_for_memory("cgroup-v2")
+    assert res["memory"]["cgroup_reason"] is None
+
+
 def test_large_file_write_hits_fsize_cap_and_small_write_works():
     big = run_python("open('big.bin', 'wb').write(b'x' * (8 * 1024 * 1024))\n", fsize_mb=2)
     assert big["status"] == "failed"

@@ -331,7 +331,7 @@ def test_resume_after_server_dies_and_after_the_job_is_killed(resume_project):
     _check_resumed(project, journal, project / target, before, 4)
     assert json.loads((res / "answers" / "control.json").read_text())["failure"] is None
 
-    # 2. the whole Snakemake process group is killed (a crash): unlock, rerun, nothing lost or redone
+    # 2. the whole Snakemake process group is killed (a crash): the same command resumes, nothing lost or redone
     journal = res / "journal" / "sampled" / "arith" / "candidate.jsonl"
     target = "results/resume/sampled/arith/candidate.jsonl"
     proc = _start_and_wait_for_answers(project, target, journal)
@@ -340,12 +340,11 @@ def test_resume_after_server_dies_and_after_the_job_is_killed(resume_project):
     _wait_gone(project)  # a launched server dies with its parent (PR_SET_PDEATHSIG)
     before = {r["index"]: r for r in _answers(journal)}
     assert 1 <= len(before) < 4
-    snake(project, "--unlock")
-    snake(project, "--rerun-incomplete", target)
+    snake(project, target)
     _check_resumed(project, journal, project / target, before, 4)
 
 
-def test_sigkill_of_snakemake_alone_stops_its_job_and_server_then_the_readme_recovery_resumes(resume_project):
+def test_sigkill_of_snakemake_alone_stops_its_job_and_server_then_the_same_command_resumes(resume_project):
     project = resume_project
     journal = project / "results" / "resume" / "journal" / "sampled" / "arith" / "control.jsonl"
     target = "results/resume/sampled/arith/control.jsonl"
@@ -355,8 +354,7 @@ def test_sigkill_of_snakemake_alone_stops_its_job_and_server_then_the_readme_rec
     _wait_gone(project)
     before = {r["index"]: r for r in _answers(journal)}
     assert 1 <= len(before) < 4
-    snake(project, "--unlock")
-    snake(project, "--rerun-incomplete", target)
+    snake(project, target)   # the same command: no --unlock, no --rerun-incomplete (docs/reruns.md)
     _check_resumed(project, journal, project / target, before, 4)
     # one writer at a time: every item's attempts are numbered 1, 2, ... in journal order, never twice
     by_index = {}
@@ -436,3 +434,128 @@ def test_your_own_qa_and_multiple_choice_sets_run_through_the_tiny_audit(tmp_pat
             assert header["dataset"] == name and len(scores) == 3, (header, scores)
             # judged by the format's own reading (no code runs), right or wrong with the reason kept
             assert all(isinstance(s["correct"], bool) and "extracted" in s for s in scores), (fmt, scores)
+
+
+def _sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _wait_for(proc: subprocess.Popen, what: str, ready, timeout_s: float = 900) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and proc.poll() is None:
+        if ready():
+            return
+        time.sleep(0.05)
+    out = proc.stdout.read() if proc.poll() is not None and proc.stdout else ""
+    raise AssertionError(f"snakemake ended (or took too long) before {what}:\n{out[-4000:]}")
+
+
+def _readies(starts: Path, phase: str) -> int:
+    return sum(1 for r in read_jsonl(starts) if r.get("event") == "ready" and r.get("phase") == phase) \
+        if starts.exists() else 0
+
+
+def _finished_outputs(project: Path, res: Path) -> dict[Path, str]:
+    """sha256 of every stage output under ``res`` whose job has finished (Snakemake marks none of it incomplete)."""
+    import base64
+
+    marked = set()
+    inc = project / ".snakemake" / "incomplete"
+    for f in inc.rglob("*") if inc.is_dir() else []:
+        if f.is_file() and f.name != "migration_underway":
+            b64 = "".join(part.lstrip("@") for part in f.relative_to(inc).parts)
+            marked.add(base64.urlsafe_b64decode(b64.encode()).decode())
+    out = {}
+    for sub in ("answers", "sampled", "scores", "paired", "greedy", "divergence", "speed"):
+        for p in (res / sub).rglob("*") if (res / sub).is_dir() else []:
+            if p.is_file() and str(p.relative_to(project)) not in marked:
+                out[p] = _sha(p)
+    return out
+
+
+def test_a_crash_at_any_phase_resumes_with_the_same_command(tmp_path):
+    """kill -9 of snakemake (answers), of a job (the first of diagnostics and speed to start) and of snakemake
+    again (the other one): each time `snakemake --cores 2 promotion` resumes.
+
+    Nothing is answered twice, no finished job reruns, every killed start's log is kept and its start record
+    ends (``stopped``, or ``lost`` for a start whose job was killed under it).
+    """
+    config = answers_only_config("crash", 4)
+    config["speed"]["enabled"] = True
+    project = make_project(tmp_path / "p", config)
+    res = project / "results" / "crash"
+    starts = res / "servers" / "starts.jsonl"
+    journal = res / "journal" / "sampled" / "arith" / "control.jsonl"
+    command = [SNAKEMAKE, "--cores", "2", "promotion"]
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen(command, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+
+    # 1. answers: snakemake alone is killed; its lock and the phase's incomplete outputs stay behind
+    proc = start()
+    _wait_for(proc, "the first answer", lambda: journal.exists() and any(r["status"] == 200
+                                                                       for r in read_jsonl(journal)))
+    proc.kill()
+    proc.communicate()
+    _wait_gone(project)
+    assert list((project / ".snakemake" / "locks").glob("*.lock")), "a killed snakemake leaves its lock"
+    answered_before = {r["index"]: r for r in _answers(journal)}
+
+    # 2. the same command resumes; the job of whichever later phase starts first is killed (its server dies with it)
+    proc = start()
+    _wait_for(proc, "a later phase", lambda: _readies(starts, "diagnostics") or _readies(starts, "speed"))
+    job_killed = "diagnostics" if _readies(starts, "diagnostics") else "speed"
+    finished = _finished_outputs(project, res)
+    assert {p.name for p in finished} >= {"control.json", "candidate.json"}   # the answers phases, at least
+    jobs = [pid for pid in _job_pids(project) if f".{job_killed}.py" in " ".join(lifecycle_argv(pid))]
+    assert len(jobs) == 1, jobs
+    os.kill(jobs[0], signal.SIGKILL)
+    out, _ = proc.communicate(timeout=600)
+    assert "cleared the lock of snakemake pid" in out and "no longer runs" in out, out[-3000:]
+    _wait_gone(project)
+
+    # 3. the same command again; in the other phase snakemake alone is killed
+    other = "speed" if job_killed == "diagnostics" else "diagnostics"
+    before = _readies(starts, other)
+    proc = start()
+    _wait_for(proc, f"the {other} phase", lambda: _readies(starts, other) > before)
+    finished.update(_finished_outputs(project, res))
+    proc.kill()
+    proc.communicate()
+    _wait_gone(project)
+
+    # 4. and once more, to the end
+    done = snake(project, "promotion")
+    assert "cleared the lock of snakemake pid" in done.stderr + done.stdout
+    assert json.loads((res / "promotion" / "decision.json").read_text())["decision"] == "INCONCLUSIVE"
+    changed = sorted(str(p.relative_to(res)) for p, h in finished.items() if not p.exists() or _sha(p) != h)
+    assert changed == [], f"finished jobs reran: {changed}"
+    _check_resumed(project, journal, res / "sampled" / "arith" / "control.jsonl", answered_before, 4)
+    for arm_journal in res.glob("journal/sampled/*/*.jsonl"):
+        indices = [r["index"] for r in _answers(arm_journal)]
+        assert sorted(indices) == sorted(set(indices)), f"{arm_journal}: an item answered twice"
+    # every start ends: stopped, or lost when its job was killed under it; a killed start's log is kept aside
+    events = read_jsonl(starts)
+    ends = {(r["phase"], r["arm"], r["pid"]) for r in events if r["event"] in ("stopped", "lost")}
+    assert [r for r in events if r["event"] == "ready" and (r["phase"], r["arm"], r["pid"]) not in ends] == []
+    lost = [r for r in events if r["event"] == "lost"]
+    assert any(r["phase"] == job_killed for r in lost), lost
+    assert all("no longer runs" in r["why"] and Path(project, r["log_path"]).is_file() for r in lost), lost
+    logs = res / "logs" / "servers"
+    killed_log = "diagnostics-control" if job_killed == "diagnostics" else "speed-s1-control"
+    for name in ("answers-control", killed_log):
+        kept, current = logs / f"{name}.1.log", logs / f"{name}.log"
+        assert kept.is_file() and current.is_file(), sorted(p.name for p in logs.iterdir())
+        assert "=== pairaudit launch" in kept.read_text() and "=== pairaudit launch" in current.read_text()
+    assert not list((project / ".snakemake" / "locks").glob("*.lock"))
+
+
+def lifecycle_argv(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a for a in raw.decode(errors="replace").split("\0") if a]

@@ -9,8 +9,11 @@ decision, the deciding gates, one line per gate (its verdict, what it does
 to the decision, its first reason), the deviations, what was not evaluated
 and one line per dataset. ``--summary FILE`` appends the same front page as
 Markdown (for ``$GITHUB_STEP_SUMMARY``); a refused or missing decision
-appends why. Exit: PROMOTE 0, REJECT 1, HOLD 3, INCONCLUSIVE 4; 2 when
-the decision is missing, unreadable, refused or not a decision.
+appends why. The decision word is re-derived from the gates the file holds
+under the rule it names (promotion-v1): a word they do not give -- a file
+re-sealed to say PROMOTE while its gates say HOLD -- is refused, naming the
+stated and the derived decision. Exit: PROMOTE 0, REJECT 1, HOLD 3, INCONCLUSIVE 4; 2 when
+the decision is missing, unreadable, refused, not a decision or not the one its gates give.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any, Mapping, cast
 from pairaudit.core import artifacts
 from pairaudit.core.contracts import DECISION_SCHEMA, PATHS, Decision
 from pairaudit.promotion import render
+from pairaudit.promotion.decision import DecisionMismatch, check_decision_word
 
 from .codes import EXIT, REFUSED
 
@@ -64,7 +68,13 @@ def load(path: Path) -> Decision:
                                                                                                     Mapping):
         raise artifacts.ArtifactError(f"{path}: decision {doc.get('decision')!r} is not one of PROMOTE, REJECT, "
                                       "HOLD, INCONCLUSIVE (or it has no gates)")
-    return cast(Decision, doc)   # its schema and decision checked above
+    # The content hash proves the file is as written, not that what was written is consistent: a
+    # decision word its own gates do not give is refused, naming both.
+    try:
+        check_decision_word(doc)
+    except DecisionMismatch as exc:
+        raise artifacts.ArtifactError(f"{path}: {exc} (stated {exc.stated}, derived {exc.derived})") from None
+    return cast(Decision, doc)   # its schema, decision and gates checked above
 
 
 # ------------------------------------------------------------------ text

@@ -453,3 +453,73 @@ def speed_evidence(doc: Mapping[str, Any] | None) -> dict | None:
                        "max_control_spread_pct": prim.get("max_control_spread_pct")}
     return {"primary": primary, "win_pct": (doc.get("bar") or {}).get("win_pct"),
             "hosts": doc.get("hosts"), "cells": cells}
+
+
+# The decision rules a decision.json may name, by the name it records: the
+# word it states must be what its rule makes of the gates it holds.
+DECISION_RULES = {"promotion-v1": gates.promotion_v1}
+
+
+class DecisionMismatch(ValueError):
+    """A decision.json whose decision word does not follow from its own gates (the message names both)."""
+
+    def __init__(self, message: str, *, stated: Any = None, derived: Any = None):
+        super().__init__(message)
+        self.stated, self.derived = stated, derived
+
+
+def rederive(decision: Mapping[str, Any]) -> dict:
+    """What the rule ``decision`` names makes of the gates it holds.
+
+    Each gate enters as it was decided: its verdict, its rule, and whether
+    it counted as informational (its recorded outcome says so, and only a
+    non-REJECT outcome can be one). Identical arms outside calibration make
+    the decision INCONCLUSIVE, as at decision time. Returns the rule's
+    result; ``DecisionMismatch`` when the rule is not a registered one.
+    """
+    rule = decision.get("rule")
+    fn = DECISION_RULES.get(str(rule))
+    if fn is None:
+        raise DecisionMismatch(f"decision rule {rule!r} is not a registered decision rule "
+                               f"({', '.join(DECISION_RULES)}): its decision cannot be checked",
+                               stated=decision.get("decision"))
+    stored = decision.get("gates")
+    if not isinstance(stored, Mapping):
+        raise DecisionMismatch("the decision holds no gates", stated=decision.get("decision"))
+    entered: dict[str, Mapping[str, Any] | None] = {}
+    for name, g in stored.items():
+        if g is None:
+            entered[name] = None
+        elif isinstance(g, Mapping):
+            entered[name] = {"verdict": g.get("verdict"), "rule": g.get("rule"),
+                             "informational": g.get("outcome") == "INFORMATIONAL",
+                             "reasons": list(g.get("reasons") or [])}
+        else:
+            raise DecisionMismatch(f"gate {name!r} is neither null nor a gate record", stated=decision.get("decision"))
+    same = decision.get("identical_arms") is True and decision.get("calibration") is not True
+    return fn(entered, identical_arms=same)
+
+
+def check_decision_word(decision: Mapping[str, Any]) -> dict:
+    """Refuse (``DecisionMismatch``) a decision word, or a gate outcome, its own gates do not give.
+
+    Returns the re-derived result when the stated decision, the stated
+    ``gate_verdict`` (where recorded) and every gate's stated outcome agree
+    with what the named rule makes of the gates.
+    """
+    derived = rederive(decision)
+    stated = decision.get("decision")
+    problems = []
+    if stated != derived["verdict"]:
+        problems.append(f"it states {stated} but its gates under {decision.get('rule')} give {derived['verdict']}")
+    if "gate_verdict" in decision and decision.get("gate_verdict") != derived["gate_verdict"]:
+        problems.append(f"its gate_verdict is {decision.get('gate_verdict')} but its gates give "
+                        f"{derived['gate_verdict']}")
+    for name, g in (decision.get("gates") or {}).items():
+        if isinstance(g, Mapping) and g.get("outcome") != derived["gates"][name]["outcome"]:
+            problems.append(f"gate {name} states the outcome {g.get('outcome')} but its verdict "
+                            f"{g.get('verdict')} gives {derived['gates'][name]['outcome']}")
+    if problems:
+        raise DecisionMismatch("the decision does not follow from its gates: " + "; ".join(problems),
+                               stated=stated, derived=derived["verdict"])
+    return derived

@@ -29,7 +29,7 @@ from pairaudit.core.contracts import (
     SPEED_DECISION_SCHEMA,
     Decision,
 )
-from pairaudit.promotion.decision import speed_primary
+from pairaudit.promotion.decision import check_decision_word, speed_primary
 
 NOT_ADJUSTED = (
     "Nothing is adjusted. Scores are the scorer's strict verdicts: a strict-extractor miss stays a "
@@ -405,6 +405,7 @@ def render_markdown(decision: Decision, paired: Mapping[str, Mapping[str, Any]],
     decision.json cannot disagree about an arm.
     """
     del launch  # see docstring
+    check_decision_word(decision)  # a decision word its own gates do not give is never rendered
     out = [f"# pairaudit decision: {decision['decision']}", ""] + _banner(decision) + [""]
     box = _deviations_box(decision)
     if box:
@@ -656,6 +657,7 @@ def summary_rst(decision: Decision, earlier: Sequence[Mapping[str, Any]],
     the gates (verdict, effect, first reason, the category holding the
     evidence) and the paired table per dataset; the full report is item 1.
     """
+    check_decision_word(decision)  # as render_markdown: never a word the gates do not give
     deciding = decision.get("deciding_gates") or []
     out = [f".. admonition:: Decision: {decision['decision']}", "   :class: pairaudit-decision", "",
            f"   Deciding gates: {_rst_esc(', '.join(deciding) or 'none')}. Rule {decision['rule']}: PROMOTE only "

@@ -28,6 +28,10 @@ program can read whatever its uid may read.
 Layers, recorded in the result's ``isolation`` list only when applied:
 
 - ``rlimits``       RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_NOFILE, RLIMIT_CORE=0
+
+Memory is capped per process (RLIMIT_AS) and for the whole process tree: a
+cgroup v2 ``memory.max`` where the host delegates one, else a watchdog that
+sums the tree's memory every 50 ms (``memory`` in the result says which).
 - ``tmpdir``        a private working directory (also HOME and TMPDIR), gone after the run
 - ``scrubbed-env``  only PATH, LANG, HOME, TMPDIR, PYTHONHASHSEED (+ ``env_extra``; bwrap adds PWD)
 - ``netns``         a new network namespace: no route anywhere, host loopback unreachable
@@ -83,6 +87,10 @@ Result record (plain dict)::
      "limits": {"timeout_s", "cpu_s", "memory_mb", "fsize_mb", "nproc", "nofile"},
      "python": str,                 # the interpreter that ran the program
      "uid": int | None,             # the fresh uid it ran as ("uid" layer), else None
+     "memory": {"bound": "cgroup-v2" | "watchdog",  # what held memory_mb for the whole process tree
+                "limit_mb": int, "peak_mb": float | None,  # the tree's peak (watchdog: sampled PSS)
+                "exceeded": bool,           # killed for memory: status "failed", whatever else happened
+                "cgroup_reason": str | None},  # why no cgroup held it (None when one did)
      "error": str | None}           # only for status "error" (could not start)
 
 ``run_tests`` adds ``"harness": {"verified": bool, "total": int | None,
@@ -716,6 +724,243 @@ def choose(mechanism: str | None = None, python: str | None = None) -> dict:
     return {"mechanism": "fallback", "python": py, "layers": layers, "fallback_reason": reason}
 
 
+# ---------------------------------------------------------------- memory of the whole program
+
+# RLIMIT_AS caps each process; a program that forks can hold nproc times that.
+# ``memory_mb`` is meant for the program as a whole, so every run also bounds
+# the sum over its process tree, by one of two means (the result's
+# ``memory.bound`` says which ran):
+#
+# - ``cgroup-v2``: a cgroup of the run's own with ``memory.max`` = the cap, no
+#   swap and ``memory.oom.group`` (the kernel kills the whole group), where
+#   this host delegates the memory controller to us (a writable cgroup v2
+#   directory whose ``cgroup.subtree_control`` holds ``memory``);
+# - ``watchdog`` (everywhere else): a thread that sums the proportional set
+#   size (PSS; RSS where smaps_rollup is missing) of every process of the run
+#   every WATCH_INTERVAL_S and kills them all once the sum is over the cap.
+#   The run's processes are the launcher's descendants (a PID namespace keeps
+#   the orphans of double forks among them) plus, under the ``uid`` layer,
+#   every process of the run's private uid. It samples: an excursion shorter
+#   than one interval can pass unseen, which the cgroup cannot.
+MEMORY_BOUNDS = ("auto", "cgroup", "watchdog")
+# PAIRAUDIT_SANDBOX_MEMORY=watchdog forces the watchdog (for tests and hosts whose cgroups misbehave);
+# "cgroup" makes a host without a delegated cgroup an error instead; default "auto".
+MEMORY_BOUND_ENV = "PAIRAUDIT_SANDBOX_MEMORY"
+# A delegated cgroup v2 directory to make the runs' cgroups in, where it is not this process's own (or its parent).
+CGROUP_PARENT_ENV = "PAIRAUDIT_SANDBOX_CGROUP"
+WATCH_INTERVAL_S = 0.05
+
+
+def _cgroup2_here() -> tuple[Path | None, str]:
+    """This process's cgroup v2 directory, or (None, why not)."""
+    try:
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+        groups = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError as exc:
+        return None, f"cannot read this process's cgroups: {exc}"
+    mount = None
+    for line in mounts:
+        left, _, right = line.partition(" - ")
+        if right.split()[:1] == ["cgroup2"]:
+            fields = left.split()
+            mount = (fields[3], fields[4])   # the mount's root within the hierarchy, its mount point
+            break
+    if mount is None:
+        return None, "no cgroup v2 hierarchy is mounted"
+    rel = next((g[3:] for g in groups if g.startswith("0::")), None)
+    if rel is None:
+        return None, "this process is in no cgroup v2 group"
+    root, point = mount
+    if root != "/" and (rel == root or rel.startswith(root + "/")):
+        rel = rel[len(root):]
+    return Path(point, rel.lstrip("/")), ""
+
+
+@functools.lru_cache(maxsize=None)
+def cgroup_parent() -> tuple[str | None, str | None]:
+    """``(directory, None)`` where a run's own memory-limited cgroup can be made, else ``(None, why not)``.
+
+    Tried: ``PAIRAUDIT_SANDBOX_CGROUP``, this process's cgroup, its parent. One
+    qualifies when the memory controller is delegated to its children and a
+    child with a ``memory.max`` can be made and removed there.
+    """
+    here, why = _cgroup2_here()
+    cands = [Path(p) for p in (os.environ.get(CGROUP_PARENT_ENV),) if p]
+    if here is not None:
+        cands.append(here)
+        if (here.parent / "cgroup.controllers").exists():   # still inside the hierarchy
+            cands.append(here.parent)
+    if not cands:
+        return None, why
+    reasons = []
+    for cand in cands:
+        try:
+            ctl = (cand / "cgroup.subtree_control").read_text().split()
+        except OSError as exc:
+            reasons.append(f"{cand}: {exc.strerror or exc}")
+            continue
+        if "memory" not in ctl:
+            reasons.append(f"{cand} does not delegate the memory controller to its children")
+            continue
+        probe = cand / f"pairaudit-probe-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            probe.mkdir()
+            (probe / "memory.max").write_text("max\n")
+            return str(cand), None
+        except OSError as exc:
+            reasons.append(f"{cand}: cannot make a cgroup with a memory limit there ({exc.strerror or exc})")
+        finally:
+            try:
+                probe.rmdir()
+            except OSError:
+                pass
+    return None, ("no delegated cgroup v2 memory controller: " + "; ".join(reasons))[:400]
+
+
+def choose_memory_bound(bound: str | None = None) -> tuple[str, str | None, str | None]:
+    """``(bound, cgroup parent or None, why the cgroup did not run or None)``; bound "cgroup-v2" or "watchdog"."""
+    want = bound or os.environ.get(MEMORY_BOUND_ENV) or "auto"
+    if want not in MEMORY_BOUNDS:
+        raise ValueError(f"sandbox memory bound ({MEMORY_BOUND_ENV}) {want!r} is not one of {', '.join(MEMORY_BOUNDS)}")
+    if want == "watchdog":
+        return "watchdog", None, f"{MEMORY_BOUND_ENV} asked for the watchdog"
+    parent, why = cgroup_parent()
+    if parent is not None:
+        return "cgroup-v2", parent, None
+    if want == "cgroup":
+        raise RuntimeError(f"{MEMORY_BOUND_ENV}=cgroup, but {why}")
+    return "watchdog", None, why
+
+
+class _RunCgroup:
+    """One run's cgroup: its processes together hold at most ``limit`` bytes; the kernel kills them all beyond."""
+
+    def __init__(self, parent: str, limit: int):
+        self.path = Path(parent, f"pairaudit-sb-{os.getpid()}-{secrets.token_hex(6)}")
+        self.path.mkdir()
+        (self.path / "memory.max").write_text(f"{int(limit)}\n")
+        for name, value in (("memory.swap.max", "0"), ("memory.oom.group", "1")):
+            try:
+                (self.path / name).write_text(value + "\n")
+            except OSError:
+                pass
+
+    def wrap(self, cmd: list[str]) -> list[str]:
+        """Join the cgroup before anything of the run starts (so nothing forks outside it), then exec ``cmd``."""
+        return ["/bin/sh", "-c", 'echo $$ > "$1" && shift && exec "$@"', "sh", str(self.path / "cgroup.procs"), *cmd]
+
+    def facts(self) -> tuple[bool, float | None]:
+        """(the kernel killed for memory, the peak in MB where the kernel keeps one)."""
+        killed = False
+        try:
+            for line in (self.path / "memory.events").read_text().splitlines():
+                key, _, val = line.partition(" ")
+                if key in ("oom_kill", "oom_group_kill") and int(val) > 0:
+                    killed = True
+        except (OSError, ValueError):
+            pass
+        try:
+            peak = round(int((self.path / "memory.peak").read_text()) / (1024 * 1024), 1)
+        except (OSError, ValueError):
+            peak = None
+        return killed, peak
+
+    def remove(self) -> None:
+        try:
+            (self.path / "cgroup.kill").write_text("1\n")
+        except OSError:
+            pass
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.02)
+
+
+def _proc_table() -> dict[int, tuple[int, int]]:
+    """pid -> (ppid, uid) of every process on the host."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
+            uid = os.stat(f"/proc/{name}").st_uid
+        except (OSError, IndexError, ValueError):
+            continue
+        table[int(name)] = (ppid, uid)
+    return table
+
+
+def _tree(root: int, uid: int | None) -> set[int]:
+    """``root`` and its descendants, plus every process of ``uid`` (the run's private uid) when given."""
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid in found:
+            continue
+        found.add(pid)
+        todo += children.get(pid, [])
+    if uid is not None:
+        found |= {pid for pid, (_, u) in table.items() if u == uid}
+    return found & set(table)
+
+
+def _resident_bytes(pid: int) -> int:
+    """Proportional set size (shared pages split between their users), or RSS where that is unreadable."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class _MemoryWatch(threading.Thread):
+    """Sums the run's memory every interval; over ``limit`` bytes, kills every process of the run, repeatedly."""
+
+    def __init__(self, root: int, uid: int | None, limit: int, interval_s: float = WATCH_INTERVAL_S):
+        super().__init__(daemon=True, name="sandbox-memory-watch")
+        self.root, self.uid, self.limit, self.interval_s = root, uid, limit, interval_s
+        self.peak = 0
+        self.exceeded = False
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            pids = _tree(self.root, self.uid)
+            pids.discard(os.getpid())
+            total = sum(_resident_bytes(p) for p in pids)
+            self.peak = max(self.peak, total)
+            if total > self.limit or self.exceeded:
+                self.exceeded = True
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+            self._done.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(timeout=5)
+
+
 # ---------------------------------------------------------------- running
 
 def _tail(path: Path, chars: int) -> tuple[str, int]:
@@ -879,9 +1124,23 @@ def _run(job: dict, *, mechanism: str, layers: tuple[str, ...], python: str, tim
     t0 = time.monotonic()
     proc = None
     timed_out = False
+    cap = int(memory_mb) * mb
+    cgroup: _RunCgroup | None = None
+    watch: _MemoryWatch | None = None
+    memory: dict[str, Any] = {"bound": None, "limit_mb": int(memory_mb), "peak_mb": None, "exceeded": False,
+                              "cgroup_reason": None}
     base = {"mechanism": mechanism, "fallback_reason": fallback_reason, "isolation": isolation,
-            "limits": limits, "python": python, "uid": uid}
+            "limits": limits, "python": python, "uid": uid, "memory": memory}
     try:
+        try:
+            bound, cg_parent, memory["cgroup_reason"] = choose_memory_bound()
+            if cg_parent is not None:
+                cgroup = _RunCgroup(cg_parent, cap)
+        except (OSError, RuntimeError) as exc:
+            return {**base, "status": "error", "returncode": None, "signal": None, "timeout_kind": None,
+                    "wall_s": 0.0, "stdout_tail": "", "stderr_tail": "", "stdout_bytes": 0, "stderr_bytes": 0,
+                    "error": f"cannot bound the program's memory: {exc}"}
+        memory["bound"] = bound
         if mechanism == "bwrap":
             workdir = "/tmp"
             harness_limits, harness_uid = rlimits, uid
@@ -918,6 +1177,8 @@ def _run(job: dict, *, mechanism: str, layers: tuple[str, ...], python: str, tim
                    "close": [fd for fd in (job_fd, res_w, cmd_r) if fd >= 0], "mark": _SIGNAL_MARK}
             cmd = _unshare_prefix(layers) + [python, "-I", "-S", "-c", _LAUNCHER, json.dumps(cfg)]
             popen_env, cwd = env, str(work)
+        if cgroup is not None:
+            cmd = cgroup.wrap(cmd)
         out_path, err_path = io_dir / "stdout", io_dir / "stderr"
         timed_out = False
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
@@ -932,6 +1193,9 @@ def _run(job: dict, *, mechanism: str, layers: tuple[str, ...], python: str, tim
                         "timeout_kind": None, "wall_s": round(time.monotonic() - t0, 4),
                         "stdout_tail": "", "stderr_tail": "", "stdout_bytes": 0, "stderr_bytes": 0,
                         "error": f"could not start sandbox: {exc}"}
+            if cgroup is None:
+                watch = _MemoryWatch(proc.pid, uid, cap)
+                watch.start()
             os.close(res_w)
             os.close(info_w)
             res_w = info_w = -1
@@ -968,6 +1232,12 @@ def _run(job: dict, *, mechanism: str, layers: tuple[str, ...], python: str, tim
             # empty, and processes the program left behind die only then.
             _await_ns_gone(ns_init)
         wall = time.monotonic() - t0
+        if watch is not None:
+            watch.stop()
+            memory.update(exceeded=watch.exceeded, peak_mb=round(watch.peak / mb, 1))
+        elif cgroup is not None:
+            killed, peak = cgroup.facts()
+            memory.update(exceeded=killed, peak_mb=peak)
         report = _verified_report(_read_all(res_r), nonce) if job["mode"] == "tests" else None
         stdout_tail, out_bytes = _tail(out_path, tail_chars)
         stderr_tail, err_bytes = _tail(err_path, tail_chars)
@@ -980,7 +1250,11 @@ def _run(job: dict, *, mechanism: str, layers: tuple[str, ...], python: str, tim
             # bwrap's PID 1 reports a child killed by signal N as exit 128+N.
             sig = signal.Signals(rc - 128).name
         timeout_kind = "wall" if timed_out else ("cpu" if sig == "SIGXCPU" else None)
-        if timeout_kind:
+        if memory["exceeded"]:
+            # killed for memory, whatever the exit code or the report says (a sampled excursion may even
+            # have ended before the kill landed): over the cap is a failure
+            status = "failed"
+        elif timeout_kind:
             status = "timeout"
         elif rc == 0:
             status = "passed"
@@ -1002,7 +1276,7 @@ def _run(job: dict, *, mechanism: str, layers: tuple[str, ...], python: str, tim
                                  "total": report.get("total") if report else None,
                                  "failed": report.get("failed") if report else None,
                                  "error": report.get("error") if report else None}
-            if status == "passed" and not (verified and report is not None and report["failed"] == []):
+            if result["status"] == "passed" and not (verified and report is not None and report["failed"] == []):
                 result["status"] = "failed"
         return result
     finally:
@@ -1012,6 +1286,10 @@ def _run(job: dict, *, mechanism: str, layers: tuple[str, ...], python: str, tim
             except ProcessLookupError:
                 pass
             proc.wait()
+        if watch is not None:
+            watch.stop()
+        if cgroup is not None:
+            cgroup.remove()
         for fd in (job_fd, res_r, res_w, info_r, info_w, seccomp_fd, cmd_r, cmd_w):
             if fd >= 0:
                 os.close(fd)
@@ -1034,7 +1312,7 @@ def _dispatch(job: dict, *, timeout_s, cpu_s, memory_mb, fsize_mb, nproc, nofile
         return {"status": "error", "returncode": None, "signal": None, "timeout_kind": None, "wall_s": 0.0,
                 "stdout_tail": "", "stderr_tail": "", "stdout_bytes": 0, "stderr_bytes": 0,
                 "mechanism": "bwrap", "fallback_reason": chosen["fallback_reason"], "isolation": [],
-                "limits": limits, "python": chosen["python"], "uid": None,
+                "limits": limits, "python": chosen["python"], "uid": None, "memory": None,
                 "error": f"bwrap was required but is unusable: {chosen['fallback_reason']}"}
     mech, layers, reason = chosen["mechanism"], chosen["layers"], chosen["fallback_reason"]
     if not isolate_network:

@@ -278,6 +278,11 @@ def _last_error_line(stderr: str) -> str | None:
 
 
 def _sandbox_reason(res: dict, limits: dict) -> str | None:
+    mem = res.get("memory") or {}
+    if mem.get("exceeded"):
+        peak = f", peak {mem['peak_mb']} MB" if mem.get("peak_mb") is not None else ""
+        return (f"killed for memory: the program's processes together went over memory_mb "
+                f"{limits['memory_mb']} MB ({mem.get('bound')}{peak})")
     if res["status"] == "timeout":
         if res.get("timeout_kind") == "cpu":
             return f"timeout: CPU limit {limits['cpu_s']}s exceeded"

@@ -78,9 +78,11 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import fcntl
 import dataclasses
 import importlib.metadata
 import json
+import logging
 import os
 import platform
 import re
@@ -94,7 +96,7 @@ import time
 from pathlib import Path
 from typing import IO, Any, Mapping
 
-from pairaudit.core import lifecycle
+from pairaudit.core import lifecycle, resume
 from pairaudit.core.artifacts import utc_now
 from pairaudit.core.contracts import LAUNCH_SCHEMA, SERVER_START_SCHEMA
 from pairaudit.core.jsonlog import append_record
@@ -133,13 +135,116 @@ def server_environ(environ: Mapping[str, str]) -> dict[str, str]:
 
 def log_start_event(path: str | Path | None, *, event: str, phase: str, spec: ArmSpec, receipt: Mapping[str, Any] | None,
                     facts: Mapping[str, Any]) -> None:
-    """Append a ``ready`` or ``stopped`` event of one server to the audit's starts log (no-op without a path)."""
+    """Append a ``ready`` or ``stopped`` event of one server to the audit's starts log (no-op without a path).
+
+    A ``ready`` also says which job started the server (host, boot id, the job's pid and start time,
+    its Slurm job), and first closes every earlier start the log holds open whose job is gone
+    (``close_lost_starts``).
+    """
     if path is None:
         return
-    append_record(path, {
+    rec: dict[str, Any] = {
         "schema": SERVER_START_SCHEMA, "event": event, "phase": phase, "arm": spec.arm, "mode": spec.mode,
         "spec_sha256": (receipt or {}).get("spec_sha256"), "at": utc_now("milliseconds"),
-        **{k: facts.get(k) for k in _START_FACTS if k in facts}})
+        **{k: facts.get(k) for k in _START_FACTS if k in facts}}
+    if event == "ready":
+        me = resume.identity()
+        rec.update(log_path=facts.get("log_path"), host=me["host"], boot_id=me["boot_id"], job_pid=me["pid"],
+                   job_start_ticks=me["start_ticks"], slurm_job_id=me["slurm_job_id"])
+        close_lost_starts(path)
+    append_record(path, rec)
+
+
+# --- a killed start's evidence ------------------------------------------------
+#
+# A job killed with its server (kill -9 of the job, of snakemake and then the
+# job by its watchdog, a node that reboots) leaves a ``ready`` with no
+# ``stopped`` in the starts log, and a server log its rerun would write over.
+# The rerun keeps both: the first start of each server log in a job moves an
+# existing log aside (``<name>.<n>.log``, numbered in order of age), and its
+# ``ready`` first appends a ``lost`` event for every open start whose job is
+# known to be gone.
+
+log = logging.getLogger("pairaudit")
+_KEPT: dict[str, str | None] = {}   # server log -> where this job moved the log it found there (None: none)
+
+
+def claim_log(path: str | Path) -> str | None:
+    """Once per job and log: move an existing, non-empty server log aside; returns where it went (else None)."""
+    key = str(path)
+    if key in _KEPT:
+        return _KEPT[key]
+    p = Path(path)
+    kept = None
+    try:
+        if p.stat().st_size > 0:
+            n = 1
+            while p.with_name(f"{p.stem}.{n}{p.suffix}").exists():
+                n += 1
+            kept_path = p.with_name(f"{p.stem}.{n}{p.suffix}")
+            os.replace(p, kept_path)
+            kept = str(kept_path)
+    except FileNotFoundError:
+        pass
+    _KEPT[key] = kept
+    return kept
+
+
+def close_lost_starts(path: str | Path) -> list[dict]:
+    """Append a ``lost`` event for every ``ready`` without an end whose job and server are known to be gone.
+
+    Judged by the job that started the server (``core.resume.state``: this host's processes, a
+    rebooted host, a Slurm job no longer running); a start of a live job -- a phase running beside
+    this one -- or one that cannot be judged from here stays open.
+    """
+    p = Path(path)
+    if not p.is_file():
+        return []
+    lost = []
+    with open(p, "a+", encoding="utf-8") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)   # one judge at a time: a start is closed once
+        try:
+            f.seek(0)
+            open_starts: dict[tuple, dict] = {}
+            for line in f.read().splitlines():
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                key = (r.get("phase"), r.get("arm"), r.get("pid"))
+                if r.get("event") == "ready":
+                    open_starts[key] = r
+                elif r.get("event") in ("stopped", "lost"):
+                    open_starts.pop(key, None)
+            for r in open_starts.values():
+                if r.get("job_pid") is None:   # written before starts said which job they were
+                    continue
+                job_state, why = resume.state({"pid": r["job_pid"], "host": r.get("host"), "boot_id": r.get("boot_id"),
+                                               "start_ticks": r.get("job_start_ticks"),
+                                               "slurm_job_id": r.get("slurm_job_id")})
+                if job_state != resume.DEAD:
+                    continue
+                server = {"pid": r.get("pid"), "host": r.get("host"), "boot_id": r.get("boot_id")}
+                if isinstance(r.get("pid"), int) and resume.state(server)[0] == resume.ALIVE:
+                    continue   # its server outlived the job: not over yet
+                log_path = r.get("log_path")
+                lost.append({
+                    "schema": SERVER_START_SCHEMA, "event": "lost", "phase": r.get("phase"), "arm": r.get("arm"),
+                    "mode": r.get("mode"), "spec_sha256": r.get("spec_sha256"), "at": utc_now("milliseconds"),
+                    "pid": r.get("pid"), "ready_at": r.get("ready_at"),
+                    "why": f"no stop was recorded, and the job that started it is gone (job {why})",
+                    "log_path": _KEPT.get(str(log_path)) or log_path})
+            if lost:
+                f.seek(0, os.SEEK_END)
+                f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in lost))
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    for r in lost:
+        log.warning("starts log: the %s start of the %s server (pid %s) was lost: %s; its log is %s", r["phase"],
+                    r["arm"], r["pid"], r["why"], r["log_path"])
+    return lost
 
 __all__ = ["ConfigError", "ServerError", "resolve_spec", "receipt", "check_identity",
            "Server", "start_server", "launch_record", "stop_all", "pick_free_port"]
@@ -650,6 +755,7 @@ class Server:
         self._endpoint = Endpoint(url, model=spec.served_model_name, timeout_s=self._timeout_s,
                                   api_key=self._api_key)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        claim_log(self.log_path)   # an earlier job's log (a killed start's, say) is kept beside this one
         self._log_file = log_file = open(self.log_path, "ab")
         self._log_offset = log_file.tell()
         log_file.write(f"=== pairaudit launch arm={spec.arm} at {utc_now('milliseconds')}: {cmd}\n".encode())

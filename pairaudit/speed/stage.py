@@ -161,32 +161,42 @@ def _measure_start(start: str, arm: str, spec: ArmSpec, receipt: dict, rec: dict
     Returns the server's facts (with the bracket's ``prompts`` and wave ``plan`` when they were made here,
     on the first start) and the stream records.
     """
-    with launch.Server(spec, log_path=server_log, receipt=receipt, timeout_s=cfg["request_timeout_s"],
-                       gpus=gpus) as srv:
-        launch.log_start_event(starts_log, event="ready", phase="speed", spec=spec, receipt=receipt,
-                               facts=srv.facts())
-        first = prompts is None
-        if prompts is None:
-            # built once, on the first start, from that server's own tokenizer
-            prompts = build_prompts(srv.endpoint, model, cfg["cells"], cfg["repeats"], cfg["waves"], cfg["base_seed"])
-        durations, warm = warm_up(srv.endpoint, model=model, cfg=cfg, prompts=prompts, start=start, arm=arm)
-        if plan is None:
-            # sized once, from the first start's warm-up; every later start runs the same waves and prompts
-            plan = wave_plan(cfg, durations)
-            if any(w != cfg["waves"] for w in plan.values()):
-                prompts = build_prompts(srv.endpoint, model, cfg["cells"], cfg["repeats"], plan, cfg["base_seed"])
-        rec["warmup_s"] = durations
-        results[start], recs = run_start(srv.endpoint, model=model, cfg=cfg, prompts=prompts, start=start,
-                                         arm=arm, plan=plan, progress=progress)
-        recs = warm + recs
-        # Read while the server still holds its GPUs: the active event
-        # reasons clear soon after the load stops (the counters do not).
-        rec["clock_after"] = clock_facts(server_visible_devices(spec, gpupool.server_environ(srv.facts()["gpus"])))
-        srv.assert_alive()
-        facts = dict(srv.facts())
+    srv = launch.Server(spec, log_path=server_log, receipt=receipt, timeout_s=cfg["request_timeout_s"], gpus=gpus)
+    ready = False
+    first = prompts is None
+    try:
+        with srv:
+            launch.log_start_event(starts_log, event="ready", phase="speed", spec=spec, receipt=receipt,
+                                   facts=srv.facts())
+            ready = True
+            if prompts is None:
+                # built once, on the first start, from that server's own tokenizer
+                prompts = build_prompts(srv.endpoint, model, cfg["cells"], cfg["repeats"], cfg["waves"],
+                                        cfg["base_seed"])
+            durations, warm = warm_up(srv.endpoint, model=model, cfg=cfg, prompts=prompts, start=start, arm=arm)
+            if plan is None:
+                # sized once, from the first start's warm-up; every later start runs the same waves and prompts
+                plan = wave_plan(cfg, durations)
+                if any(w != cfg["waves"] for w in plan.values()):
+                    prompts = build_prompts(srv.endpoint, model, cfg["cells"], cfg["repeats"], plan,
+                                            cfg["base_seed"])
+            rec["warmup_s"] = durations
+            results[start], recs = run_start(srv.endpoint, model=model, cfg=cfg, prompts=prompts, start=start,
+                                             arm=arm, plan=plan, progress=progress)
+            recs = warm + recs
+            # Read while the server still holds its GPUs: the active event
+            # reasons clear soon after the load stops (the counters do not).
+            rec["clock_after"] = clock_facts(server_visible_devices(spec, gpupool.server_environ(srv.facts()["gpus"])))
+            srv.assert_alive()
+    finally:
+        # also when the start failed or the job was told to stop: the start record ends (only a job
+        # killed outright leaves it open, for the next start to close as lost)
+        if ready:
+            stopped = srv.facts()
+            launch.log_start_event(starts_log, event="stopped", phase="speed", spec=spec, receipt=receipt,
+                                   facts={"stop": stopped.get("stop"), "pid": stopped.get("pid")})
+    facts = dict(srv.facts())
     rec["stopped_at"] = utc_now("milliseconds")
-    launch.log_start_event(starts_log, event="stopped", phase="speed", spec=spec, receipt=receipt,
-                           facts={"stop": facts.get("stop"), "pid": facts.get("pid")})
     rec["server"] = {k: facts.get(k) for k in ("pid", "url", "ready_s", "identity_check", "stop", "gpus")}
     rec["warmup"] = next({k: r[k] for k in ("error", "ttft_s", "e2el_s")} for r in recs if r["cell"] == "warmup")
     if first:
@@ -227,6 +237,8 @@ def _confirm_failure(exc: BaseException, spec: ArmSpec, receipt: dict, *, cfg: M
             else:
                 conf.update(kind="answered", status=200)
             conf["log_tail"] = srv.log_tail(40)
+        launch.log_start_event(starts_log, event="stopped", phase="speed-confirm", spec=spec, receipt=receipt,
+                               facts={"stop": srv.facts().get("stop"), "pid": srv.facts().get("pid")})
     except ServerError as err:
         conf.update(kind=server_failure.DEAD, error=str(err).split("\n")[0], log_tail=str(err)[-4000:])
     log.warning("speed: confirmation on a fresh start: %s", conf["kind"])
