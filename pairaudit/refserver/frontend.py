@@ -416,7 +416,9 @@ def main(conn, start: dict) -> None:
 async def _serve(front: Frontend, start: dict) -> None:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, front.stop.set)
-    runner = web.AppRunner(front.app(), handler_cancellation=True, access_log_format='%a "%r" %s %b')
+    # a stop waits at most half a second for handlers in flight (the engine is stopping too)
+    runner = web.AppRunner(front.app(), handler_cancellation=True, access_log_format='%a "%r" %s %b',
+                           shutdown_timeout=0.5)
     await runner.setup()
     try:
         site = web.TCPSite(runner, start["host"], start["port"], reuse_address=True)
