@@ -68,12 +68,9 @@ proof)
     setsid nohup bash -c "
         cd '$REPO'
         t0=\$SECONDS
-        python3 bench/refserver_loop.py --device cuda --dtype bfloat16 --out '$P/loop-bf16.json' > '$P/loop-bf16.log' 2>&1
+        python3 bench/refserver_loop.py --device cuda --dtype bfloat16 --items 160 --out '$P/loop-bf16.json' \
+            > '$P/loop-bf16.log' 2>&1
         echo \"loop_bench_bf16 rc=\$? wall_s \$((SECONDS - t0))\" >> '$P/timings.txt'
-        t0=\$SECONDS
-        python3 bench/refserver_loop.py --device cuda --dtype float32 --items 160 --out '$P/loop-fp32.json' \
-            > '$P/loop-fp32.log' 2>&1
-        echo \"loop_bench_fp32 rc=\$? wall_s \$((SECONDS - t0))\" >> '$P/timings.txt'
         t0=\$SECONDS
         python3 bench/gpu/speed_proof.py --config '$cfg' --out '$P/speed' --budget-s \${PROOF_BUDGET_S:-960} \
             > '$P/speed.log' 2>&1

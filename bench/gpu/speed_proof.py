@@ -6,12 +6,12 @@ run's gate sees the host's earlier windows of the same control, as an audit
 on that host would. In order:
 
 1. ``aa-1``, ``aa-2``: the config's control against itself (must be NO_WIN);
-2. ``example-1``, ``example-2``: the config's change (the same verdict twice);
-3. ``slow-1``, ``slow-2``: the control against itself with a step delay in the
+2. ``slow-1``, ``slow-2``: the control against itself with a step delay in the
    candidate sized from aa-1's own milliseconds per decode round to slow it
    by 3 % (must be LOSS);
-4. ``fast-1``: the delay in the control instead, the candidate 3 % faster
-   (must be WIN).
+3. ``fast-1``: the delay in the control instead, the candidate 3 % faster
+   (must be WIN);
+4. ``example-1``, ``example-2``: the config's change (the same verdict twice).
 
 A run that would start after ``--budget-s`` seconds is skipped and listed as
 such. Writes ``summary.jsonl`` (one line per run) and each run's artifacts
@@ -75,9 +75,11 @@ def main() -> int:
     t_start = time.monotonic()
     only = set(a.only.split(",")) if a.only else None
     results: dict[str, dict] = {}
-    plan: list[tuple[str, list[str] | None]] = [("aa-1", ["--aa"]), ("aa-2", ["--aa"]), ("example-1", []),
-                                                ("example-2", []), ("slow-1", None), ("slow-2", None),
-                                                ("fast-1", None)]
+    # the example last: its control is the A/As' and the slowdowns' control, so by then the host's
+    # evidence on that control is four windows deep
+    plan: list[tuple[str, list[str] | None]] = [("aa-1", ["--aa"]), ("aa-2", ["--aa"]), ("slow-1", None),
+                                                ("slow-2", None), ("fast-1", None), ("example-1", []),
+                                                ("example-2", [])]
     for name, extra in plan:
         if only and name not in only:
             continue
