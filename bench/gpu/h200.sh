@@ -72,7 +72,7 @@ proof)
             > '$P/loop-bf16.log' 2>&1
         echo \"loop_bench_bf16 rc=\$? wall_s \$((SECONDS - t0))\" >> '$P/timings.txt'
         t0=\$SECONDS
-        python3 bench/gpu/speed_proof.py --config '$cfg' --out '$P/speed' --budget-s \${PROOF_BUDGET_S:-960} \
+        python3 bench/gpu/speed_proof.py --config '$cfg' --out '$P/speed' --budget-s \${PROOF_BUDGET_S:-720} \
             > '$P/speed.log' 2>&1
         echo \"speed_proof rc=\$? wall_s \$((SECONDS - t0))\" >> '$P/timings.txt'
         t0=\$SECONDS
