@@ -103,11 +103,15 @@ def main(argv=None) -> int:
                 "looks": doc.get("looks"), "pooled_gain_pct": g.get("pooled_gain_pct"),
                 "half_width_pct": g.get("half_width_pct"), "noise": g.get("noise"), "waves_plan": doc.get("waves_plan"),
                 "clock_check": (doc.get("clock_check") or {}).get("verdict"),
-                "ms_per_round": {c: [r.get("ms_per_round") for r in doc["pooled"][c]["s1"]] for c in doc["pooled"]},
-                "reasons": g.get("reasons")}
+                "ms_per_round": {c: [r.get("ms_per_round") for r in per["s1"]]
+                                 for c, per in (doc.get("pooled") or {}).items()},
+                "not_run": doc.get("not_run"), "reasons": g.get("reasons")}
         with open(args.summary, "a") as fh:
             fh.write(json.dumps(line) + "\n")
     prim = scfg["primary"]
+    if doc.get("not_run"):
+        print(f"not measured ({wall:.0f} s): {doc['not_run']}")
+        return 1
     print(f"speed bracket on {doc['hosts']}: {wall:.0f} s wall; primary {prim}; bar {scfg['win_pct']} %")
     print(f"clock check: {doc['clock_check']['verdict']} (mismatch {doc['clock_check']['mismatch']}); "
           f"load {[s['clock']['loadavg'] for s in doc['starts']]}")

@@ -8,6 +8,8 @@
 #   bench/gpu/h200.sh collect        the evidence worth committing as numbers, tarred into $OUT
 #   bench/gpu/h200.sh proof CONFIG   detached: the server-loop bench, the speed gate's proof runs
 #                                    (bench/gpu/speed_proof.py), then the GPU tests; into $STASH/proof
+#                                    (PROOF_LOOP=0 skips the bench, PROOF_ONLY=a,b names the runs,
+#                                    PROOF_BUDGET_S stops starting runs after that many seconds)
 #   bench/gpu/h200.sh poll [SECS]    wait up to SECS (default 540) for the proof, then tar it into $OUT
 #
 # The carried wheels must include the tested transformers (constraints.txt):
@@ -64,15 +66,22 @@ proof)
     cfg=${2:-config/examples/gpu-refserver.yaml}
     P=$STASH/proof
     mkdir -p "$P"
+    # The driver runs from a copy: every later call (a poll) lays the checkout down afresh, and a server
+    # starting while it does so finds half a package (seen: a module missing in the middle of a run).
+    rm -rf "$STASH/repo" && cp -r "$REPO" "$STASH/repo"
+    export PYTHONPATH=$STASH/repo:$SITE
     # one detached driver: a call returns at once, later calls poll (a call may last 10 minutes at most)
     setsid nohup bash -c "
-        cd '$REPO'
+        cd '$STASH/repo'
         t0=\$SECONDS
-        python3 bench/refserver_loop.py --device cuda --dtype bfloat16 --items 160 --out '$P/loop-bf16.json' \
-            > '$P/loop-bf16.log' 2>&1
-        echo \"loop_bench_bf16 rc=\$? wall_s \$((SECONDS - t0))\" >> '$P/timings.txt'
+        if [ \"\${PROOF_LOOP:-1}\" = 1 ]; then
+            python3 bench/refserver_loop.py --device cuda --dtype bfloat16 --items 160 --out '$P/loop-bf16.json' \
+                > '$P/loop-bf16.log' 2>&1
+            echo \"loop_bench_bf16 rc=\$? wall_s \$((SECONDS - t0))\" >> '$P/timings.txt'
+        fi
         t0=\$SECONDS
         python3 bench/gpu/speed_proof.py --config '$cfg' --out '$P/speed' --budget-s \${PROOF_BUDGET_S:-720} \
+            \${PROOF_ONLY:+--only \$PROOF_ONLY} \
             > '$P/speed.log' 2>&1
         echo \"speed_proof rc=\$? wall_s \$((SECONDS - t0))\" >> '$P/timings.txt'
         t0=\$SECONDS

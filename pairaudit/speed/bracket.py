@@ -335,18 +335,22 @@ def _stream_record(s: Mapping[str, Any], **where) -> dict:
 
 
 def warm_up(ep: Endpoint, *, model: str, cfg: Mapping[str, Any], prompts: Mapping[str, Any], start: str,
-            arm: str) -> tuple[dict[str, float], list[dict]]:
+            arm: str, timed: bool = False) -> tuple[dict[str, float], list[dict]]:
     """One unmeasured wave of every cell, at its concurrency and output length, before any measured repeat.
 
     A server that compiles or captures per shape (CUDA graphs per batch size
     and context bucket, a compile cache) meets every shape the cells use
-    here, not in the first measured repeat. Returns each cell's wave
-    duration (what ``wave_plan`` sizes the repeats from) and the records.
+    here, not in the first measured repeat. With ``timed`` (the first start,
+    when repeats are sized by time) every cell runs a second unmeasured wave:
+    the first one's time is mostly capture and compilation (measured on an
+    H200: 4.5-7 s for a wave the warm server runs in 0.8 s), which would size
+    the repeats far too short. Returns each cell's last wave duration (what
+    ``wave_plan`` sizes the repeats from) and the records.
     """
     out_len, timeout = cfg["output_len"], cfg["request_timeout_s"]
     records: list[dict] = []
     durations: dict[str, float] = {}
-    for c in cfg["cells"]:
+    for c in [c for c in cfg["cells"] for _ in range(2 if timed else 1)]:
         bodies = [request_body(model, prompts[c["name"]][(0, 0, i)], output_len=out_len,
                                seed=cfg["base_seed"] - 1 - i) for i in range(c["concurrency"])]
         base = _scrape(ep).get(COUNTERS["requests"], 0.0)

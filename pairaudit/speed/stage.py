@@ -173,7 +173,8 @@ def _measure_start(start: str, arm: str, spec: ArmSpec, receipt: dict, rec: dict
                 # built once, on the first start, from that server's own tokenizer
                 prompts = build_prompts(srv.endpoint, model, cfg["cells"], cfg["repeats"], cfg["waves"],
                                         cfg["base_seed"])
-            durations, warm = warm_up(srv.endpoint, model=model, cfg=cfg, prompts=prompts, start=start, arm=arm)
+            durations, warm = warm_up(srv.endpoint, model=model, cfg=cfg, prompts=prompts, start=start, arm=arm,
+                                      timed=plan is None and bool(cfg.get("repeat_s")))
             if plan is None:
                 # sized once, from the first start's warm-up; every later start runs the same waves and prompts
                 plan = wave_plan(cfg, durations)
