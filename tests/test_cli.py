@@ -67,7 +67,7 @@ def test_verdict_exit_code_follows_a_loss_not_ruled_out(tmp_path, capsys):
     assert main(["verdict", str(root)]) == EXIT["INCONCLUSIVE"] == 4
     out = capsys.readouterr().out
     need = d["datasets"]["mbpp"]["needed"]
-    assert f"quality-v2 INCONCLUSIVE: cannot rule out a loss of" in out and f"about {need} items would" in out
+    assert "quality-v2 INCONCLUSIVE: cannot rule out a loss of" in out and f"about {need} items would" in out
 
 
 def test_verdict_accepts_the_decision_file_itself(tmp_path, capsys):

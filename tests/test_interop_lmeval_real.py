@@ -195,5 +195,6 @@ def test_make_logs_reads_the_arms_of_the_config_in_its_change_form():
 
     env = runpy.run_path(str(DATA / "make_logs.py"), run_name="make_logs")["arm_env"]
     cfg = yaml.safe_load((DATA.parents[2] / "config" / "config.yaml").read_text())
-    for arm, key in (("control", "rollback"), ("candidate", "on")):
-        assert env(arm) == {s["env"]: str(s[key]) for s in cfg["change"]["switches"]}
+    # YAML 1.1 reads the key `on` as True
+    for arm, keys in (("control", ("rollback",)), ("candidate", ("on", True))):
+        assert env(arm) == {s["env"]: str(next(s[k] for k in keys if k in s)) for s in cfg["change"]["switches"]}
