@@ -105,7 +105,7 @@ def run_margin(args: argparse.Namespace) -> int:
     except sizing.SizingError as exc:
         print(f"pairaudit size: {exc}", file=sys.stderr)
         return REFUSED
-    names = sorted(expected.rates) or [None]
+    names: list[str | None] = list(sorted(expected.rates)) or [None]
     plans = {ds: sizing.margin_items(margin, expected.rate(ds), level, family, args.power) for ds in names}
     each = gates.per_dataset_level(level, family)
     if args.json:
