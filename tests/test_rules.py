@@ -1047,3 +1047,29 @@ def test_quality_v2_pass_is_exactly_the_bound_below_the_margin():
         t = make_table(control_only=b, candidate_only=c, both=n - b - c, neither=0)
         r = quality_v2(t)
         assert (r["verdict"] == "PASS") == (loss_upper_bound(b, c, n, 0.95) < 0.03), (n, b, c)
+
+
+def test_the_default_audits_margin_is_the_smallest_its_32_items_resolve_and_its_measured_tables():
+    """config/config.yaml's margin (docs/default-audit.md): 32 items reach power 0.8 at discordance 0.25 for
+    27 points, not 26; on the measured default tables both datasets rule 27 out, algebra by 0.6 points."""
+    from pathlib import Path
+
+    import yaml
+
+    from pairaudit.core.stats import noninferiority_items
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "config.yaml").read_text())
+    q = cfg["rules"]["quality"]
+    assert q["rule"] == "quality-v2" and q["margin_pct"] == 27.0
+    assert noninferiority_items(0.27, 0.25, level=0.975)["items"] <= 32 < noninferiority_items(0.26, 0.25,
+                                                                                               level=0.975)["items"]
+    arith = quality_v2(make_table(control_only=2, candidate_only=6, both=8, neither=16), margin_pct=27.0, datasets=2)
+    algebra = quality_v2(make_table(control_only=6, candidate_only=4, both=6, neither=16), margin_pct=27.0,
+                         datasets=2)
+    assert arith["verdict"] == algebra["verdict"] == "PASS"
+    assert round(arith["loss_bound"]["upper_pct"], 1) == 5.6 and round(algebra["loss_bound"]["upper_pct"], 1) == 26.4
+    assert arith["reasons"][0].startswith("loss >= 5.6 points ruled out at 97.5 %")
+    assert arith["deviations"] == {"margin_pct": {"registered": 3.0, "used": 27.0}}
+    # at the registered margin the same tables rule nothing out
+    assert quality_v2(make_table(control_only=6, candidate_only=4, both=6, neither=16), datasets=2)["verdict"] == \
+        "INCONCLUSIVE"

@@ -133,8 +133,9 @@ def quality_v2(table: Mapping[str, Any], *, margin_pct: float = 3.0, level: floa
     """
     if isinstance(datasets, bool) or not isinstance(datasets, int) or datasets < 1:
         raise ValueError(f"datasets must be a positive integer, got {datasets!r}")
-    params, dev, reasons = registered_params({"margin_pct": margin_pct, "level": level, "alpha": alpha},
-                                             QUALITY_V2)
+    params, dev, dev_reasons = registered_params({"margin_pct": margin_pct, "level": level, "alpha": alpha},
+                                                 QUALITY_V2)
+    reasons: list[str] = []
     c_only = list(table["control_only"])
     k_only = list(table["candidate_only"])
     b, c = len(c_only), len(k_only)
@@ -160,8 +161,9 @@ def quality_v2(table: Mapping[str, Any], *, margin_pct: float = 3.0, level: floa
         reasons += invalid
     elif passes:
         verdict = "PASS"
-        reasons.append(f"loss >= {100 * upper:.1f} points ruled out {at}, below the margin of {margin_pct:g} "
-                       f"points (Tango score bound); {observed}")
+        better = f" (the candidate is at least {-100 * upper:.1f} points better)" if upper < 0 else ""
+        reasons.append(f"loss >= {100 * upper:.1f} points ruled out {at}{better}, below the margin of "
+                       f"{margin_pct:g} points (Tango score bound); {observed}")
         if net < 0 and p < alpha:
             reasons.append(f"the loss is significant (McNemar p={p:.4g} < alpha {alpha}) but ruled out below the "
                            "margin: a loss the margin accepts")
@@ -179,6 +181,8 @@ def quality_v2(table: Mapping[str, Any], *, margin_pct: float = 3.0, level: floa
         reasons.append(f"cannot rule out a loss of {100 * upper:.1f} points with {n} items; {many} (margin "
                        f"{margin_pct:g} points, Tango score bound {at}; power {MDE_POWER:g} at the observed "
                        f"discordance {disc:.3g}, if the candidate loses nothing); {observed}, McNemar p={p:.4g}")
+    # the verdict's reason first (the front page shows it), then any changed parameter
+    reasons += dev_reasons
     mde = minimum_detectable_loss(n, min(n, b + c), alpha=alpha, power=MDE_POWER, max_net_loss=0)
     reasons.append(mde_reason(mde))
     return {
