@@ -273,7 +273,7 @@ def main() -> None:
     print(f"| decision | {decision['decision']} |")
     for name, ds in decision.get("datasets", {}).items():
         print(f"| {name} | control {ds.get('control_correct')}/{ds.get('n')}, candidate "
-              f"{ds.get('candidate_correct')}/{ds.get('n')}, quality-v1 {ds.get('verdict')} |")
+              f"{ds.get('candidate_correct')}/{ds.get('n')}, {ds.get('rule') or 'quality'} {ds.get('verdict')} |")
     print_breakdown(project, results)
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)

@@ -27,6 +27,10 @@ The schema covers shapes and enums; this covers what needs code or files:
   the boundary cases (:func:`pairaudit.boundary.cases.settings` / ``case_plan``);
 * with ``rules.quality.detect_loss_pct`` set, a note for each dataset whose
   selected count cannot see that net loss (:func:`pairaudit.quality.sizing.detect_loss_notes`);
+* under quality-v2, a note for each dataset whose selected count is too small to
+  rule out ``rules.quality.margin_pct`` at the discordance the last audit (the
+  ledger) or the host's A/A calibration observed, else a stated default
+  (:func:`pairaudit.quality.sizing.margin_notes`): a note, never a refusal;
 * the calibration keys (:func:`pairaudit.promotion.calibration.check`): a calibration's
   audit name and identical arms, and no audit named like another's calibration;
 * every artifact already under ``results/<audit>/`` still has the content its
@@ -357,6 +361,8 @@ def check_config(config: Mapping[str, Any], *, base_dir: str | os.PathLike,
     from .quality import sizing  # rules.quality.detect_loss_pct: a note per dataset too small to see that loss
 
     result.notes += sizing.detect_loss_notes(config, result.documents, base_dir=base)
+    # quality-v2: a note per dataset too small to rule out rules.quality.margin_pct at the expected discordance
+    result.notes += sizing.margin_notes(config, result.documents, base_dir=base)
     check_lengths(config, specs, result)
     check_speed(config, specs, result)
     check_boundary(config, specs, result)

@@ -1,4 +1,4 @@
-"""Snakemake entry for rule paired: the paired table and quality-v1 of one dataset (pairaudit.quality.stage.paired_stage)."""
+"""Snakemake entry for rule paired: the paired table and the quality rule of one dataset (pairaudit.quality.stage.paired_stage)."""
 
 import sys
 
@@ -10,4 +10,5 @@ inp = snakemake.input  # noqa: F821
 run_job(snakemake.log[0], paired_stage, dataset_path=inp.dataset,  # noqa: F821
         sampled_paths={"control": inp.sampled_control, "candidate": inp.sampled_candidate},
         score_paths={"control": inp.scores_control, "candidate": inp.scores_candidate},
-        out_path=snakemake.output[0], quality_params=snakemake.params.quality)  # noqa: F821
+        out_path=snakemake.output[0], quality_params=snakemake.params.quality,  # noqa: F821
+        datasets=snakemake.params.datasets)  # noqa: F821

@@ -26,7 +26,8 @@ def audit_with(tmp_path, kind):
     if kind == "REJECT":
         pair["mbpp"] = paired_doc("mbpp", both=range(10), control_only=range(20, 28))   # p = 2/256
     elif kind == "HOLD":
-        pair["mbpp"] = paired_doc("mbpp", both=range(10), control_only=(20, 21))        # p = 0.5
+        # quality-v1 (selectable) holds an unresolved loss; quality-v2 calls it INCONCLUSIVE
+        pair["mbpp"] = paired_doc("mbpp", both=range(10), control_only=(20, 21), rule="quality-v1")   # p = 0.5
     elif kind == "INCONCLUSIVE":
         later = {}                                                                      # later gates not evaluated
     d = decision.decide(pair, launches(), preflights(), **later)
@@ -49,6 +50,24 @@ def test_verdict_exit_code_and_front_page(tmp_path, capsys, kind):
     assert f"exit {code} ({kind})" in out
     if kind == "REJECT":
         assert "quality:mbpp" in out and "FAIL" in out and "rejects" in out
+    if kind == "PROMOTE":
+        # the front page says per dataset which loss was ruled out, and how the datasets hold together
+        assert "gsm8k: n=302" in out and "quality-v2 PASS: loss >= 1.3 points ruled out at 97.5 %" in out
+        assert "mbpp: n=303" in out and "quality-v2 PASS: loss >= 1.5 points ruled out at 97.5 %" in out
+        assert "over the datasets: each dataset's loss bound is at 97.5 % (Bonferroni over 2 dataset(s))" in out
+
+
+def test_verdict_exit_code_follows_a_loss_not_ruled_out(tmp_path, capsys):
+    """Every other gate passes, but 12 items cannot rule out the margin: INCONCLUSIVE, exit 4, the items named."""
+    pair = passing_pair()
+    pair["mbpp"] = paired_doc("mbpp", both=range(10), candidate_only=(20,), neither=(21,))   # net +1
+    d = decision.decide(pair, launches(), preflights(), **passing_later(pair))
+    root = tmp_path / "results" / "small"
+    write_json(root / "promotion" / "decision.json", d)
+    assert main(["verdict", str(root)]) == EXIT["INCONCLUSIVE"] == 4
+    out = capsys.readouterr().out
+    need = d["datasets"]["mbpp"]["needed"]
+    assert "quality-v2 INCONCLUSIVE: cannot rule out a loss of" in out and f"about {need} items would" in out
 
 
 def test_verdict_accepts_the_decision_file_itself(tmp_path, capsys):
@@ -153,9 +172,8 @@ def test_size_prints_the_exact_plan(capsys):
 def test_size_refuses_bad_input(capsys):
     assert main(["size", "--loss", "20", "--discordance", "0.1"]) == 2
     assert "discordance 0.1 is below the loss 0.2" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as exc:   # neither source given: argparse's own exit 2
-        main(["size", "--loss", "5"])
-    assert exc.value.code == 2
+    assert main(["size", "--loss", "5"]) == 2     # quality-v1's sizing needs a measured discordance
+    assert "--loss needs --discordance or --calibration" in capsys.readouterr().err
 
 
 def test_size_from_a_calibration_log(tmp_path, capsys):
@@ -201,3 +219,32 @@ def test_the_workflow_ends_on_the_front_page_of_what_it_decided(tmp_path):
     # nothing decided in this run (all up to date): the first audit's standing decision
     assert verdict.after_run([old, new], started + 10).startswith("pairaudit verdict: REJECT")
     assert verdict.after_run([tmp_path / "results" / "none"], started) == ""
+
+
+def test_size_for_the_margin_answers_with_the_rules_own_count(tmp_path, monkeypatch, capsys):
+    """No --loss: quality-v2's items for the configured margin, at the discordance measured or a stated default."""
+    from pairaudit.core.stats import noninferiority_items
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text(
+        "audit: a\ndatasets: [{name: x}, {name: y}]\nrules: {quality: {margin_pct: 5.0}}\n")
+    assert main(["size"]) == 0
+    out = capsys.readouterr().out
+    want = noninferiority_items(0.05, 0.25, level=0.975)["items"]
+    assert "rule out a loss of 5 points at 97.5 % per dataset (95 % over 2 dataset(s), Bonferroni)" in out
+    assert "discordance from default 0.25" in out and f"about {want} items" in out
+    # the last audit's observed discordance, per dataset, from the ledger's decision
+    pair = passing_pair()
+    pair["mbpp"] = paired_doc("mbpp", both=range(10), candidate_only=(20,), neither=(21,))
+    d = decision.decide(pair, launches(), preflights(), **passing_later(pair))
+    write_json(tmp_path / "results" / "a" / "promotion" / "decision.json", d)
+    (tmp_path / "results" / "ledger.jsonl").write_text(json.dumps(
+        {"schema": "pairaudit.ledger/v1", "audit": "a", "calibration": False,
+         "decision_path": "results/a/promotion/decision.json"}) + "\n")
+    assert main(["size", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["discordance_source"].startswith("last audit a")
+    assert doc["plans"]["mbpp"]["discordance"] == pytest.approx(1 / 12)
+    assert doc["plans"]["mbpp"]["items"] == noninferiority_items(0.05, 1 / 12, level=0.975)["items"]
+    assert main(["size", "--margin", "0"]) == 2

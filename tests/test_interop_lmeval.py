@@ -128,7 +128,10 @@ def test_pairing_the_export_gives_the_paired_stages_table(audit):
                 "control_correct", "candidate_correct", "exact_text_matches"):
         assert res.table[key] == stage["table"][key], key
     assert res.table["control_only"] == [1, 2] and res.table["candidate_only"] == [3]
-    assert res.quality["verdict"] == stage["quality"]["verdict"] == "HOLD"
+    # 6 items cannot rule out quality-v2's margin, in the stage as in pair, by the same arithmetic
+    assert res.quality["verdict"] == stage["quality"]["verdict"] == "INCONCLUSIVE"
+    assert res.quality["loss_bound"] == stage["quality"]["loss_bound"]
+    assert res.quality["needed"] == stage["quality"]["needed"]
     assert res.quality["mcnemar_p"] == pytest.approx(stage["quality"]["mcnemar_p"])
     assert res.quality["mde"] == stage["quality"]["mde"]
     assert res.bootstrap == stage["bootstrap"]
@@ -147,7 +150,7 @@ def test_pairing_the_export_keeps_the_natural_finish_clause(tmp_path):
     for arm in ("control", "candidate"):
         rewrite(ex[arm].samples["hand"], lambda s: {k: v for k, v in s.items() if k != "pairaudit"})
     res = lmeval.pair_logs(ex["control"].samples["hand"], ex["candidate"].samples["hand"])
-    assert res.quality["verdict"] == "HOLD" and "natural finish" in res.not_checked[0]
+    assert res.quality["verdict"] == "INCONCLUSIVE" and "natural finish" in res.not_checked[0]
     assert res.table["natural_finish"] == {"control": None, "candidate": None}
 
 
@@ -155,10 +158,14 @@ def test_pair_command_on_the_export(audit, capsys):
     _, _, exported = audit
     code = main(["pair", exported["control"].samples["hand"], exported["candidate"].samples["hand"]])
     out = capsys.readouterr().out
-    assert code == 3  # HOLD
+    assert code == 4  # INCONCLUSIVE: 6 items cannot rule out the margin
     assert "control right                     2                 2" in out
     assert "control wrong                     1                 1" in out
-    assert "quality-v1: HOLD" in out and "exact McNemar p = 1" in out
+    assert "quality-v2: INCONCLUSIVE" in out and "exact McNemar p = 1" in out and "about" in out
+    # quality-v1 stays selectable
+    assert main(["pair", exported["control"].samples["hand"], exported["candidate"].samples["hand"],
+                 "--rule", "quality-v1"]) == 3
+    assert "quality-v1: HOLD" in capsys.readouterr().out
     assert main(["pair", exported["control"].samples["hand"], exported["candidate"].samples["hand"],
                  "--filter", "flexible-extract", "--json"]) in (0, 1, 3, 4)
     doc = json.loads(capsys.readouterr().out)

@@ -8,6 +8,7 @@ pairing of the same answers, scored by pairaudit's gsm8k scorer.
 """
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,8 @@ from pairaudit.quality import scoring
 DATA = Path(__file__).resolve().parent / "data" / "lmeval"
 ARMS = ("control", "candidate")
 TASKS = ("arith_tiny",)
+# The two arms are two servers on two ports: the only recorded setting the change may differ in.
+CHANGE = ["model_args.base_url"]
 
 
 def sample_log(task: str, arm: str) -> Path:
@@ -76,7 +79,7 @@ def test_pairaudits_scorer_agrees_with_lm_eval_on_every_answer(task):
 
 @pytest.mark.parametrize("task", TASKS)
 def test_pair_gives_pairaudits_own_pairing_of_the_same_answers(capsys, task):
-    res = lmeval.pair_logs(sample_log(task, "control"), sample_log(task, "candidate"))
+    res = lmeval.pair_logs(sample_log(task, "control"), sample_log(task, "candidate"), change=CHANGE)
     own = {arm: own_scores(task, arm) for arm in ARMS}
     # pairaudit's pairing of the same answers, judged by lm-eval's string comparison as lm-eval's metric is
     scores = {arm: [{"index": d, "correct": sc["lm_eval_exact_match"], "answered": True, "finish_reason": "stop",
@@ -87,18 +90,20 @@ def test_pair_gives_pairaudits_own_pairing_of_the_same_answers(capsys, task):
                 "control_correct", "candidate_correct", "exact_text_matches", "exact_text_match_indices"):
         assert res.table[key] == table[key], key
     # and the command says the same, with the verdict's exit code
-    code = main(["pair", str(sample_log(task, "control")), str(sample_log(task, "candidate")), "--json"])
+    code = main(["pair", str(sample_log(task, "control")), str(sample_log(task, "candidate")), "--json",
+                 "--change", "model_args.base_url"])
     doc = json.loads(capsys.readouterr().out)
     assert doc["table"]["control_only"] == table["control_only"]
     assert doc["table"]["candidate_only"] == table["candidate_only"]
     assert code == EXIT[doc["quality"]["verdict"]]
-    assert doc["quality"]["verdict"] in ("PASS", "HOLD", "FAIL")   # lm-eval's logs carry no finish reason to fail
+    # lm-eval's logs carry no finish reason to fail
+    assert doc["quality"]["verdict"] in ("PASS", "FAIL", "INCONCLUSIVE")
 
 
 def test_the_arith_table_is_not_trivial():
     """On arith the model is right part of the time, and the candidate (bf16 LM head, n-gram speculation)
     does not copy the control: the table has right answers and different texts."""
-    res = lmeval.pair_logs(sample_log("arith_tiny", "control"), sample_log("arith_tiny", "candidate"))
+    res = lmeval.pair_logs(sample_log("arith_tiny", "control"), sample_log("arith_tiny", "candidate"), change=CHANGE)
     assert res.table["control_correct"] + res.table["candidate_correct"] > 0
     assert res.table["exact_text_matches"] < res.table["n"]
 
@@ -113,5 +118,83 @@ def test_a_candidate_log_of_another_prompt_is_refused(tmp_path, doc_id):
             s["prompt_hash"] = lmeval.hash_string(arg["arg_0"])
     p = tmp_path / sample_log("arith_tiny", "candidate").name
     p.write_text("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in lines))
+    shutil.copy(results_log("arith_tiny", "candidate"), tmp_path)
     with pytest.raises(lmeval.LmEvalLogError, match=rf"the prompt differs \(prompt_hash\) at doc_ids \[{doc_id}\]"):
-        lmeval.pair_logs(sample_log("arith_tiny", "control"), p)
+        lmeval.pair_logs(sample_log("arith_tiny", "control"), p, change=CHANGE)
+
+
+def results_log(task: str, arm: str) -> Path:
+    found = sorted((DATA / task / arm).glob("results_*.json"))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def second_run(tmp_path: Path, *, seed: int, stamp: str = "2026-12-02T03-10-00.000000") -> Path:
+    """The control server run again, with lm-eval's API seed ``seed`` (model_args seed=...): its results file
+    records the seed (in model_args and the task config's metadata copy of them); the samples do not."""
+    results = json.loads(results_log("arith_tiny", "control").read_text())
+    results["config"]["model_args"]["seed"] = seed
+    results["configs"]["arith_tiny"]["metadata"]["seed"] = seed
+    results["date"] += 600.0
+    out = tmp_path / "control-again"
+    out.mkdir()
+    (out / f"results_{stamp}.json").write_text(json.dumps(results, indent=2))
+    samples = out / f"samples_arith_tiny_{stamp}.jsonl"
+    shutil.copy(sample_log("arith_tiny", "control"), samples)
+    return samples
+
+
+def test_two_runs_with_different_api_seeds_are_not_a_pair(tmp_path, capsys):
+    """The same server twice, API seeds 1234 and 999: refused (exit 2) naming the seed, whatever is declared."""
+    again = second_run(tmp_path, seed=999)
+    for change in ([], ["--change", "model_args.base_url"]):
+        assert main(["pair", str(sample_log("arith_tiny", "control")), str(again), *change]) == 2
+        err = capsys.readouterr().err
+        assert "not a pair" in err and "model_args.seed: control 1234, candidate 999" in err
+    # declaring the seed as the change under audit is the user's statement, and then it pairs
+    assert main(["pair", str(sample_log("arith_tiny", "control")), str(again), "--change", "model_args.seed"]) == 4
+    out = capsys.readouterr().out
+    assert "quality-v2: INCONCLUSIVE" in out and "cannot rule out a loss of" in out
+
+
+def test_one_run_twice_is_not_a_pair(tmp_path, capsys):
+    log = str(sample_log("arith_tiny", "control"))
+    assert main(["pair", log, log]) == 2
+    assert "one run, not a pair" in capsys.readouterr().err
+    # a copy of the same run (same samples, same results file) is the same run too
+    copy = tmp_path / "copy"
+    shutil.copytree(DATA / "arith_tiny" / "control", copy)
+    assert main(["pair", log, str(copy / Path(log).name), "--change", "model_args.base_url"]) == 2
+    assert "one run, not a pair" in capsys.readouterr().err
+
+
+def test_a_proper_pair_is_paired_and_an_undeclared_difference_is_named(capsys):
+    control, candidate = str(sample_log("arith_tiny", "control")), str(sample_log("arith_tiny", "candidate"))
+    # the arms are two servers: their base_url differs, and it must be declared
+    assert main(["pair", control, candidate]) == 2
+    err = capsys.readouterr().err
+    assert "model_args.base_url" in err and "--change" in err
+    code = main(["pair", control, candidate, "--change", "model_args.base_url", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["table"]["n"] == 12 and code == EXIT[doc["quality"]["verdict"]]
+    assert doc["quality"]["rule"] == "quality-v2"
+
+
+def test_a_log_without_its_results_file_is_refused(tmp_path, capsys):
+    alone = tmp_path / sample_log("arith_tiny", "candidate").name
+    shutil.copy(sample_log("arith_tiny", "candidate"), alone)
+    assert main(["pair", str(sample_log("arith_tiny", "control")), str(alone)]) == 2
+    assert "no results_<timestamp>.json beside" in capsys.readouterr().err
+
+
+def test_make_logs_reads_the_arms_of_the_config_in_its_change_form():
+    """make_logs.py (docs/interop.md cites it) derives both arms' switches from config/config.yaml."""
+    import runpy
+
+    import yaml
+
+    env = runpy.run_path(str(DATA / "make_logs.py"), run_name="make_logs")["arm_env"]
+    cfg = yaml.safe_load((DATA.parents[2] / "config" / "config.yaml").read_text())
+    # YAML 1.1 reads the key `on` as True
+    for arm, keys in (("control", ("rollback",)), ("candidate", ("on", True))):
+        assert env(arm) == {s["env"]: str(next(s[k] for k in keys if k in s)) for s in cfg["change"]["switches"]}

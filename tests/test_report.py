@@ -16,7 +16,7 @@ from pairaudit.core.stats import paired_bootstrap_ci, paired_table
 from pairaudit.gates.boundary import boundary_v1
 from pairaudit.gates.determinism import determinism_v1
 from pairaudit.gates.grid_tie import grid_tie_v1
-from pairaudit.gates.quality import quality_v1
+from pairaudit.gates.quality import quality_v1, quality_v2
 from pairaudit.gates.speed import win2_v1
 from pairaudit.promotion import decision, figures, render
 from pairaudit.promotion import stage as report
@@ -27,8 +27,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # ------------------------------------------------------------------ builders
 
 def paired_doc(name, *, control_only=(), candidate_only=(), both=(), neither=(), fmt="gsm8k",
-               body_bad=(), unnatural_candidate=(), same_text=()):
-    """A pairaudit.paired/v1 doc whose items have exactly the given outcomes."""
+               body_bad=(), unnatural_candidate=(), same_text=(), rule="quality-v2"):
+    """A pairaudit.paired/v1 doc whose items have exactly the given outcomes, judged by ``rule``."""
     groups = [set(control_only), set(candidate_only), set(both), set(neither)]
     assert sum(map(len, groups)) == len(set().union(*groups)), "an item has two outcomes"
     idx = sorted(set().union(*groups))
@@ -45,16 +45,17 @@ def paired_doc(name, *, control_only=(), candidate_only=(), both=(), neither=(),
         kr.append({"index": i, "body_sha256": f"x{i}" if i in body_bad else f"h{i}", "response": {}, "error": None})
     table = paired_table(cs, ks, cr, kr)
     return {"schema": "pairaudit.paired/v1", "dataset": name, "format": fmt, "table": table,
-            "quality": quality_v1(table),
+            "quality": quality_v1(table) if rule == "quality-v1" else quality_v2(table),
             "bootstrap": paired_bootstrap_ci([c["correct"] for c in cs], [k["correct"] for k in ks],
                                              n_boot=200, seed=1),
             "provenance": {}}
 
 
 def passing_pair():
+    """Two datasets large enough for quality-v2 to rule out its 3-point margin (Tango bound 1.3 and 1.5 points)."""
     return {
-        "gsm8k": paired_doc("gsm8k", both=range(0, 28), neither=(28, 29), same_text=(0, 1, 2)),
-        "mbpp": paired_doc("mbpp", fmt="mbpp", both=range(100, 120), control_only=(211,),
+        "gsm8k": paired_doc("gsm8k", both=range(0, 300), neither=(300, 301), same_text=(0, 1, 2)),
+        "mbpp": paired_doc("mbpp", fmt="mbpp", both=range(1000, 1300), control_only=(211,),
                            candidate_only=(273,), neither=(230,)),
     }
 
@@ -183,10 +184,26 @@ def test_one_fail_rejects_even_with_a_failed_preflight():
 
 def test_hold_holds():
     pair = passing_pair()
-    pair["mbpp"] = paired_doc("mbpp", both=range(10), control_only=(20, 21))  # p = 0.5
+    # quality-v1 (selectable): an unresolved loss holds
+    pair["mbpp"] = paired_doc("mbpp", both=range(10), control_only=(20, 21), rule="quality-v1")  # p = 0.5
     d = decision.decide(pair, launches(), preflights(), **passing_later(pair))
     assert d["decision"] == "HOLD"
     assert d["deciding_gates"] == ["quality:mbpp"]
+    assert {"gate": "quality:mbpp", "what": "rule"} == {k: d["deviations"][0][k] for k in ("gate", "what")}
+
+
+def test_an_unresolved_loss_is_inconclusive_under_quality_v2_with_the_items_that_would_resolve_it():
+    pair = passing_pair()
+    pair["mbpp"] = paired_doc("mbpp", both=range(10), control_only=(20, 21))  # 12 items, p = 0.5
+    d = decision.decide(pair, launches(), preflights(), **passing_later(pair))
+    assert d["decision"] == "INCONCLUSIVE" and d["deciding_gates"] == ["quality:mbpp"]
+    ds = d["datasets"]["mbpp"]
+    assert ds["verdict"] == "INCONCLUSIVE" and ds["loss_bound"]["ruled_out"] is False
+    assert ds["needed"] > 12
+    assert d["gates"]["quality:mbpp"]["reasons"][0].startswith(
+        f"cannot rule out a loss of {ds['loss_bound']['upper_pct']:.1f} points with 12 items; about {ds['needed']} "
+        "items would")
+    assert d["deviations"] == []
 
 
 def test_invalid_is_inconclusive_even_when_everything_else_passes():
@@ -256,12 +273,15 @@ def test_render_markdown_has_decision_reasons_indices_and_switches():
     front = md[:md.index("## Details")]
     assert ("| quality:mbpp | INVALID | incomplete | candidate did not finish naturally at indices [230] | "
             "[details](#gate-qualitymbpp) · `paired/mbpp.json` |") in front
-    assert "| quality:gsm8k | PASS | no objection | net +0" in front
+    assert "| quality:gsm8k | PASS | no objection | loss >= 1.3 points ruled out at 97.5 %" in front
     assert "| speed | not evaluated | incomplete | its stage produced no result |" in front
     assert "### Gate quality:mbpp" in md  # the anchor the link points to
     # The campaign-report row: counts, discordant indices, McNemar p, natural finishes, verdict.
-    assert "| mbpp | 22/24 | 21/24 | indices 211, 244 | index 273 | 1 | 24/24, 23/24 | 0/24 | INVALID |" in front
-    assert "**Total** | 50/54 | 49/54 | 2 | 1 |  | 54/54, 53/54 | 3/54 |" in front
+    assert ("| mbpp | 22/24 | 21/24 | indices 211, 244 | index 273 | 1 | 24/24, 23/24 | 0/24 | quality-v2 INVALID |"
+            in front)
+    assert "**Total** | 322/326 | 321/326 | 2 | 1 |  | 326/326, 325/326 | 3/326 |" in front
+    # how the per-dataset bounds hold together over the audit
+    assert "**Over the datasets:** each dataset's loss bound is at 97.5 % (Bonferroni over 2 dataset(s))" in front
     assert "candidate did not finish naturally: index 230" in md
     assert "`PAIRAUDIT_REF_BF16_HEAD` | `0` | (unset: server default)" in md
     assert "Not evaluated: grid_tie, determinism, boundary, speed" in front
@@ -367,7 +387,7 @@ def test_plot_is_a_png(tmp_path):
 def test_paired_counts_sum_to_n():
     t = passing_pair()["mbpp"]["table"]
     c = figures.paired_counts(t)
-    assert c == {"both correct": 20, "control only": 1, "candidate only": 1, "neither": 1}
+    assert c == {"both correct": 300, "control only": 1, "candidate only": 1, "neither": 1}
     assert sum(c.values()) == t["n"]
 
 
@@ -462,8 +482,9 @@ def one_step_flip(index):
 
 
 def test_three_datasets_with_three_passing_flips_each_hold():
-    pair = {ds: paired_doc(ds, both=range(10), control_only=(20, 21, 22), candidate_only=(23, 24, 25))
+    pair = {ds: paired_doc(ds, both=range(100, 600), control_only=(20, 21, 22), candidate_only=(23, 24, 25))
             for ds in ("a", "b", "c")}
+    assert all(doc["quality"]["verdict"] == "PASS" for doc in pair.values())
     later = passing_later(pair)
     later["divergence"] = {ds: grid_tie_v1([one_step_flip(i) for i in (20, 21, 22)], selected=8, compared=8)
                            for ds in pair}
@@ -524,6 +545,9 @@ def test_informational_speed_and_looser_parameters_are_listed_as_deviations():
     assert d["decision"] == "PROMOTE"  # informational NO_WIN still does not block: but it is visible
     assert d["deviations"] == [
         {"gate": "quality:mbpp", "what": "parameter max_net_loss", "detail": "used 1, registered 0"},
+        {"gate": "quality:mbpp", "what": "rule",
+         "detail": "rules.quality.rule quality-v1 instead of the default quality-v2 (quality-v1 passes any net >= 0, "
+                   "so a table too small to see a loss passes as if it had ruled one out)"},
         {"gate": "speed", "what": "informational",
          "detail": "configured informational (speed.informational: true): only a LOSS of this gate gates the "
                    "decision; its verdict NO_WIN neither allowed nor blocked PROMOTE"},

@@ -12,7 +12,7 @@ from pairaudit.gates.boundary import boundary_missing_cases, boundary_v1
 from pairaudit.gates.determinism import determinism_v1
 from pairaudit.gates.grid_tie import PROBE_CLAUSES, fp32_gap_tolerance, grid_tie_audit, grid_tie_probe, grid_tie_v1
 from pairaudit.gates.promotion import promotion_v1
-from pairaudit.gates.quality import quality_v1
+from pairaudit.gates.quality import quality_v1, quality_v2
 from pairaudit.gates.speed import win2_v1
 
 # ------------------------------------------------------------------ quality-v1
@@ -953,3 +953,123 @@ def test_boundary_required_cases_and_schema_refuses_a_config_without_the_tail():
     del dflt["boundary"]["tail_offsets"]
     validate(dflt, schema)
     assert dflt["boundary"]["tail_offsets"] == [16, 32]
+
+
+# ------------------------------------------------------------------ quality-v2
+
+def test_tango_bound_known_answers():
+    from pairaudit.core.stats import loss_upper_bound
+
+    # Fagerland, Lydersen & Laake (2014), the paired example (n = 21, b = 1, c = 7): Tango's 95 % score
+    # interval of p12 - p21 is (-0.517, -0.026); its ends are the one-sided 97.5 % bounds
+    assert loss_upper_bound(1, 7, 21, 0.975) == pytest.approx(-0.0260, abs=5e-4)
+    assert -loss_upper_bound(7, 1, 21, 0.975) == pytest.approx(-0.5172, abs=5e-4)
+    # no discordant item: the bound solves n d / (1 - d) = z^2, d = z^2 / (n + z^2)
+    z = 1.6448536269514722
+    assert loss_upper_bound(0, 0, 60, 0.95) == pytest.approx(z * z / (60 + z * z), rel=1e-6)
+
+
+def test_tango_restricted_mle_is_the_numerical_maximum():
+    """The closed-form nuisance estimate is the likelihood's maximum under loss = delta (checked numerically)."""
+    import math
+
+    from scipy import optimize
+
+    from pairaudit.core import stats
+
+    for b, c, n, d in ((3, 4, 60, 0.05), (6, 4, 32, 0.2), (0, 5, 40, 0.1), (10, 0, 50, 0.3)):
+        m = n - b - c
+
+        def nll(q):
+            return -(b * math.log(q + d) + c * math.log(q) + m * math.log(1 - 2 * q - d))
+
+        best = optimize.minimize_scalar(nll, bounds=(1e-12, (1 - d) / 2 - 1e-12), method="bounded",
+                                        options={"xatol": 1e-12}).x
+        z = (b - c - n * d) / math.sqrt(n * (2 * best + d * (1 - d)))
+        assert float(stats.tango_score(b, c, n, d)) == pytest.approx(z, rel=1e-5)
+
+
+def test_quality_v2_sixty_items_net_plus_one_and_two_is_inconclusive_with_the_items_needed():
+    """The GPU audit's tables: 60 items, net +1 and +2 -- quality-v1 passed both; v2 cannot rule out its margin."""
+    from pairaudit.core.stats import noninferiority_items
+
+    for co, ko in ((3, 4), (2, 4)):
+        t = make_table(control_only=co, candidate_only=ko, both=30, neither=60 - 30 - co - ko)
+        assert quality_v1(t)["verdict"] == "PASS"
+        r = quality_v2(t, datasets=2)
+        assert r["rule"] == "quality-v2" and r["verdict"] == "INCONCLUSIVE"
+        assert r["loss_bound"]["level"] == pytest.approx(0.975) and r["loss_bound"]["upper_pct"] > 3.0
+        want = noninferiority_items(0.03, (co + ko) / 60, level=0.975)["items"]
+        assert r["needed"]["items"] == want and want > 60
+        assert r["reasons"][0].startswith(f"cannot rule out a loss of {r['loss_bound']['upper_pct']:.1f} points "
+                                          f"with 60 items; about {want} items would")
+
+
+def test_quality_v2_a_large_audit_with_a_small_loss_passes():
+    t = make_table(control_only=40, candidate_only=30, both=600, neither=330)   # 1000 items, loss 1 point
+    r = quality_v2(t, datasets=2)
+    assert r["verdict"] == "PASS" and r["loss_bound"]["ruled_out"] is True
+    assert 1.0 < r["loss_bound"]["upper_pct"] < 3.0
+    assert r["reasons"][0].startswith(f"loss >= {r['loss_bound']['upper_pct']:.1f} points ruled out at 97.5 %")
+    # the same loss on 100 items rules nothing out
+    small = quality_v2(make_table(control_only=4, candidate_only=3, both=60, neither=33), datasets=2)
+    assert small["verdict"] == "INCONCLUSIVE"
+
+
+def test_quality_v2_a_significant_loss_fails_and_a_significant_loss_within_the_margin_passes():
+    r = quality_v2(make_table(control_only=12, candidate_only=0, both=30, neither=18))
+    assert r["verdict"] == "FAIL" and r["mcnemar_p"] < 0.05 and "candidate worse" in r["reasons"][0]
+    # 20,000 items, loss 1 point, significant, bound below 3: the margin accepts it (said so)
+    big = quality_v2(make_table(control_only=400, candidate_only=200, both=15000, neither=4400))
+    assert big["mcnemar_p"] < 1e-6 and big["verdict"] == "PASS"
+    assert any("significant" in x for x in big["reasons"])
+
+
+def test_quality_v2_invalid_and_parameters():
+    assert quality_v2(make_table(1, 1, unnatural={"candidate": (0,)}))["verdict"] == "INVALID"
+    t = make_table(control_only=2, candidate_only=2, both=200, neither=96)
+    r = quality_v2(t)
+    assert r["deviations"] == {} and r["multiplicity"] == {"method": "bonferroni", "datasets": 1,
+                                                           "family_level": 0.95, "per_dataset_level": 0.95}
+    wide = quality_v2(t, margin_pct=10.0)
+    assert wide["deviations"] == {"margin_pct": {"registered": 3.0, "used": 10.0}}
+    # Bonferroni: more datasets, each bound higher
+    b1, b3 = quality_v2(t, datasets=1)["loss_bound"], quality_v2(t, datasets=3)["loss_bound"]
+    assert b3["level"] == pytest.approx(1 - 0.05 / 3) and b3["upper_pct"] > b1["upper_pct"]
+    with pytest.raises(ValueError):
+        quality_v2(t, datasets=0)
+
+
+def test_quality_v2_pass_is_exactly_the_bound_below_the_margin():
+    from pairaudit.core.stats import loss_upper_bound
+
+    for n, b, c in ((200, 5, 5), (300, 3, 1), (150, 0, 0), (400, 12, 6), (1000, 30, 25)):
+        t = make_table(control_only=b, candidate_only=c, both=n - b - c, neither=0)
+        r = quality_v2(t)
+        assert (r["verdict"] == "PASS") == (loss_upper_bound(b, c, n, 0.95) < 0.03), (n, b, c)
+
+
+def test_the_default_audits_margin_is_the_smallest_its_32_items_resolve_and_its_measured_tables():
+    """config/config.yaml's margin (docs/default-audit.md): 32 items reach power 0.8 at discordance 0.25 for
+    27 points, not 26; on the measured default tables both datasets rule 27 out, algebra by 0.6 points."""
+    from pathlib import Path
+
+    import yaml
+
+    from pairaudit.core.stats import noninferiority_items
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "config.yaml").read_text())
+    q = cfg["rules"]["quality"]
+    assert q["rule"] == "quality-v2" and q["margin_pct"] == 27.0
+    assert noninferiority_items(0.27, 0.25, level=0.975)["items"] <= 32 < noninferiority_items(0.26, 0.25,
+                                                                                               level=0.975)["items"]
+    arith = quality_v2(make_table(control_only=2, candidate_only=6, both=8, neither=16), margin_pct=27.0, datasets=2)
+    algebra = quality_v2(make_table(control_only=6, candidate_only=4, both=6, neither=16), margin_pct=27.0,
+                         datasets=2)
+    assert arith["verdict"] == algebra["verdict"] == "PASS"
+    assert round(arith["loss_bound"]["upper_pct"], 1) == 5.6 and round(algebra["loss_bound"]["upper_pct"], 1) == 26.4
+    assert arith["reasons"][0].startswith("loss >= 5.6 points ruled out at 97.5 %")
+    assert arith["deviations"] == {"margin_pct": {"registered": 3.0, "used": 27.0}}
+    # at the registered margin the same tables rule nothing out
+    assert quality_v2(make_table(control_only=6, candidate_only=4, both=6, neither=16), datasets=2)["verdict"] == \
+        "INCONCLUSIVE"

@@ -4,6 +4,7 @@ import functools
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pairaudit import gates
@@ -185,3 +186,68 @@ def test_load_check_uses_the_audits_calibration_when_it_has_one(tmp_path):
     assert len(notes) == 1 and notes[0].startswith(f"datasets[0] (arith): {floor} selected items cannot see")
     assert f"at the discordance its A/A calibration default-calibration measured (0.3): that needs {measured} items" \
         in notes[0]
+
+
+# ------------------------------------------------------------ quality-v2: ruling out the margin
+
+def test_pass_limits_are_the_rules_own_pass_region():
+    """For every k, the bisected limit separates quality-v2's PASS from the rest (checked b by b)."""
+    from pairaudit.core import stats as st
+
+    for n, margin, level in ((40, 0.25, 0.975), (200, 0.05, 0.95), (120, 0.1, 0.9833)):
+        ks = np.arange(0, n + 1)
+        lim = st.pass_limits(ks, n, margin, level)
+        for k in ks[::9]:
+            for b in range(k + 1):
+                # the rule's PASS (a few tables), else the Tango bound itself against the margin
+                if b % 5 == 0 and k < 30:
+                    want = gates.quality_v2(table(b, k - b, n), margin_pct=100 * margin,
+                                            level=level)["verdict"] == "PASS"
+                else:
+                    want = st.loss_upper_bound(b, k - b, n, level) < margin
+                assert (b <= lim[k]) == want, (n, k, b)
+
+
+def test_noninferiority_power_is_the_brute_force_sum():
+    from scipy import stats as sst
+
+    from pairaudit.core import stats as st
+
+    n, margin, d, level = 50, 0.2, 0.3, 0.975
+    total = 0.0
+    for b in range(n + 1):
+        for c in range(n + 1 - b):
+            if st.noninferiority_pass(b, c, n, margin, level):
+                total += sst.multinomial.pmf([b, c, n - b - c], n, [d / 2, d / 2, 1 - d])
+    assert st.noninferiority_power(n, margin, d, level=level) == pytest.approx(total, rel=1e-9)
+
+
+def test_noninferiority_items_reach_the_power_and_fewer_do_not():
+    from pairaudit.core import stats as st
+
+    for margin, d in ((0.05, 0.1), (0.25, 0.25), (0.03, 0.0)):
+        plan = st.noninferiority_items(margin, d, level=0.975)
+        n = plan["items"]
+        assert plan["power"] >= 0.8
+        assert all(st.noninferiority_power(m, margin, d, level=0.975) >= 0.8 for m in range(n, n + 20))
+        assert st.noninferiority_power(n - 1, margin, d, level=0.975) < 0.8
+    assert st.noninferiority_items(0.05, 0.1, level=0.975, loss=0.05)["items"] is None   # loss at the margin
+
+
+def test_the_margin_note_names_the_dataset_and_the_items_it_would_need():
+    from pairaudit.configcheck import check_config
+
+    cfg = _config(None, count=32)
+    cfg["rules"]["quality"]["margin_pct"] = 3.0
+    res = check_config(cfg, base_dir=REPO)
+    from pairaudit.quality import sizing
+
+    notes = [n for n in res.notes if "rules.quality.margin_pct" in n]
+    expected = sizing.expected_discordance(REPO, audit=cfg["audit"])
+    want = sizing.margin_items(3.0, expected.rate("arith"), 0.95, len(cfg["datasets"]))["items"]
+    assert notes and all("too few for quality-v2" in n for n in notes)
+    assert any("(arith): 32 selected items" in n and f"about {want} items" in n for n in notes)
+    cfg["rules"]["quality"]["margin_pct"] = 40.0     # a margin 32 items resolve: no note
+    assert not [n for n in check_config(cfg, base_dir=REPO).notes if "rules.quality.margin_pct" in n]
+    cfg["rules"]["quality"]["rule"] = "quality-v1"     # quality-v1 has no margin to note
+    assert not [n for n in check_config(cfg, base_dir=REPO).notes if "rules.quality.margin_pct" in n]

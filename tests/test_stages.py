@@ -119,7 +119,7 @@ def test_score_stage_refuses_a_dataset_changed_after_sampling(audit, tmp_path):
 
 # ---------------------------------------------------------------- paired
 
-def test_paired_identical_arms_pass(audit, tmp_path):
+def test_paired_identical_arms_are_inconclusive_on_four_items(audit, tmp_path):
     paths = audit(dict(CONTROL))
     doc = paired(paths, tmp_path)
     assert doc["schema"] == "pairaudit.paired/v1" and doc["dataset"] == "gsm_hand" and doc["format"] == "gsm8k"
@@ -128,14 +128,19 @@ def test_paired_identical_arms_pass(audit, tmp_path):
     assert t["control_only"] == [] and t["candidate_only"] == []
     assert t["exact_text_matches"] == 4 and t["bodies_identical"]
     assert t["natural_finish"] == {"control": 4, "candidate": 4}
-    assert doc["quality"]["rule"] == "quality-v1" and doc["quality"]["verdict"] == "PASS"
+    # quality-v2 (the default): 4 identical items cannot rule out a loss of 3 points
+    assert doc["quality"]["rule"] == "quality-v2" and doc["quality"]["verdict"] == "INCONCLUSIVE"
+    assert doc["quality"]["reasons"][0].startswith("cannot rule out a loss of")
     assert artifacts.read_json(tmp_path / "paired" / "gsm_hand.json") == doc
     consumed = doc["provenance"]["consumed"]
     assert set(consumed) == {paths["dataset"], *paths["sampled"].values(), *paths["scores"].values()}
-    assert doc["provenance"]["params"] == {"quality": {"max_net_loss": 0, "alpha": 0.05}}
+    assert doc["provenance"]["params"] == {"quality": {"max_net_loss": 0, "alpha": 0.05}, "datasets": 1}
+    # quality-v1, selected, passes the same table (net 0)
+    v1 = paired(paths, tmp_path, rule="quality-v1", max_net_loss=0, alpha=0.05)
+    assert v1["quality"]["rule"] == "quality-v1" and v1["quality"]["verdict"] == "PASS"
 
 
-def test_paired_candidate_loss_is_hold_with_indices(audit, tmp_path):
+def test_paired_candidate_loss_is_inconclusive_with_indices(audit, tmp_path):
     cand = {**CONTROL, 2: "10 - 3 = 6\n#### 6", 3: "6 + 6 = 12. So 12."}  # two strict misses
     paths = audit(cand)
     doc = paired(paths, tmp_path)
@@ -144,9 +149,12 @@ def test_paired_candidate_loss_is_hold_with_indices(audit, tmp_path):
     assert t["exact_text_matches"] == 2 and t["exact_text_match_indices"] == [0, 1]
     assert t["mcnemar_p"] == pytest.approx(0.5)
     q = doc["quality"]
-    assert q["verdict"] == "HOLD" and q["net"] == -2  # worse, but p=0.5 >= 0.05: unresolved, not FAIL
+    # worse, but p=0.5 >= 0.05: not shown, and not ruled out either (quality-v2)
+    assert q["verdict"] == "INCONCLUSIVE" and q["net"] == -2
+    v1 = paired(paths, tmp_path, rule="quality-v1", max_net_loss=0, alpha=0.05)["quality"]
+    assert v1["verdict"] == "HOLD"   # quality-v1: an unresolved loss holds
     # the registered allowance is a parameter; using it is recorded as a deviation
-    doc2 = paired(paths, tmp_path, max_net_loss=2, alpha=0.05)
+    doc2 = paired(paths, tmp_path, rule="quality-v1", max_net_loss=2, alpha=0.05)
     assert doc2["quality"]["verdict"] == "PASS" and "max_net_loss" in doc2["quality"]["deviations"]
 
 

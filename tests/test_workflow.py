@@ -99,11 +99,20 @@ def test_identical_arms_give_identical_answers_and_pass(tiny):
         paired = json.loads((res / "paired" / f"{ds}.json").read_text())
         assert paired["table"]["exact_text_matches"] == paired["table"]["n"]
         assert paired["table"]["bodies_identical"] is True
-        assert paired["quality"]["verdict"] in ("PASS", "INVALID")
-        if paired["quality"]["verdict"] == "INVALID":  # only an unnatural finish may make it so
+        # quality-v2: a server against itself loses nothing here, but 2-3 items cannot rule out a loss of
+        # 3 points (the bound with no discordant item is z^2 / (n + z^2), over 50 points): INCONCLUSIVE,
+        # with the items that would (quality-v1 passed these tables as if they had ruled a loss out)
+        q = paired["quality"]
+        assert q["rule"] == "quality-v2" and q["verdict"] in ("INCONCLUSIVE", "INVALID")
+        assert q["multiplicity"]["datasets"] == 2 and q["loss_bound"]["level"] == 0.975
+        if q["verdict"] == "INVALID":  # only an unnatural finish may make it so
             assert paired["table"]["unnatural_finish_indices"]["control"]
         else:
             assert paired["table"]["control_only"] == [] and paired["table"]["candidate_only"] == []
+            n = paired["table"]["n"]
+            assert q["loss_bound"]["upper_pct"] > 50 and q["needed"]["items"] > n
+            assert q["reasons"][0].startswith(f"cannot rule out a loss of {q['loss_bound']['upper_pct']:.1f} "
+                                              f"points with {n} items; about {q['needed']['items']} items would")
         divergence = json.loads((res / "divergence" / f"{ds}.json").read_text())
         assert divergence["items"] and not any(d["diverged"] for d in divergence["divergences"])
         assert divergence["grid_tie"]["verdict"] == "PASS" and divergence["determinism"]["verdict"] == "PASS"
@@ -119,8 +128,8 @@ def test_identical_arms_give_identical_answers_and_pass(tiny):
     assert all(c[arm]["ttft_s"] > 0 and c[arm]["finish_reason"] == "stop" and c[arm]["extracted"] == c["planted"]
                for c in cases for arm in ("control", "candidate"))
     assert set(decision["evidence"]["speed"]["cells"]) == {c["name"] for c in config["speed"]["cells"]}
-    # Identical arms: every gate but speed must pass (quality may be INVALID only
-    # through an unnatural finish, checked above); speed is a noisy measurement
+    # Identical arms: every gate but quality (too few items to rule out the margin,
+    # checked above) and speed must pass; speed is a noisy measurement
     # of nothing, marked informational in the tiny config, so only a noise LOSS
     # could gate -- the decision must be exactly what promotion-v1 makes of them.
     for name, gate in decision["gates"].items():
@@ -131,6 +140,7 @@ def test_identical_arms_give_identical_answers_and_pass(tiny):
                 for n, g in decision["gates"].items()}
     # identical arms: no change under audit, whatever the gates found
     assert decision["decision"] == "INCONCLUSIVE" and decision["reasons"][0].startswith("no change under audit")
+    assert decision["multiplicity"]["method"] == "bonferroni" and decision["multiplicity"]["datasets"] == 2
     assert decision["gate_verdict"] == gates.promotion_v1(verdicts)["verdict"]
     # the phases: one answers start per arm, at most three diagnostics starts, the bracket's three
     starts = [json.loads(line) for line in (res / "servers" / "starts.jsonl").read_text().splitlines()]

@@ -1,7 +1,14 @@
-"""Pair two lm-eval sample logs by doc_id and judge them by quality-v1, with no server.
+"""Pair two lm-eval sample logs by doc_id and judge them by the quality rule, with no server.
 
-``pairaudit pair CONTROL_SAMPLES CANDIDATE_SAMPLES [--metric exact_match] [--filter F] [--max-net-loss 0]
-[--alpha 0.05] [--json]``
+``pairaudit pair CONTROL_SAMPLES CANDIDATE_SAMPLES [--change FIELD ...] [--metric exact_match] [--filter F]
+[--rule quality-v2] [--margin 3] [--level 0.95] [--max-net-loss 0] [--alpha 0.05] [--json]``
+
+First, the two runs must be a pair: ``pair X X`` (one run twice) is refused,
+and so are runs whose ``results_*.json`` (read beside each sample log)
+record different model arguments, seeds, generation settings or task
+versions, except the fields declared with ``--change`` (e.g. ``--change
+model_args.base_url`` when the arms are two servers): the refusal names
+every field that differs.
 
 The two ``samples_<task>_<timestamp>.jsonl`` files lm-eval's ``--log_samples``
 wrote (or pairaudit's export) are read on one filter and one 0/1 metric,
@@ -9,8 +16,9 @@ checked to hold the same documents, prompts, targets and generation
 arguments (refused otherwise, naming the doc_ids), and paired by
 ``pairaudit.interop.lmeval.pair_logs``: the paired table, the exact McNemar
 p, the paired bootstrap interval, the minimum detectable loss and
-quality-v1's verdict, by the code the audit's paired stage runs. Exit: PASS
-0, FAIL 1, HOLD 3, INVALID 4; 2 when a log is refused.
+the quality rule's verdict, by the code the audit's paired stage runs. Exit: PASS
+0, FAIL 1, HOLD 3 (quality-v1), INCONCLUSIVE and INVALID 4; 2 when a log is refused or the runs
+are not a pair.
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ from pairaudit.interop import lmeval
 
 from .codes import EXIT, REFUSED
 
-HELP = "pair two lm-eval sample logs by doc_id: McNemar, bootstrap, detectable loss, quality-v1 (PASS 0, FAIL 1)"
+HELP = ("pair two lm-eval runs by doc_id (refused unless they differ only in --change): McNemar, bootstrap, "
+        "the loss bound, quality-v2 (PASS 0, FAIL 1, INCONCLUSIVE 4, refused 2)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,8 +41,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metric", default=lmeval.METRIC, help="a 0/1 per-sample metric (default exact_match)")
     p.add_argument("--filter", default=None,
                    help="the filter whose lines are paired (default: the log's only one, else strict-match)")
+    p.add_argument("--change", action="append", default=[], metavar="FIELD",
+                   help="a results-file field the change under audit may differ in (repeatable), e.g. "
+                        "model_args.base_url; every other recorded setting must be equal")
+    p.add_argument("--rule", choices=("quality-v2", "quality-v1"), default="quality-v2", help="quality rule")
+    p.add_argument("--margin", type=float, default=None, help="quality-v2's margin, points (registered 3)")
+    p.add_argument("--level", type=float, default=None, help="quality-v2's one-sided confidence (0.95)")
     p.add_argument("--max-net-loss", type=int, default=0, help="quality-v1's tolerated net loss in items (0)")
-    p.add_argument("--alpha", type=float, default=0.05, help="quality-v1's McNemar level (0.05)")
+    p.add_argument("--alpha", type=float, default=0.05, help="the McNemar level of the FAIL clause (0.05)")
     p.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples (2000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (0)")
     p.add_argument("--json", action="store_true", help="print the whole result as JSON")
@@ -67,7 +82,7 @@ def report(res: lmeval.PairedLogs) -> str:
     else:
         out.append(f"minimum detectable loss: {mde['net_loss']} documents ({100 * mde['rate']:.1f} %) at alpha "
                    f"{q['params']['alpha']}, power 0.8; a smaller loss can go unseen")
-    out += ["", f"quality-v1: {q['verdict']}"] + [f"  - {r}" for r in q["reasons"]]
+    out += ["", f"{q['rule']}: {q['verdict']}"] + [f"  - {r}" for r in q["reasons"]]
     out += [f"not checked: {x}" for x in res.not_checked]
     return "\n".join(out)
 
@@ -75,7 +90,9 @@ def report(res: lmeval.PairedLogs) -> str:
 def run(args: argparse.Namespace) -> int:
     try:
         res = lmeval.pair_logs(args.control, args.candidate, metric=args.metric, filter=args.filter,
-                               max_net_loss=args.max_net_loss, alpha=args.alpha, n_boot=args.n_boot, seed=args.seed)
+                               rule=args.rule, margin_pct=args.margin, level=args.level,
+                               max_net_loss=args.max_net_loss, alpha=args.alpha, n_boot=args.n_boot, seed=args.seed,
+                               change=args.change)
     except (lmeval.LmEvalLogError, ValueError) as exc:
         print(f"pairaudit pair: refused: {exc}", file=sys.stderr)
         return REFUSED

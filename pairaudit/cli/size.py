@@ -1,7 +1,18 @@
-"""Items per dataset for quality-v1 (exact McNemar) to see a net loss at alpha with a given power.
+"""Items per dataset the quality rules need: quality-v2 to rule out its margin, or quality-v1 to see a loss.
+
+``pairaudit size [--margin PCT] [--level 0.95] [--datasets D] [--discordance D | --calibration FILE [--of AUDIT]]
+[--power 0.8] [--json]`` (quality-v2, the default rule): the items per dataset
+for the Tango bound on the candidate's loss to fall below the margin with
+the given power when the candidate loses nothing, at the per-dataset level
+1 - (1 - level) / datasets (Bonferroni), by the arithmetic of the rule's own
+"about M items would" (``stats.noninferiority_items``). Margin, level and
+dataset count default to ``config/config.yaml`` here (else the registered
+values); the discordance, when not given, is what the last audit in
+``results/ledger.jsonl`` observed per dataset, else the host's latest A/A
+calibration in ``results/calibrations.jsonl``, else a stated default (0.25).
 
 ``pairaudit size --loss PCT (--discordance D | --calibration results/calibrations.jsonl [--of AUDIT])
-[--alpha 0.05] [--power 0.8] [--max-net-loss 0] [--json]``
+[--alpha 0.05] [--power 0.8] [--max-net-loss 0] [--json]`` (quality-v1's FAIL clause):
 
 The model (``pairaudit.quality.sizing``): each item is discordant (one arm
 right, the other wrong) with probability D, the discordance; the net loss
@@ -25,12 +36,17 @@ from pairaudit.quality import sizing
 
 from .codes import OK, REFUSED
 
-HELP = "items per dataset the exact McNemar test of quality-v1 needs to see a net loss (exact binomial power)"
+HELP = ("items per dataset quality-v2 needs to rule out its margin (default), or quality-v1's McNemar test to see "
+        "a net loss (--loss)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--loss", type=float, required=True, metavar="PCT", help="net loss to see, percentage points")
-    src = p.add_mutually_exclusive_group(required=True)
+    p.add_argument("--loss", type=float, metavar="PCT",
+                   help="quality-v1: the net loss to see, percentage points (needs --discordance or --calibration)")
+    p.add_argument("--margin", type=float, metavar="PCT", help="quality-v2: the loss to rule out (config's margin_pct)")
+    p.add_argument("--level", type=float, help="quality-v2: the audit's one-sided confidence (config's, 0.95)")
+    p.add_argument("--datasets", type=int, help="quality-v2: datasets in the audit, for Bonferroni (config's count)")
+    src = p.add_mutually_exclusive_group()
     src.add_argument("--discordance", type=float, metavar="D", help="expected fraction of discordant items (0..1]")
     src.add_argument("--calibration", metavar="FILE", help="take D per dataset from the latest calibration in FILE")
     p.add_argument("--of", dest="of_audit", metavar="AUDIT", help="with --calibration: the calibration of this audit")
@@ -51,7 +67,67 @@ def _line(label: str, plan: sizing.SizePlan) -> str:
     return f"{head}: {plan.items} items (power {plan.items_power:.4f}){dip}"
 
 
+def _config_quality() -> tuple[dict, int | None]:
+    """rules.quality and the dataset count of config/config.yaml in this directory ({} and None without one)."""
+    try:
+        import yaml
+
+        cfg = yaml.safe_load(open("config/config.yaml", encoding="utf-8")) or {}
+    except (OSError, ValueError):
+        return {}, None
+    if not isinstance(cfg, dict):
+        return {}, None
+    quality = ((cfg.get("rules") or {}).get("quality") or {})
+    return (quality if isinstance(quality, dict) else {}), (len(cfg.get("datasets") or []) or None)
+
+
+def run_margin(args: argparse.Namespace) -> int:
+    from pairaudit import gates
+
+    quality, count = _config_quality()
+    margin = args.margin if args.margin is not None else float(quality.get("margin_pct", gates.QUALITY_V2["margin_pct"]))
+    level = args.level if args.level is not None else float(quality.get("level", gates.QUALITY_V2["level"]))
+    family = args.datasets if args.datasets is not None else (count or 1)
+    try:
+        if not 0 < margin <= 100 or not 0.5 < level < 1 or family < 1:
+            raise sizing.SizingError(f"need 0 < --margin <= 100, 0.5 < --level < 1, --datasets >= 1; got {margin}, "
+                                     f"{level}, {family}")
+        if args.discordance is not None:
+            if not 0 <= args.discordance <= 1:
+                raise sizing.SizingError(f"--discordance must be in [0, 1], got {args.discordance}")
+            expected = sizing.ExpectedDiscordance("--discordance", {}, default=args.discordance)
+        elif args.calibration:
+            cal = sizing.calibrated_discordance(args.calibration, of_audit=args.of_audit)
+            expected = sizing.ExpectedDiscordance(f"A/A calibration {cal.audit} ({cal.summary_path})",
+                                                  {d: a / n for d, (a, n) in cal.datasets.items() if n})
+        else:
+            expected = sizing.expected_discordance(".")
+    except sizing.SizingError as exc:
+        print(f"pairaudit size: {exc}", file=sys.stderr)
+        return REFUSED
+    names: list[str | None] = list(sorted(expected.rates)) or [None]
+    plans = {ds: sizing.margin_items(margin, expected.rate(ds), level, family, args.power) for ds in names}
+    each = gates.per_dataset_level(level, family)
+    if args.json:
+        print(json.dumps({"rule": "quality-v2", "margin_pct": margin, "level": level, "datasets": family,
+                          "per_dataset_level": each, "discordance_source": expected.source,
+                          "plans": {ds or "items": p for ds, p in plans.items()}}, indent=1))
+        return OK
+    print(f"quality-v2: items per dataset to rule out a loss of {margin:g} points at {100 * each:.4g} % per dataset "
+          f"({100 * level:.4g} % over {family} dataset(s), Bonferroni), power {args.power:g}, if the candidate loses "
+          f"nothing; discordance from {expected.source}:")
+    for ds, plan in plans.items():
+        many = f"about {plan['items']} items" if plan["items"] is not None else f"more than {plan['max_items']} items"
+        print(f"  {ds or 'each dataset'} (discordance {expected.rate(ds):.3g}): {many}")
+    return OK
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.loss is None:
+        return run_margin(args)
+    if args.discordance is None and not args.calibration:
+        print("pairaudit size: --loss needs --discordance or --calibration", file=sys.stderr)
+        return REFUSED
     kw = dict(alpha=args.alpha, power=args.power, max_net_loss=args.max_net_loss, max_items=args.max_items)
     try:
         if args.discordance is not None:

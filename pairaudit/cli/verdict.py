@@ -94,11 +94,8 @@ def _idx(xs: Any) -> str:
     return ", ".join(map(str, xs)) if xs else "none"
 
 
-def _mde(ds: Mapping[str, Any]) -> str:
-    mde = ds.get("mde") or {}
-    if mde.get("net_loss") is None:
-        return "cannot show a loss" if mde else "n/a"
-    return f">= {mde['net_loss']} items ({100 * mde['rate']:.1f} %)"
+def _rule(ds: Mapping[str, Any]) -> str:
+    return str(ds.get("rule") or "quality")
 
 
 def _also_short(decision: Decision) -> list[str]:
@@ -135,7 +132,9 @@ def front_page_text(decision: Decision, source: str) -> str:
             out.append(f"  {name}: n={n}, control {ds.get('control_correct')}/{n}, candidate "
                        f"{ds.get('candidate_correct')}/{n}, control-only {ds.get('control_only')}, candidate-only "
                        f"{ds.get('candidate_only')}, McNemar p={'n/a' if p is None else f'{p:.4g}'}, "
-                       f"detectable loss {_mde(ds)}, quality-v1 {ds.get('verdict')}")
+                       f"{_rule(ds)} {ds.get('verdict')}: {render.loss_text(ds)}")
+    if render.multiplicity_line(decision):
+        out.append(f"over the datasets: {render.multiplicity_line(decision)}")
     return "\n".join(out)
 
 
@@ -159,13 +158,16 @@ def front_page_markdown(decision: Decision, source: str, sha256: str | None = No
         out += [f"| {cell(d.get('gate', ''))} | {cell(d.get('what', ''))} | {cell(d.get('detail', ''))} |" for d in devs]
     datasets = decision.get("datasets") or {}
     if datasets:
-        out += ["", "| Dataset | control | candidate | control-only | candidate-only | McNemar p | detectable loss | "
-                    "quality-v1 |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        out += ["", "| Dataset | control | candidate | control-only | candidate-only | McNemar p | quality | loss |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for name, ds in datasets.items():
             n, p = ds.get("n"), ds.get("mcnemar_p")
             out.append(f"| {cell(name)} | {ds.get('control_correct')}/{n} | {ds.get('candidate_correct')}/{n} | "
                        f"{_idx(ds.get('control_only'))} | {_idx(ds.get('candidate_only'))} | "
-                       f"{'n/a' if p is None else f'{p:.4g}'} | {_mde(ds)} | {cell(ds.get('verdict'))} |")
+                       f"{'n/a' if p is None else f'{p:.4g}'} | {cell(_rule(ds))} {cell(ds.get('verdict'))} | "
+                       f"{cell(render.loss_text(ds))} |")
+        if render.multiplicity_line(decision):
+            out += ["", f"Over the datasets: {cell(render.multiplicity_line(decision))}."]
     ne = decision.get("not_evaluated") or []
     out += ["", f"Not evaluated: {', '.join(ne) if ne else 'none'}.",
             f"Source: `{source}`" + (f" (sha256 `{sha256[:12]}`)" if sha256 else "") + "."]

@@ -420,7 +420,13 @@ class Decision(TypedDict, total=False):
      "gates": {name: None | {"rule", "verdict", "outcome", "reasons": [every reason],
                              "deviations": {...}, ...key numbers of that rule}},
      "not_evaluated": [str, ...],
-     "datasets": {name: {"format", "n", "indices", "control_correct", "candidate_correct",
+     "multiplicity": None | {"gates": "quality", "method": "bonferroni", "datasets", "family_level",
+                             "per_dataset_level", "statement"},   # how quality-v2's per-dataset bounds hold
+                                     # together over the audit; None when no quality-v2 gate decided
+     "datasets": {name: {"format", "n", "indices", "rule", "control_correct", "candidate_correct",
+                         "loss_bound": None | {"method", "level", "upper_pct", "loss_pct", "margin_pct",
+                                               "ruled_out"},          # quality-v2's Tango bound
+                         "needed": int | None,   # quality-v2 INCONCLUSIVE: about how many items would rule out the margin
                          "control_only": [int], "candidate_only": [int], "net", "mcnemar_p",
                          "exact_text_matches", "natural_finish": {arm: int},
                          "bodies_identical", "verdict",
@@ -460,6 +466,7 @@ class Decision(TypedDict, total=False):
     deviations: list[dict]          # every loosening: {gate, what, detail}
     gates: dict                     # name -> None | {rule, verdict, outcome, reasons, deviations, key numbers}
     not_evaluated: list[str]
+    multiplicity: dict | None       # quality-v2: Bonferroni over the datasets (method, levels, statement)
     datasets: dict                  # name -> the paired summary: counts, only-control/candidate, mcnemar_p, mde, ...
     arms: dict                      # arm -> mode, spec_sha256, env, command, model, max_model_len, packages, ...
     switch_diff: list[dict]         # {name, control, candidate}; None = not set by that arm

@@ -306,3 +306,194 @@ def minimum_detectable_loss(n: int, discordant: int, *, alpha: float = 0.05, pow
             out.update(net_loss=d, rate=delta, power=pw)
             break
     return out
+
+
+# ------------------------------------------- the paired loss's confidence bound
+
+def _check_counts(b: int, c: int, n: int) -> None:
+    for name, v in (("b", b), ("c", c), ("n", n)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
+    if b + c > n:
+        raise ValueError(f"discordant items b + c = {b + c} exceed the items n = {n}")
+
+
+def tango_score(b: Any, c: Any, n: Any, delta: Any) -> Any:
+    """Tango's score statistic for H0: loss = delta on a paired table (numpy-broadcast over its inputs).
+
+    The loss is accuracy(control) - accuracy(candidate) = (b - c) / n, with
+    b the control-only and c the candidate-only items (Tango's p12 - p21).
+    Under H0 the nuisance p21 (the chance of a candidate-only item) is its
+    maximum-likelihood estimate restricted to loss = delta, the positive
+    root of 2n q^2 + (-b - c + (2n - b + c) delta) q - c delta (1 - delta) = 0;
+    then Z = (b - c - n delta) / sqrt(n (2 q + delta (1 - delta))).
+    Tango T. (1998), Statistics in Medicine 17:891-908 (with the 1999
+    correction, 18:3511-3513). Z falls as delta grows.
+    """
+    b, c, n, d = (np.asarray(x, dtype=float) for x in (b, c, n, delta))
+    a2 = 2.0 * n
+    bq = -b - c + (2.0 * n - b + c) * d
+    cq = -c * d * (1.0 - d)
+    q = (np.sqrt(np.maximum(bq * bq - 4.0 * a2 * cq, 0.0)) - bq) / (2.0 * a2)
+    var = n * (2.0 * q + d * (1.0 - d))
+    num = b - c - n * d
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(var > 0, num / np.sqrt(np.where(var > 0, var, 1.0)),
+                     np.where(num > 0, np.inf, np.where(num < 0, -np.inf, 0.0)))
+    return z
+
+
+def loss_upper_bound(b: int, c: int, n: int, level: float) -> float:
+    """One-sided upper confidence bound, at ``level``, of the loss (b - c) / n: Tango's score bound.
+
+    The largest delta that Tango's score test does not reject against a
+    smaller loss at one-sided level 1 - level: the root of
+    Z(delta) = -z_level above the observed loss (1.0 when none is below 1).
+    """
+    _check_counts(b, c, n)
+    if not 0 < level < 1:
+        raise ValueError(f"need 0 < level < 1, got {level!r}")
+    if n == 0:
+        return 1.0
+    from scipy import optimize as _opt
+    from scipy import stats as _st
+
+    z = float(_st.norm.ppf(level))
+    lo = (b - c) / n
+    hi = 1.0 - 1e-12
+    f = lambda d: float(tango_score(b, c, n, d)) + z  # noqa: E731  (falls with d)
+    if f(hi) >= 0:
+        return 1.0
+    if f(lo) <= 0:   # only when z <= 0 (level <= 0.5): the point estimate is already beyond
+        return lo
+    return float(_opt.brentq(f, lo, hi, xtol=1e-12, rtol=1e-12))
+
+
+# ------------------------------------- items for the loss bound to clear a margin
+
+NONINFERIORITY_SCAN = 64   # counts after the first crossing that must all reach the power (the saw-tooth check)
+
+
+def noninferiority_pass(b: Any, c: Any, n: Any, margin: float, level: float) -> Any:
+    """quality-v2's PASS clause: Tango's score test rejects ``loss >= margin`` at one-sided ``level``.
+
+    Equivalent to the Tango upper bound (``loss_upper_bound``) lying below
+    the margin; stated as the test so that the gate and the sizing decide
+    the same tables bit for bit.
+    """
+    from scipy import stats as _st
+
+    return tango_score(b, c, n, margin) < -float(_st.norm.ppf(level))
+
+
+def _pass_power_one(n: int, margin: float, discordance: float, level: float, loss: float) -> float:
+    from scipy import stats as _st
+
+    pd = min(1.0, max(0.0, float(discordance)))
+    if n <= 0:
+        return 0.0
+    if pd == 0.0:
+        return float(bool(noninferiority_pass(0, 0, n, margin, level)))
+    sd = math.sqrt(n * pd * (1.0 - pd))
+    lo, hi = max(0, int(n * pd - 12 * sd - 40)), min(n, int(n * pd + 12 * sd + 40))
+    k = np.arange(lo, hi + 1)
+    pk = _st.binom.pmf(k, n, pd)
+    keep = pk > 1e-30
+    k, pk = k[keep], pk[keep]
+    if k.size == 0:
+        return 0.0
+    pb = min(1.0, max(0.0, (pd + loss) / (2.0 * pd)))   # P(control-only | discordant)
+    bmax = pass_limits(k, n, margin, level)
+    given_k = np.where(bmax >= 0, _st.binom.cdf(bmax, k, pb), 0.0)
+    return float(np.sum(pk * given_k))
+
+
+def pass_limits(k: Any, n: int, margin: float, level: float) -> Any:
+    """Per discordant count k: the most control-only items b (of k) that quality-v2 still PASSes, or -1.
+
+    For fixed k and n, more control-only items means a larger loss, so the
+    PASS clause holds for every b up to a limit; found by bisection on each
+    k at once (tests/test_sizing.py checks it against every b).
+    """
+    k = np.asarray(k, dtype=np.int64)
+    lo = np.full(k.shape, -1, dtype=np.int64)      # passes (sentinel)
+    hi = k + 1                                      # fails (sentinel)
+    while True:
+        open_ = hi - lo > 1
+        if not np.any(open_):
+            return lo
+        mid = (lo + hi) // 2
+        ok = noninferiority_pass(np.where(open_, mid, 0), np.where(open_, k - mid, 0), n, margin, level)
+        lo = np.where(open_ & ok, mid, lo)
+        hi = np.where(open_ & ~ok, mid, hi)
+
+
+def noninferiority_power(n: int, margin: float, discordance: float, *, level: float, loss: float = 0.0) -> float:
+    """Exact probability that quality-v2 PASSes n paired items: the loss bound below ``margin``.
+
+    The model of the McNemar sizing: items independent, each discordant
+    with probability ``discordance`` (D); among the discordant the
+    control-only ones (the candidate's losses) have probability
+    (D + loss) / 2D, so the expected loss per item is ``loss`` (fractions,
+    not points). Summed over every (control-only, candidate-only) outcome
+    whose binomial probability exceeds 1e-30, with the PASS clause itself.
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError(f"n must be a non-negative integer, got {n!r}")
+    if not 0 < margin <= 1 or not 0 < level < 1 or not 0 <= discordance <= 1:
+        raise ValueError(f"need 0 < margin <= 1, 0 < level < 1, 0 <= discordance <= 1; got {margin!r}, "
+                         f"{level!r}, {discordance!r}")
+    if abs(loss) > discordance + 1e-12:
+        raise ValueError(f"a loss of {loss!r} needs a discordance of at least that, got {discordance!r}")
+    return _pass_power_one(int(n), float(margin), float(discordance), float(level), float(loss))
+
+
+def noninferiority_items(margin: float, discordance: float, *, level: float, power: float = MDE_POWER,
+                         loss: float = 0.0, max_items: int = 100_000) -> dict[str, Any]:
+    """Items per dataset for quality-v2 to PASS with ``power``: the loss bound below ``margin``.
+
+    Under ``noninferiority_power``'s model (the candidate's true loss
+    ``loss``, 0 = as good as the control). The power is saw-toothed in n
+    (a discrete test), so: ``crossing`` is an n found by doubling and then
+    bisection whose power reaches the target while n - 1's does not;
+    ``items`` is the smallest n from there on after which the next
+    ``NONINFERIORITY_SCAN`` counts all reach it too. None when not even
+    ``max_items`` items do (or when the loss is not below the margin).
+    """
+    out: dict[str, Any] = {"items": None, "power": None, "crossing": None, "margin": margin,
+                           "discordance": discordance, "level": level, "target_power": power, "loss": loss,
+                           "max_items": max_items,
+                           "method": "exact power of quality-v2's PASS clause (Tango's score test of loss >= margin "
+                                     "at the per-dataset level); discordant items ~ Binomial(n, D), control-only "
+                                     "among them ~ Binomial(k, (D + loss) / 2D)"}
+    if not 0 < power < 1:
+        raise ValueError(f"need 0 < power < 1, got {power!r}")
+    if loss >= margin:
+        return out
+
+    def pw(n: int) -> float:
+        return noninferiority_power(n, margin, discordance, level=level, loss=loss)
+
+    # doubling, then bisection on the first crossing it brackets
+    lo, hi = 0, 1
+    while pw(hi) < power:
+        lo, hi = hi, hi * 2
+        if lo >= max_items:
+            return out
+        hi = min(hi, max_items)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if pw(mid) >= power:
+            hi = mid
+        else:
+            lo = mid
+    out["crossing"] = hi
+    items, n = hi, hi + 1
+    while n <= min(max_items, items + NONINFERIORITY_SCAN):
+        if pw(n) < power:
+            items = n + 1
+        n += 1
+    if items > max_items:
+        return out
+    out.update(items=items, power=pw(items))
+    return out

@@ -11,7 +11,7 @@ dataset (:mod:`pairaudit.datasets.formats`), sampled (:mod:`pairaudit.answers.sa
             "dataset", "arm", "format", "n", "correct", "provenance"}; records as
             scoring.score_records returns them (index, correct, extracted, reason, finish_reason, answered, text, ...)
     paired  results/<audit>/paired/<dataset>.json  {"schema": "pairaudit.paired/v1", "dataset", "format",
-            "table": stats.paired_table, "quality": gates.quality_v1, "bootstrap": stats.paired_bootstrap_ci,
+            "table": stats.paired_table, "quality": gates.quality_v2 (or _v1), "bootstrap": stats.paired_bootstrap_ci,
             "provenance"}
     greedy  results/<audit>/greedy/<dataset>/<arm>.jsonl  header {"schema": "pairaudit.greedy/v1", "dataset",
             "arm", "selection": {mode, discordant, concordant, indices}, "max_tokens", "determinism": {"index",

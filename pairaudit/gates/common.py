@@ -15,6 +15,7 @@ but it is never silent: it appears under ``deviations`` and as a reason.
 
 Verdict vocabularies:
 
+- quality-v2:      PASS | FAIL | INCONCLUSIVE (a loss of the margin not ruled out) | INVALID
 - quality-v1:      PASS | HOLD | FAIL | INVALID
 - grid-tie-v1:     PASS | STOP | INCONCLUSIVE (nothing compared, or a dataset not evaluated)
 - determinism-v1:  PASS | STOP

@@ -52,8 +52,12 @@ against its own content, and the two logs must hold the same documents with
 the same prompts, targets and generation arguments: anything else is
 refused naming the doc_ids and what differs. The pairing then runs
 ``stats.paired_table``, ``gates.quality_v1`` and ``stats.paired_bootstrap_ci``:
-the code the audit's paired stage runs. lm-eval logs no finish reason, so
-quality-v1's natural-finish clause cannot be applied; the result says so
+the code the audit's paired stage runs (quality-v2 by default; quality-v1
+selectable). Before that, the two runs must be a pair: not one run given
+twice, and the settings their ``results_*.json`` record (model arguments,
+the API and harness seeds, generation settings, task versions) equal in
+everything but the fields declared as the change (``check_same_run``).
+lm-eval logs no finish reason, so the natural-finish clause cannot be applied; the result says so
 (``not_checked``). pairaudit's own exports carry each answer's finish reason
 and whether there was one (the ``pairaudit`` key): paired, they get every
 clause, and so the paired stage's verdict, INVALID included.
@@ -525,7 +529,7 @@ def _binary(value: Any) -> bool | None:
 
 @dataclass
 class PairedLogs:
-    """Two sample logs paired by doc_id, with quality-v1's verdict (``pair_logs``)."""
+    """Two sample logs paired by doc_id, with the quality rule's verdict (``pair_logs``)."""
     control: SampleLog
     candidate: SampleLog
     table: PairedTable
@@ -567,11 +571,19 @@ def check_same_documents(control: SampleLog, candidate: SampleLog) -> None:
 
 
 def pair_logs(control_path: str | os.PathLike, candidate_path: str | os.PathLike, *, metric: str = METRIC,
-              filter: str | None = None, max_net_loss: int = 0, alpha: float = 0.05, n_boot: int = 2000,
-              seed: int = 0) -> PairedLogs:
-    """Pair two lm-eval sample logs by doc_id and apply quality-v1 (module docstring)."""
+              filter: str | None = None, rule: str = "quality-v2", margin_pct: float | None = None,
+              level: float | None = None, max_net_loss: int = 0, alpha: float = 0.05, n_boot: int = 2000,
+              seed: int = 0, change: Sequence[str] = ()) -> PairedLogs:
+    """Pair two lm-eval sample logs by doc_id and apply the quality rule (module docstring).
+
+    First the two runs must be a pair: not one run given twice, and the
+    settings their ``results_*.json`` record (``check_same_run``) equal in
+    everything but the fields named in ``change``.
+    """
+    check_not_one_run(control_path, candidate_path)
     control = read_log(control_path, metric=metric, filter=filter)
     candidate = read_log(candidate_path, metric=metric, filter=control.filter if filter is None else filter)
+    settings = check_same_run(control_path, candidate_path, change=change)
     check_same_documents(control, candidate)
     nonbinary = {arm: [d for d, x in log.docs.items() if _binary(x.value) is None]
                  for arm, log in (("control", control), ("candidate", candidate))}
@@ -600,12 +612,142 @@ def pair_logs(control_path: str | os.PathLike, candidate_path: str | os.PathLike
         # lm-eval records no finish reason: the natural-finish clause cannot be applied, and is not faked
         table["natural_finish"] = {a: None for a in ARMS}
         table["unnatural_finish_indices"] = {a: [] for a in ARMS}
-        not_checked.append("natural finish: lm-eval's sample logs record no finish reason, so quality-v1's clause "
+        not_checked.append("natural finish: lm-eval's sample logs record no finish reason, so the quality rule's clause "
                            "that every answer ended by itself (finish_reason 'stop') is not applied")
-    quality = gates.quality_v1(table, max_net_loss=max_net_loss, alpha=alpha)
+    params: dict[str, Any] = {"max_net_loss": max_net_loss, "alpha": alpha}
+    if margin_pct is not None:
+        params["margin_pct"] = margin_pct
+    if level is not None:
+        params["level"] = level
+    quality = gates.apply_quality(rule, table, params, datasets=1)
     order = table["indices"]
     by = {arm: {r["index"]: r["correct"] for r in scores[arm]} for arm in ARMS}
     boot = (stats.paired_bootstrap_ci([by["control"][i] for i in order], [by["candidate"][i] for i in order],
                                       n_boot=n_boot, seed=seed) if order else None)
+    not_checked += settings
     return PairedLogs(control=control, candidate=candidate, table=table, quality=quality, bootstrap=boot,
                       not_checked=not_checked)
+
+
+# ------------------------------------------------------------------ is it a pair?
+
+# What two runs of the same evaluation may differ in without being different evaluations: when and
+# where they ran, how long they took, and what they found (the samples are compared on their own).
+RUN_BOOKKEEPING = ("date", "total_evaluation_time_seconds", "pretty_env_info", "git_hash", "upper_git_hash",
+                   "transformers_version", "results", "n-samples", "higher_is_better", "group_subtasks",
+                   "pairaudit", "config.device", "config.batch_sizes", "config.bootstrap_iters", "config.use_cache")
+
+
+def results_path(samples_path: str | os.PathLike) -> Path | None:
+    """The ``results_<timestamp>.json`` lm-eval wrote beside ``samples_<task>_<timestamp>.jsonl`` (the same
+    timestamp), or the ``results.json`` beside a pairaudit export; else the directory's only results file."""
+    p = Path(samples_path)
+    m = _SAMPLES_NAME.match(p.name)
+    if m and m.group("stamp"):
+        same = p.parent / f"results_{m.group('stamp')}.json"
+        if same.is_file():
+            return same
+    if (p.parent / "results.json").is_file():
+        return p.parent / "results.json"
+    found = sorted(p.parent.glob("results_*.json"))
+    return found[0] if len(found) == 1 else None
+
+
+def _kv(value: Any) -> Any:
+    """model_args / gen_kwargs as lm-eval records them: a dict, or the command line's "k=v,k=v" string."""
+    if isinstance(value, str) and "=" in value:
+        return dict(part.split("=", 1) for part in value.split(",") if "=" in part)
+    return value
+
+
+def _flat(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, dict) and value:
+        for k, v in value.items():
+            _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = value
+
+
+def run_settings(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """Every setting a results_*.json records, flattened to dotted fields (``model_args.seed``,
+    ``configs.<task>.generation_kwargs.temperature``, ``versions.<task>``, ``random_seed`` ...), less
+    ``RUN_BOOKKEEPING`` and each task config's ``metadata.config_source`` (the task file's path)."""
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        if key == "config" and isinstance(value, dict):
+            for k, v in value.items():
+                _flat(k, _kv(v) if k in ("model_args", "gen_kwargs") else v, out)
+        else:
+            _flat(key, value, out)
+    skip = set(RUN_BOOKKEEPING)
+    return {k: v for k, v in out.items() if k not in skip and not any(k.startswith(s + ".") for s in skip)
+            and not k.endswith(".metadata.config_source")}
+
+
+def _declared(field_name: str, change: Sequence[str]) -> bool:
+    """A field the declared change covers: itself or below it, or a task config's metadata copy of a model
+    argument (lm-eval copies model_args into each task's ``metadata``)."""
+    for c in change:
+        if field_name == c or field_name.startswith(c + "."):
+            return True
+        if c.startswith("model_args.") and re.fullmatch(rf"configs\.[^.]+\.metadata\.{re.escape(c[11:])}",
+                                                         field_name):
+            return True
+    return False
+
+
+def check_not_one_run(control_path: str | os.PathLike, candidate_path: str | os.PathLike) -> None:
+    """Refuse one run given as both arms: the same file, or the same samples and the same results."""
+    a, b = Path(control_path), Path(candidate_path)
+    same_file = a.resolve() == b.resolve()
+    if not same_file and a.is_file() and b.is_file() and artifacts.sha256_file(a) == artifacts.sha256_file(b):
+        ra, rb = results_path(a), results_path(b)
+        same_file = ra is None or rb is None or artifacts.sha256_file(ra) == artifacts.sha256_file(rb)
+    if same_file:
+        raise LmEvalLogError(f"{a} and {b} are one run, not a pair: pairing a run with itself compares nothing "
+                             "(give the control's and the candidate's logs)")
+
+
+def check_same_run(control_path: str | os.PathLike, candidate_path: str | os.PathLike, *,
+                   change: Sequence[str] = ()) -> list[str]:
+    """Refuse two runs whose recorded settings differ in anything but the declared ``change`` fields.
+
+    lm-eval records the model arguments (the API seed among them), the
+    generation settings, the seeds and the task versions in
+    ``results_*.json`` beside the samples, not in the samples: both files are
+    read (``results_path``) and compared field by field (``run_settings``).
+    Two pairaudit exports differ in ``model_args.arm`` by construction (the
+    audit checked that their request bodies are the same). Returns what was
+    not checked (a declared change that does not differ is not an error: the
+    change may be the server's, which the log cannot see).
+    """
+    paths = {arm: results_path(p) for arm, p in (("control", control_path), ("candidate", candidate_path))}
+    missing = [f"{arm}: no results_<timestamp>.json beside {p}" for arm, p in
+               (("control", control_path), ("candidate", candidate_path)) if paths[arm] is None]
+    if missing:
+        raise LmEvalLogError("cannot tell whether the runs are a pair: lm-eval records the seeds, model arguments "
+                             "and generation settings in the results file beside the samples; " + "; ".join(missing))
+    docs = {}
+    for arm, p in paths.items():
+        try:
+            docs[arm] = json.loads(Path(str(p)).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise LmEvalLogError(f"{p}: cannot read the run's results file: {exc}") from None
+        if not isinstance(docs[arm], dict):
+            raise LmEvalLogError(f"{p}: a results file is a JSON object")
+    own = all(isinstance(d.get("pairaudit"), dict) for d in docs.values())
+    declared = list(change) + (["model_args.arm"] if own else [])
+    c, k = run_settings(docs["control"]), run_settings(docs["candidate"])
+    diff = sorted(f for f in set(c) | set(k) if c.get(f, "<absent>") != k.get(f, "<absent>")
+                  and not _declared(f, declared))
+    if diff:
+        shown = "; ".join(f"{f}: control {c.get(f, '<absent>')!r}, candidate {k.get(f, '<absent>')!r}"
+                          for f in diff[:20])
+        raise LmEvalLogError(
+            f"not a pair: the runs' settings differ in {', '.join(diff[:20])}"
+            + (f" ... ({len(diff)} fields)" if len(diff) > 20 else "") + f" ({shown}). Only the change under audit "
+            "may differ: declare it with --change FIELD (e.g. --change model_args.base_url), or run both arms with "
+            f"the same settings ({paths['control']}, {paths['candidate']})")
+    quiet = [f for f in change if not any(_declared(x, [f]) and c.get(x) != k.get(x) for x in set(c) | set(k))]
+    return ([f"declared change {', '.join(quiet)}: the same in both results files (a server-side change the log "
+             "cannot see)"] if quiet else [])

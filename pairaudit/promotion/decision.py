@@ -6,7 +6,8 @@ the gates and keeps the evidence beside them. It never adjusts a score.
 
 Gates (``gates_from`` + ``preflight_gates``), in this order::
 
-    quality:<dataset>      gates.quality_v1 (stored in paired/<dataset>.json)
+    quality:<dataset>      gates.quality_v2, or quality_v1 when configured (stored in
+                           paired/<dataset>.json)
     grid_tie               gates.grid_tie_audit over every dataset's grid_tie_v1
                            record (divergence stage): one gate, because the
                            registered cap counts divergent prompts over the audit
@@ -50,7 +51,7 @@ from pairaudit.core.contracts import ARMS, DECISION_SCHEMA, Decision
 # Which registered rule each later gate must carry: a win2 result handed in
 # as "boundary" would otherwise be judged by the wrong vocabulary.
 _EXPECTED_RULE = {
-    "quality": "quality-v1",
+    "quality": gates.QUALITY_RULES,    # rules.quality.rule selects; quality-v2 is the default
     "grid_tie": "grid-tie-v1",
     "determinism": "determinism-v1",
     "boundary": "boundary-v1",
@@ -71,12 +72,14 @@ def _check_rule(kind: str, name: str, res: Mapping[str, Any] | None) -> None:
                          f"result, got rule {res.get('rule')!r}")
 
 
-def check_quality(name: str, doc: Mapping[str, Any]) -> dict:
-    """The stored quality-v1 result of one paired doc, checked against its own table.
+def check_quality(name: str, doc: Mapping[str, Any], datasets: int | None = None) -> dict:
+    """The stored quality result of one paired doc, checked against its own table.
 
-    The verdict is recomputed from the table with the parameters the paired
-    stage recorded: a hand-edited verdict, or a table edited after the rule
-    ran, is an error rather than a quiet PASS.
+    The verdict is recomputed from the table with the rule and parameters the
+    paired stage recorded: a hand-edited verdict, or a table edited after the
+    rule ran, is an error rather than a quiet PASS. ``datasets``: how many
+    datasets the decision judges; a quality-v2 result bounded for another
+    family size is an error too (its claim would not hold over this audit).
     """
     if doc.get("dataset") not in (None, name):
         raise ValueError(f"paired doc keyed {name!r} is for dataset {doc.get('dataset')!r}")
@@ -84,14 +87,23 @@ def check_quality(name: str, doc: Mapping[str, Any]) -> dict:
     if not isinstance(q, Mapping) or not isinstance(table, Mapping):
         raise ValueError(f"paired {name}: needs both 'table' and 'quality'")
     _check_rule("quality", f"quality:{name}", q)
-    again = gates.quality_v1(table, **(q.get("params") or {}))
+    rule = q.get("rule")
+    family = int((q.get("multiplicity") or {}).get("datasets") or 1)
+    again = gates.apply_quality(str(rule), table, q.get("params") or {}, datasets=family)
     # after a server failure the paired stage keeps the rule's own verdict as stage_verdict
     stored = {**q, "verdict": q.get("stage_verdict", q.get("verdict"))} if doc.get("arm_failed") else q
     for key in ("verdict", "control_only", "candidate_only"):
         if stored.get(key) != again[key]:
             raise ValueError(f"paired {name}: stored quality {key} {q.get(key)!r} disagrees with "
-                             f"quality-v1 recomputed from its table ({again[key]!r})")
+                             f"{rule} recomputed from its table ({again[key]!r})")
     out = dict(q)
+    if rule == "quality-v2" and datasets is not None and family != datasets and not doc.get("arm_failed"):
+        # The claim must hold over the datasets this decision judges: bounded for another family size
+        # (a paired doc made for a different dataset list), the rule is applied again at this one.
+        out = gates.apply_quality("quality-v2", table, q.get("params") or {}, datasets=datasets)
+        out["reasons"] = list(out["reasons"]) + [
+            f"the paired stage bounded this dataset for {family} dataset(s); the decision judges {datasets}, so "
+            "the rule was applied again at that family size (Bonferroni)"]
     if out.get("mde") is None:
         # A paired doc made before the detectable-loss field: the same rule states it now.
         out["mde"] = again["mde"]
@@ -158,7 +170,7 @@ def gates_from(paired: Mapping[str, Mapping[str, Any]], *, divergence: Mapping[s
                speed: Mapping[str, Any] | None = None) -> dict[str, dict | None]:
     """Every evidence gate, in a fixed order, None where not evaluated.
 
-    paired: dataset -> paired doc (its stored quality-v1 is checked, see
+    paired: dataset -> paired doc (its stored quality result is checked, see
     check_quality). divergence: dataset -> grid_tie_v1 record, combined into
     the one audit-wide gate ``grid_tie`` (grid_tie_gate); divergence_counts:
     dataset -> {"selected", "compared"} for records that lack their own.
@@ -168,7 +180,8 @@ def gates_from(paired: Mapping[str, Mapping[str, Any]], *, divergence: Mapping[s
     boundary_gate). speed: win2_v1.
     """
     datasets = sorted(paired)
-    gates: dict[str, dict | None] = {f"quality:{ds}": check_quality(ds, paired[ds]) for ds in datasets}
+    gates: dict[str, dict | None] = {f"quality:{ds}": check_quality(ds, paired[ds], len(datasets))
+                                     for ds in datasets}
     gates["grid_tie"] = grid_tie_gate(divergence, datasets, counts=divergence_counts)
     if isinstance(determinism, Mapping) and "rule" not in determinism:
         gates.update(_per_dataset("determinism", determinism, datasets))
@@ -208,9 +221,9 @@ def preflight_gates(preflight: Mapping[str, Mapping[str, Any] | None]) -> dict[s
 def _key_numbers(res: Mapping[str, Any]) -> dict:
     """The few numbers a reader needs beside a gate verdict, per rule."""
     rule = res.get("rule")
-    if rule == "quality-v1":
+    if rule in gates.QUALITY_RULES:
         keys = ("n", "control_correct", "candidate_correct", "control_only", "candidate_only",
-                "net", "mcnemar_p", "params", "mde")
+                "net", "mcnemar_p", "params", "mde", "loss_bound", "multiplicity", "needed")
         return {k: res.get(k) for k in keys}
     if rule == "grid-tie-v1":
         return {"scope": res.get("scope"), "n_divergent": res.get("n_divergent"),
@@ -316,6 +329,11 @@ def decision_deviations(results: Mapping[str, Mapping[str, Any] | None], *, cali
             detail = (f"used {d.get('used')!r}, registered {d.get('registered')!r}" if isinstance(d, Mapping)
                       else repr(d))
             out.append({"gate": name, "what": f"parameter {k}", "detail": detail})
+        if name.startswith("quality:") and res.get("rule") != gates.QUALITY_RULES[0]:
+            out.append({"gate": name, "what": "rule",
+                        "detail": f"rules.quality.rule {res.get('rule')} instead of the default {gates.QUALITY_RULES[0]} "
+                                  "(quality-v1 passes any net >= 0, so a table too small to see a loss passes as if "
+                                  "it had ruled one out)"})
         if res.get("informational") is True:
             out.append({"gate": name, "what": "informational",
                         "detail": f"configured informational (speed.informational: true): only a LOSS of this "
@@ -345,15 +363,41 @@ def decision_deviations(results: Mapping[str, Mapping[str, Any] | None], *, cali
     return out
 
 
-def _dataset_summary(doc: Mapping[str, Any], mde: Mapping[str, Any] | None = None) -> dict:
-    t, q = doc["table"], doc["quality"]
-    return {"format": doc.get("format"), "n": t.get("n"), "indices": t.get("indices"),
+def _dataset_summary(doc: Mapping[str, Any], gate: Mapping[str, Any] | None = None) -> dict:
+    """One dataset's line of decision.json: the table's counts and the quality gate as the decision applied it."""
+    t = doc["table"]
+    q = gate if gate is not None else doc["quality"]
+    mde = q.get("mde")
+    return {"format": doc.get("format"), "n": t.get("n"), "indices": t.get("indices"), "rule": q.get("rule"),
+            "loss_bound": q.get("loss_bound"), "needed": (q.get("needed") or {}).get("items"),
             "control_correct": t.get("control_correct"), "candidate_correct": t.get("candidate_correct"),
             "control_only": t.get("control_only"), "candidate_only": t.get("candidate_only"),
             "net": t.get("net"), "mcnemar_p": q.get("mcnemar_p"),
             "exact_text_matches": t.get("exact_text_matches"), "natural_finish": t.get("natural_finish"),
             "bodies_identical": t.get("bodies_identical"), "verdict": q.get("verdict"),
-            "mde": mde if mde is not None else q.get("mde"), "bootstrap": doc.get("bootstrap")}
+            "mde": mde, "bootstrap": doc.get("bootstrap")}
+
+
+def multiplicity(results: Mapping[str, Mapping[str, Any] | None]) -> dict | None:
+    """How the quality gates' claims hold together over the audit's datasets (decision.json ``multiplicity``).
+
+    quality-v2 bounds each of D datasets at 1 - (1 - level) / D (Bonferroni),
+    so "no dataset loses the margin or more" holds at ``level`` for the audit,
+    not only per dataset. quality-v1 makes no such claim (None for it). The
+    FAIL clause (McNemar at alpha per dataset) is not adjusted: an audit of D
+    datasets rejects a harmless change more often than alpha, never less.
+    """
+    qs = {n.split(":", 1)[1]: r for n, r in results.items() if n.startswith("quality:") and r is not None
+          and r.get("rule") == "quality-v2"}
+    if not qs:
+        return None
+    m = next(iter(qs.values())).get("multiplicity") or {}
+    return {"gates": "quality", "method": m.get("method"), "datasets": m.get("datasets"),
+            "family_level": m.get("family_level"), "per_dataset_level": m.get("per_dataset_level"),
+            "statement": (f"each dataset's loss bound is at {100 * m.get('per_dataset_level', 0):.4g} % (Bonferroni "
+                          f"over {m.get('datasets')} dataset(s)), so every ruled-out loss holds together at "
+                          f"{100 * m.get('family_level', 0):.4g} %; the McNemar FAIL clause is per dataset, "
+                          "unadjusted")}
 
 
 def decide(paired: Mapping[str, Mapping[str, Any]], launch: Mapping[str, Mapping[str, Any]],
@@ -410,8 +454,8 @@ def decide(paired: Mapping[str, Mapping[str, Any]], launch: Mapping[str, Mapping
         "deviations": decision_deviations(results, calibration=calibration, no_change=prom["no_change"]),
         "gates": gate_docs,
         "not_evaluated": prom["not_evaluated"],
-        "datasets": {ds: _dataset_summary(paired[ds], (results.get(f"quality:{ds}") or {}).get("mde"))
-                     for ds in sorted(paired)},
+        "multiplicity": multiplicity(results),
+        "datasets": {ds: _dataset_summary(paired[ds], results.get(f"quality:{ds}")) for ds in sorted(paired)},
         "arms": arms,
         "switch_diff": env_diff(arms["control"].get("env") or {}, arms["candidate"].get("env") or {}),
         "notes": _comparability_notes(arms),

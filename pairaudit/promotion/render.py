@@ -139,6 +139,37 @@ def deviations(decision: Decision) -> list[dict]:
     return [dict(d) for d in devs if isinstance(d, Mapping)]
 
 
+def loss_text(q: Mapping[str, Any]) -> str:
+    """What one dataset's quality gate says about the candidate's loss, in a few words.
+
+    ``q``: a quality rule result or decision.json's dataset summary. quality-v2:
+    which loss it ruled out, or which it could not and the items that would;
+    quality-v1 rules nothing out, so its detectable loss is shown instead.
+    """
+    bound = q.get("loss_bound")
+    if isinstance(bound, Mapping) and bound.get("upper_pct") is not None:
+        level = f"{100 * float(bound.get('level') or 0):.4g} %"
+        if bound.get("ruled_out"):
+            return f"loss >= {bound['upper_pct']:.1f} points ruled out at {level}"
+        needed = q.get("needed")
+        items = needed.get("items") if isinstance(needed, Mapping) else needed
+        more = f"; about {items} items would" if items else ""
+        return (f"cannot rule out a loss of {bound['upper_pct']:.1f} points at {level} (margin "
+                f"{bound.get('margin_pct'):g}){more}")
+    mde = q.get("mde") or {}
+    if not mde:
+        return "n/a"
+    if mde.get("net_loss") is None:
+        return "no loss ruled out; the table cannot show one"
+    return f"no loss ruled out; detectable >= {mde['net_loss']} items ({100 * mde['rate']:.1f} %)"
+
+
+def multiplicity_line(decision: Mapping[str, Any]) -> str | None:
+    """decision.json's multiplicity statement, or None when no quality-v2 gate decided."""
+    m = decision.get("multiplicity")
+    return str(m.get("statement")) if isinstance(m, Mapping) and m.get("statement") else None
+
+
 def _banner(decision: Decision) -> list[str]:
     deciding = decision.get("deciding_gates") or []
     # Gates that also fall short of PROMOTE but are outranked by the decision:
@@ -213,7 +244,7 @@ def calibration_markdown(summary: Mapping[str, Any] | None) -> list[str]:
                              _num(c.get("window_max_pct"), 1), _num(c.get("archive_pct"), 1),
                              _cell(c.get("archive_n")), _num(c.get("archive_with_window_pct"), 1)]))
     out += ["", _row(["Dataset", "n", "control-only", "candidate-only", "McNemar p", "exact text matches",
-                      "quality-v1"]), _row(["---"] * 7)]
+                      "quality"]), _row(["---"] * 7)]
     for ds, q in summary["quality"].items():
         out.append(_row([_cell(ds), _cell(q["n"]), _idx(q["control_only"]), _idx(q["candidate_only"]),
                          _p(q["mcnemar_p"]), _cell(q["exact_text_matches"]), _cell(q["verdict"])]))
@@ -312,7 +343,7 @@ def _preflight_section(preflight: Mapping[str, Mapping[str, Any] | None]) -> lis
 
 def _paired_section(paired: Mapping[str, Mapping[str, Any]]) -> list[str]:
     head = ["Dataset", "control", "candidate", "control-only correct", "candidate-only correct",
-            "McNemar p", "natural finish (control, candidate)", "exact text matches", "quality-v1"]
+            "McNemar p", "natural finish (control, candidate)", "exact text matches", "quality", "loss"]
     out = ["## Paired results", "", _row(head), _row(["---"] * len(head))]
     tot = {"n": 0, "c": 0, "k": 0, "co": 0, "ko": 0, "x": 0, "fc": 0, "fk": 0}
     for ds in sorted(paired):
@@ -322,7 +353,8 @@ def _paired_section(paired: Mapping[str, Mapping[str, Any]]) -> list[str]:
         out.append(_row([_cell(ds), f"{t['control_correct']}/{n}", f"{t['candidate_correct']}/{n}",
                          _idx(t["control_only"]), _idx(t["candidate_only"]), _p(q.get("mcnemar_p")),
                          f"{nf.get('control')}/{n}, {nf.get('candidate')}/{n}",
-                         f"{t.get('exact_text_matches')}/{n}", q.get("verdict")]))
+                         f"{t.get('exact_text_matches')}/{n}", f"{q.get('rule')} {q.get('verdict')}",
+                         _cell(loss_text(q))]))
         for key, v in (("n", n), ("c", t["control_correct"]), ("k", t["candidate_correct"]),
                        ("co", len(t["control_only"])), ("ko", len(t["candidate_only"])),
                        ("x", t.get("exact_text_matches") or 0), ("fc", nf.get("control") or 0),
@@ -331,11 +363,11 @@ def _paired_section(paired: Mapping[str, Mapping[str, Any]]) -> list[str]:
     if len(paired) > 1:
         # Counts only: a pooled McNemar p over datasets is not a registered rule.
         out.append(_row(["**Total**", f"{tot['c']}/{tot['n']}", f"{tot['k']}/{tot['n']}", tot["co"], tot["ko"],
-                         "", f"{tot['fc']}/{tot['n']}, {tot['fk']}/{tot['n']}", f"{tot['x']}/{tot['n']}", ""]))
+                         "", f"{tot['fc']}/{tot['n']}, {tot['fk']}/{tot['n']}", f"{tot['x']}/{tot['n']}", "", ""]))
     out.append("")
     bad = [ds for ds in sorted(paired) if not paired[ds]["table"].get("bodies_identical")]
     out.append("All paired request bodies match." if not bad else
-               "Request bodies differ between arms for: " + ", ".join(bad) + " (quality-v1 INVALID there).")
+               "Request bodies differ between arms for: " + ", ".join(bad) + " (the quality rule is INVALID there).")
     out.append("")
     for ds in sorted(paired):
         b = paired[ds].get("bootstrap")
@@ -413,6 +445,8 @@ def render_markdown(decision: Decision, paired: Mapping[str, Mapping[str, Any]],
     out += [f"**Calibration:** {calibration_line(decision, calibration_summary)}", ""]
     out += _gates_table(decision) + [""]
     out += _paired_section(paired) + [""]
+    if multiplicity_line(decision):
+        out += [f"**Over the datasets:** {_cell(multiplicity_line(decision))}.", ""]
     out += ["## Details", "",
             "Below: [arms and switches](#arms), [preflight](#preflight), [item indices](#item-indices), "
             "[every reason of every gate](#gate-details), [what is not adjusted](#what-is-not-adjusted), "
@@ -688,11 +722,13 @@ def summary_rst(decision: Decision, earlier: Sequence[Mapping[str, Any]],
         ds_rows.append([_rst_esc(ds), f"{t.get('control_correct')}/{n}", f"{t.get('candidate_correct')}/{n}",
                         _rst_esc(_idx(t.get("control_only"))), _rst_esc(_idx(t.get("candidate_only"))),
                         _p(t.get("mcnemar_p")), f"{nf.get('control')}/{n}, {nf.get('candidate')}/{n}",
-                        _rst_esc(t.get("verdict"))])
+                        _rst_esc(t.get("verdict")), _rst_esc(loss_text(t))])
     if ds_rows:
         out += ["**Paired results**", ""] + _rst_table(
             ["Dataset", "control", "candidate", "control-only correct", "candidate-only correct", "McNemar p",
-             "natural finish (control, candidate)", "quality-v1"], ds_rows)
+             "natural finish (control, candidate)", "quality", "loss"], ds_rows)
+        if multiplicity_line(decision):
+            out += [_rst_esc(str(multiplicity_line(decision))), ""]
     ne = decision.get("not_evaluated") or []
     out += ["Not evaluated (the decision cannot be PROMOTE): " + (_rst_esc(", ".join(ne)) if ne else "none") + "."]
     out += ["", f"Earlier decisions for this candidate in the ledger: {len(earlier)}"

@@ -30,6 +30,7 @@ dips are far above the target) reaches it too. Plan with ``items``.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import asdict, dataclass
@@ -293,4 +294,124 @@ def detect_loss_notes(config: Any, documents: dict[str, dict], *, base_dir: str 
         elif measured is not None and (measured.items is None or n < measured.items):
             notes.append(f"{where} at the discordance its A/A calibration {cal_audit} measured ({rate:.3g}): that "
                          f"needs {measured.items or f'more than {measured.scan_limit}'} items")
+    return notes
+
+
+# ------------------------------------------------------------ quality-v2: items to rule out the margin
+
+# The discordance assumed when nothing was measured: the embedded default audit's, rounded (8 and 10
+# discordant of 32 items, docs/default-audit.md). More discordance needs more items, so a host
+# quieter than this is over-provisioned, never under.
+DEFAULT_DISCORDANCE = 0.25
+
+
+@dataclass(frozen=True)
+class ExpectedDiscordance:
+    """The discordance to plan with, per dataset where measured, and where it came from."""
+
+    source: str                       # "last audit <name> (<decision.json>)", "A/A calibration ...", or "default"
+    rates: dict[str, float]           # dataset -> measured discordance
+    default: float = DEFAULT_DISCORDANCE
+
+    def rate(self, dataset: str | None) -> float:
+        if dataset is not None and dataset in self.rates:
+            return self.rates[dataset]
+        return max(self.rates.values()) if self.rates else self.default
+
+
+def expected_discordance(base_dir: str | os.PathLike = ".", *, audit: str | None = None,
+                         calibration_log: str | os.PathLike | None = None,
+                         ledger: str | os.PathLike | None = None) -> ExpectedDiscordance:
+    """What the last audit observed (the ledger's latest non-calibration decision, of ``audit`` when given),
+    else what the host's latest A/A calibration observed, else ``DEFAULT_DISCORDANCE``.
+
+    A change's own audit is preferred: an A/A run measures two starts of one
+    server, and a candidate that changes answers is discordant more often.
+    """
+    from pairaudit.core import artifacts, jsonlog
+
+    base = Path(base_dir)
+    led = Path(ledger) if ledger is not None else base / "results" / "ledger.jsonl"
+    led = led if led.is_absolute() else base / led
+    if led.is_file():
+        try:
+            entries = [e for e in jsonlog.read_log(led) if not e.get("calibration")
+                       and (audit is None or e.get("audit") == audit)]
+        except (OSError, ValueError):
+            entries = []
+        for e in reversed(entries):
+            path = Path(str(e.get("decision_path") or ""))
+            path = path if path.is_absolute() else base / path
+            try:
+                doc = artifacts.read_json(path)
+            except (artifacts.ArtifactError, OSError, ValueError):
+                continue
+            rates = {ds: (len(s.get("control_only") or []) + len(s.get("candidate_only") or [])) / s["n"]
+                     for ds, s in (doc.get("datasets") or {}).items() if s.get("n")}
+            if rates:
+                return ExpectedDiscordance(f"last audit {e.get('audit')} ({path})", rates)
+    log = Path(calibration_log) if calibration_log is not None else base / "results" / "calibrations.jsonl"
+    log = log if log.is_absolute() else base / log
+    if log.is_file():
+        try:
+            cal = calibrated_discordance(log, of_audit=audit)
+        except SizingError:
+            cal = None
+        if cal is not None:
+            rates = {ds: d / n for ds, (d, n) in cal.datasets.items() if n}
+            if rates:
+                return ExpectedDiscordance(f"A/A calibration {cal.audit} ({cal.summary_path})", rates)
+    return ExpectedDiscordance(f"default {DEFAULT_DISCORDANCE:g} (nothing measured: no ledger entry or A/A "
+                               "calibration)", {})
+
+
+@functools.lru_cache(maxsize=256)
+def margin_items(margin_pct: float, discordance: float, level: float, datasets: int,
+                 power: float = stats.MDE_POWER) -> dict[str, Any]:
+    """Items per dataset for quality-v2 to rule out ``margin_pct`` with ``power`` if the candidate loses
+    nothing: ``stats.noninferiority_items`` at the per-dataset (Bonferroni) level -- the arithmetic of the
+    rule's own "about M items would"."""
+    from pairaudit import gates
+
+    each = gates.per_dataset_level(level, datasets)
+    return stats.noninferiority_items(margin_pct / 100.0, discordance, level=each, power=power)
+
+
+def margin_notes(config: Any, documents: dict[str, dict], *, base_dir: str | os.PathLike = ".") -> list[str]:
+    """Load-time notes: each dataset too small for quality-v2 to rule out its margin at the expected discordance.
+
+    A note, not a refusal: the audit still runs, and its quality gates will
+    say INCONCLUSIVE with the same count unless the candidate is better
+    than expected.
+    """
+    quality = ((config.get("rules") or {}).get("quality") or {}) if isinstance(config, dict) else {}
+    from pairaudit import gates
+
+    if quality.get("rule", gates.QUALITY_RULES[0]) != "quality-v2":
+        return []
+    margin = float(quality.get("margin_pct", gates.QUALITY_V2["margin_pct"]))
+    level = float(quality.get("level", gates.QUALITY_V2["level"]))
+    entries = [e for e in config.get("datasets") or [] if isinstance(e, dict) and isinstance(e.get("name"), str)]
+    family = max(1, len(entries))
+    expected = expected_discordance(base_dir, audit=config.get("audit"))
+    notes = []
+    for i, entry in enumerate(config.get("datasets") or []):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            continue
+        name = entry["name"]
+        doc = documents.get(name)
+        count = (entry.get("select") or {}).get("count")
+        n = len(doc["indices"]) if doc else (count if isinstance(count, int) and not isinstance(count, bool) else None)
+        if n is None:
+            continue
+        rate = expected.rate(name)
+        plan = margin_items(margin, rate, level, family)
+        if plan["items"] is not None and n >= plan["items"]:
+            continue
+        need = f"about {plan['items']} items" if plan["items"] is not None else f"more than {plan['max_items']} items"
+        notes.append(f"datasets[{i}] ({name}): {n} selected items are too few for quality-v2 to rule out a loss of "
+                     f"{margin:g} points (rules.quality.margin_pct) at {100 * gates.per_dataset_level(level, family):.4g} "
+                     f"% per dataset: at the expected discordance {rate:.3g} ({expected.source}) it would need "
+                     f"{need} (power {stats.MDE_POWER:g}, `pairaudit size`); with {n} its quality gate will likely be "
+                     "INCONCLUSIVE")
     return notes

@@ -1,5 +1,5 @@
 """The quality stages: score one dataset on one arm (no server), then pair the arms item by item under
-quality-v1."""
+the configured quality rule (rules.quality.rule: quality-v2 by default, or quality-v1)."""
 
 from __future__ import annotations
 
@@ -35,8 +35,11 @@ def score_stage(*, dataset_path: str, sampled_path: str, out_path: str, sandbox_
 
 
 def paired_stage(*, dataset_path: str, sampled_paths: dict, score_paths: dict, out_path: str,
-                 quality_params: dict) -> dict:
-    """Pair the arms item by item and apply quality-v1; nothing is adjusted."""
+                 quality_params: dict, datasets: int = 1) -> dict:
+    """Pair the arms item by item and apply the quality rule; nothing is adjusted.
+
+    ``datasets``: how many datasets the audit judges (quality-v2's Bonferroni family).
+    """
     dataset = artifacts.read_json(dataset_path)
     sampled: dict[str, list[SampledRecord]] = {}
     scores: dict[str, list[ScoreRecord]] = {}
@@ -63,7 +66,8 @@ def paired_stage(*, dataset_path: str, sampled_paths: dict, score_paths: dict, o
     table = stats.paired_table(scores["control"], scores["candidate"], sampled["control"], sampled["candidate"])
     by_index = {arm: {r["index"]: bool(r["correct"]) for r in scores[arm]} for arm in ARMS}
     order = table["indices"]
-    quality = gates.quality_v1(table, **quality_params)
+    rule = quality_params.get("rule", gates.QUALITY_RULES[0])
+    quality = gates.apply_quality(rule, table, quality_params, datasets=datasets)
     if failed:
         quality = {**quality, "verdict": "INCONCLUSIVE", "stage_verdict": quality["verdict"],
                    "reasons": [f"not comparable: the {arm} server failed ({why})" for arm, why in failed.items()]
@@ -79,7 +83,8 @@ def paired_stage(*, dataset_path: str, sampled_paths: dict, score_paths: dict, o
         "bootstrap": stats.paired_bootstrap_ci([by_index["control"][i] for i in order],
                                                [by_index["candidate"][i] for i in order]) if order else None,
         "provenance": artifacts.provenance(
-            [dataset_path, *sampled_paths.values(), *score_paths.values()], {"quality": quality_params}),
+            [dataset_path, *sampled_paths.values(), *score_paths.values()],
+            {"quality": quality_params, "datasets": datasets}),
     }
     artifacts.write_json(out_path, doc)
     return doc
