@@ -641,8 +641,8 @@ def _v3_noise(win_var: np.ndarray, win_df: int, ev_var: np.ndarray | float | Non
     return {"var": var, "df": df, "pooled_evidence": pool, "fallback": fallback, "used_var": used}
 
 
-def _quantiles(p: float, df: np.ndarray, fallback: np.ndarray) -> np.ndarray:
-    """Student-t at the variance's degrees of freedom, the fallback too.
+def _quantiles(p: float, df: np.ndarray) -> np.ndarray:
+    """Student-t at the variance's degrees of freedom, the fallback's too.
 
     The fallback raises the variance to the floor but keeps the t quantile of
     the degrees of freedom actually seen: a host noisier than the floor then
@@ -651,7 +651,6 @@ def _quantiles(p: float, df: np.ndarray, fallback: np.ndarray) -> np.ndarray:
     """
     from scipy.stats import t
 
-    del fallback  # the same quantile either way; kept in the signature for the record's sake
     return np.asarray(t.ppf(p, np.maximum(df, 1)))
 
 
@@ -679,7 +678,7 @@ def _win2_v3_core(metrics: Mapping[str, np.ndarray], *, primary: str, guards: Se
     ev = evidence.get(primary, {}).get("pooled")
     pn = _v3_noise(wv, wdf, None if ev is None else ev[0], 0 if ev is None else int(ev[1]), **kw)
     se = np.sqrt(fac * pn["used_var"])
-    q_win = _quantiles(1.0 - alpha_win / looks, pn["df"], pn["fallback"])
+    q_win = _quantiles(1.0 - alpha_win / looks, pn["df"])
     half = q_win * se
     # the bar on the log scale: a win is a ratio above 1 + bar, a loss one below 1 - bar
     up, down = log_bar(win_pct), -log_bar(-win_pct) if win_pct < 100 else math.inf
@@ -689,7 +688,7 @@ def _win2_v3_core(metrics: Mapping[str, np.ndarray], *, primary: str, guards: Se
     # one loss test per cell and metric, plus the primary pooled over the cells (it borrows every cell's
     # repeats and the host's evidence, so it sees a uniform slowdown no single cell can show alone)
     n_tests = n_cells * len(vals) + 1
-    q_pool_loss = _quantiles(1.0 - alpha_loss / (looks * n_tests), pn["df"], pn["fallback"])
+    q_pool_loss = _quantiles(1.0 - alpha_loss / (looks * n_tests), pn["df"])
     pooled_loss = (pooled_gain < -down) & (pooled_gain + q_pool_loss * se < 0)
     loss_by, cell_noise = {}, {}
     for m, v in vals.items():
@@ -701,7 +700,7 @@ def _win2_v3_core(metrics: Mapping[str, np.ndarray], *, primary: str, guards: Se
             cn = {k: np.stack([z[k] for z in nz], axis=-1) for k in ("var", "df", "fallback", "used_var")}
         else:
             cn = _v3_noise(cv, cdf, None, 0, **kw)
-        q_loss = _quantiles(1.0 - alpha_loss / (looks * n_tests), cn["df"], cn["fallback"])
+        q_loss = _quantiles(1.0 - alpha_loss / (looks * n_tests), cn["df"])
         g = cell_gain[m]
         loss_by[m] = (g < -down) & (g + q_loss * np.sqrt(fac * cn["used_var"]) < 0)
         cell_noise[m] = cn
