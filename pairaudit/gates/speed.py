@@ -348,6 +348,28 @@ def _nums(a: np.ndarray) -> list:
     return [float(v) for v in np.ravel(a)]
 
 
+def _check_cells(cells: Mapping[str, Mapping[str, Sequence[Sequence[float]]]], roles: Sequence[str],
+                 decide: Sequence[str], rule: str) -> tuple[int, int]:
+    """(repeats, starts) of a pooled rule's series, or a ValueError naming the cell, metric or role."""
+    if len(set(roles)) != len(roles):
+        raise ValueError(f"a metric has more than one role: {list(roles)}")
+    if not decide:
+        raise ValueError(f"{rule} needs at least one deciding cell")
+    shapes = set()
+    for c in cells:
+        missing = [m for m in roles if m not in cells[c]]
+        if missing:
+            raise ValueError(f"cell {c}: metrics {missing} absent from series")
+        for m in roles:
+            for rep in cells[c][m]:
+                if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in rep):
+                    raise ValueError(f"{c}/{m}: every start's value must be a finite number, got {rep!r}")
+                shapes.add((len(cells[c][m]), len(rep)))
+    if len(shapes) != 1:
+        raise ValueError(f"cells and metrics have different repeats x starts: {sorted(shapes)}")
+    return shapes.pop()
+
+
 def win2_v2(
     cells: Mapping[str, Mapping[str, Sequence[Sequence[float]]]],
     *,
@@ -900,24 +922,7 @@ def win2_v3(
     looks = looks_for(max_starts)
     params.update(primary=primary, guards=guards, reported=reported, lower_is_better=sorted(lib),
                   decision_cells=list(decide), max_starts=max_starts, looks=looks)
-    roles = [primary] + guards + reported
-    if len(set(roles)) != len(roles):
-        raise ValueError(f"a metric has more than one role: {roles}")
-    if not decide:
-        raise ValueError("win2-v3 needs at least one deciding cell")
-    shapes = set()
-    for c in names:
-        missing = [m for m in roles if m not in cells[c]]
-        if missing:
-            raise ValueError(f"cell {c}: metrics {missing} absent from series")
-        for m in roles:
-            for rep in cells[c][m]:
-                if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in rep):
-                    raise ValueError(f"{c}/{m}: every start's value must be a finite number, got {rep!r}")
-                shapes.add((len(cells[c][m]), len(rep)))
-    if len(shapes) != 1:
-        raise ValueError(f"cells and metrics have different repeats x starts: {sorted(shapes)}")
-    n_rep, n_starts = shapes.pop()
+    n_rep, n_starts = _check_cells(cells, [primary, *guards, *reported], decide, "win2-v3")
     bracket_arms(n_starts)  # refuses an even or too short bracket
     if n_starts > max_starts:
         raise ValueError(f"{n_starts} starts exceed max_starts {max_starts}")

@@ -90,83 +90,61 @@ def _decide_v1(series: Mapping[str, Mapping], cfg: Mapping[str, Any], clock: Map
     return win2, gate
 
 
-def _decide_v2(series: Mapping[str, Mapping], cfg: Mapping[str, Any], clock: Mapping[str, Any],
-               archive_pct: Mapping[str, float | None], incon: list[str]) -> tuple[dict, dict]:
+def _rule_v2(series: Mapping[str, Mapping], cfg: Mapping[str, Any], usable: Sequence[str],
+             deciding: Sequence[str], lib: Sequence[str], evidence: Mapping[str, Any] | None) -> dict:
+    return gates.win2_v2({n: series[n] for n in usable}, decide=deciding, primary=cfg["primary"],
+                         guards=cfg["guards"], reported=cfg["reported"], lower_is_better=lib,
+                         win_pct=cfg["win_pct"], start_noise_pct=cfg["start_noise_pct"])
+
+
+def _rule_v3(series: Mapping[str, Mapping], cfg: Mapping[str, Any], usable: Sequence[str],
+             deciding: Sequence[str], lib: Sequence[str], evidence: Mapping[str, Any] | None) -> dict:
+    res = gates.win2_v3({n: series[n] for n in usable}, decide=deciding, primary=cfg["primary"],
+                        guards=cfg["guards"], reported=cfg["reported"], lower_is_better=lib,
+                        max_starts=cfg["max_starts"], evidence=evidence, win_pct=cfg["win_pct"],
+                        start_noise_pct=cfg["start_noise_pct"])
+    nz = res["noise"]
+    zero = [g for g in cfg["guards"] if all(v == 0 for c in deciding for tr in series[c][g] for v in tr)]
+    r = res["rates"] = gates.win2_v3_rates(
+        rep_sd=nz["rep_sd_pct"], start_sd=nz["start_sd_used_pct"], cells=len(deciding), repeats=res["repeats"],
+        max_starts=cfg["max_starts"], guards=cfg["guards"], zero_guards=zero, win_pct=cfg["win_pct"],
+        start_noise_pct=cfg["start_noise_pct"], evidence_df=int(nz["evidence_df"] or 0))
+    res["reasons"].append(
+        f"win2-v3 at this noise (start to start {nz['start_sd_used_pct']:.2f} %, per repeat "
+        f"{nz['rep_sd_pct']:.2f} %, up to {cfg['max_starts']} starts): false WIN {100 * r['false_win']:.1f} %, "
+        f"false LOSS {100 * r['false_loss']:.1f} %, WIN for a +{r['power_gain_pct']:g} % change "
+        f"{100 * r['power']:.1f} %, LOSS for a -{r['power_gain_pct']:g} % one {100 * r['power_loss']:.1f} % "
+        f"({r['windows']} simulated brackets, seed {r['seed']})")
+    return res
+
+
+# what the gate carries of a pooled rule's result (win2-v2, win2-v3), beside its verdict and reasons
+_POOLED_KEYS = {"win2-v2": ("noise", "rates", "needed", "pooled_gain_pct", "half_width_pct", "lower_bound_pct",
+                            "loss_tests", "repeats", "reported"),
+                "win2-v3": ("noise", "rates", "needed", "pooled_gain_pct", "half_width_pct", "lower_bound_pct",
+                            "loss_tests", "repeats", "reported", "more_starts", "starts", "arms", "looks",
+                            "alpha_per_look")}
+
+
+def _decide_pooled(rule: str, series: Mapping[str, Mapping], cfg: Mapping[str, Any], clock: Mapping[str, Any],
+                   archive_pct: Mapping[str, float | None], incon: list[str],
+                   evidence: Mapping[str, Any] | None = None) -> tuple[dict, dict]:
+    """win2-v2 or win2-v3: one verdict over every deciding cell at once, the stage's findings before it."""
     metrics = [cfg["primary"], *cfg["guards"], *cfg["reported"]]
     deciding = [c["name"] for c in cfg["cells"] if c["decide"]]
     missing = {name: sorted({m for m, reps in series[name].items() for tr in reps for x in tr if x is None})
                for name in series}
     usable = [n for n in series if not missing[n]]
-    kw = dict(primary=cfg["primary"], guards=cfg["guards"], reported=cfg["reported"],
-              lower_is_better=[m for m in metrics if m in LOWER_IS_BETTER], win_pct=cfg["win_pct"],
-              start_noise_pct=cfg["start_noise_pct"])
     blocked = [n for n in deciding if missing[n]]
     res: dict[str, Any]
     if blocked or not usable:
-        res = {"rule": "win2-v2", "verdict": "INCONCLUSIVE", "params": {}, "deviations": {}, "cells": {},
-               "noise": None, "rates": None,
-               "reasons": [f"{n}: metric(s) {missing[n]} have no value in some repeat (0 rounds or 0 decode "
-                           "seconds): nothing to compare" for n in blocked]}
-    else:
-        res = gates.win2_v2({n: series[n] for n in usable}, decide=deciding, **kw)
-    if clock["mismatch"]:
-        incon = [f"starts differ in clock cap facts {clock['mismatch']}", *incon]
-    if incon:
-        res["verdict"] = "INCONCLUSIVE"
-        res["reasons"][:0] = incon
-    per_cell = dict(res.get("cells") or {})
-    for n in series:
-        if missing[n]:
-            per_cell[n] = {"decides": n in deciding, "verdict": "INCONCLUSIVE",
-                           "reasons": [f"metric(s) {missing[n]} have no value in some repeat"]}
-        per_cell[n]["archive_spread_pct"] = archive_pct.get(n)
-    win2 = {n: {"rule": "win2-v2", **per_cell[n]} for n in series}
-    reasons = list(res["reasons"])
-    if cfg["informational"]:
-        reasons.append("speed is informational (config speed.informational): only a LOSS gates the decision")
-    gate = {"rule": "win2-v2", "verdict": res["verdict"], "reasons": reasons, "params": res.get("params", {}),
-            "deviations": res.get("deviations", {}), "informational": bool(cfg["informational"]),
-            "decision_cells": deciding, "cells": {n: win2[n].get("verdict") for n in win2},
-            "clock_check": clock.get("verdict"),
-            **{k: res.get(k) for k in ("noise", "rates", "needed", "pooled_gain_pct", "half_width_pct",
-                                       "lower_bound_pct", "loss_tests", "repeats", "reported")}}
-    return win2, gate
-
-
-def _decide_v3(series: Mapping[str, Mapping], cfg: Mapping[str, Any], clock: Mapping[str, Any],
-               archive_pct: Mapping[str, float | None], incon: list[str],
-               evidence: Mapping[str, Any] | None) -> tuple[dict, dict]:
-    metrics = [cfg["primary"], *cfg["guards"], *cfg["reported"]]
-    deciding = [c["name"] for c in cfg["cells"] if c["decide"]]
-    missing = {name: sorted({m for m, reps in series[name].items() for tr in reps for x in tr if x is None})
-               for name in series}
-    usable = [n for n in series if not missing[n]]
-    lib = [m for m in metrics if m in LOWER_IS_BETTER]
-    blocked = [n for n in deciding if missing[n]]
-    res: dict[str, Any]
-    if blocked or not usable:
-        res = {"rule": "win2-v3", "verdict": "INCONCLUSIVE", "params": {}, "deviations": {}, "cells": {},
+        res = {"rule": rule, "verdict": "INCONCLUSIVE", "params": {}, "deviations": {}, "cells": {},
                "noise": None, "rates": None, "more_starts": False,
                "reasons": [f"{n}: metric(s) {missing[n]} have no value in some repeat (0 rounds or 0 decode "
                            "seconds): nothing to compare" for n in blocked]}
     else:
-        res = gates.win2_v3({n: series[n] for n in usable}, decide=deciding, primary=cfg["primary"],
-                            guards=cfg["guards"], reported=cfg["reported"], lower_is_better=lib,
-                            max_starts=cfg["max_starts"], evidence=evidence, win_pct=cfg["win_pct"],
-                            start_noise_pct=cfg["start_noise_pct"])
-        nz = res["noise"]
-        zero = [g for g in cfg["guards"] if all(v == 0 for c in deciding for tr in series[c][g] for v in tr)]
-        res["rates"] = gates.win2_v3_rates(
-            rep_sd=nz["rep_sd_pct"], start_sd=nz["start_sd_used_pct"], cells=len(deciding), repeats=res["repeats"],
-            max_starts=cfg["max_starts"], guards=cfg["guards"], zero_guards=zero, win_pct=cfg["win_pct"],
-            start_noise_pct=cfg["start_noise_pct"], evidence_df=int(nz["evidence_df"] or 0))
-        r = res["rates"]
-        res["reasons"].append(
-            f"win2-v3 at this noise (start to start {nz['start_sd_used_pct']:.2f} %, per repeat "
-            f"{nz['rep_sd_pct']:.2f} %, up to {cfg['max_starts']} starts): false WIN {100 * r['false_win']:.1f} %, "
-            f"false LOSS {100 * r['false_loss']:.1f} %, WIN for a +{r['power_gain_pct']:g} % change "
-            f"{100 * r['power']:.1f} %, LOSS for a -{r['power_gain_pct']:g} % one {100 * r['power_loss']:.1f} % "
-            f"({r['windows']} simulated brackets, seed {r['seed']})")
+        run = _rule_v3 if rule == "win2-v3" else _rule_v2
+        res = run(series, cfg, usable, deciding, [m for m in metrics if m in LOWER_IS_BETTER], evidence)
     if clock["mismatch"]:
         incon = [f"starts differ in clock cap facts {clock['mismatch']}", *incon]
     if incon:
@@ -179,17 +157,14 @@ def _decide_v3(series: Mapping[str, Mapping], cfg: Mapping[str, Any], clock: Map
             per_cell[n] = {"decides": n in deciding, "verdict": "INCONCLUSIVE",
                            "reasons": [f"metric(s) {missing[n]} have no value in some repeat"]}
         per_cell[n]["archive_spread_pct"] = archive_pct.get(n)
-    win2 = {n: {"rule": "win2-v3", **per_cell[n]} for n in series}
+    win2 = {n: {"rule": rule, **per_cell[n]} for n in series}
     reasons = list(res["reasons"])
     if cfg["informational"]:
         reasons.append("speed is informational (config speed.informational): only a LOSS gates the decision")
-    gate = {"rule": "win2-v3", "verdict": res["verdict"], "reasons": reasons, "params": res.get("params", {}),
+    gate = {"rule": rule, "verdict": res["verdict"], "reasons": reasons, "params": res.get("params", {}),
             "deviations": res.get("deviations", {}), "informational": bool(cfg["informational"]),
             "decision_cells": deciding, "cells": {n: win2[n].get("verdict") for n in win2},
-            "clock_check": clock.get("verdict"),
-            **{k: res.get(k) for k in ("noise", "rates", "needed", "pooled_gain_pct", "half_width_pct",
-                                       "lower_bound_pct", "loss_tests", "repeats", "reported", "more_starts",
-                                       "starts", "arms", "looks", "alpha_per_look")}}
+            "clock_check": clock.get("verdict"), **{k: res.get(k) for k in _POOLED_KEYS[rule]}}
     return win2, gate
 
 
@@ -209,11 +184,10 @@ def decide(results: Mapping[str, Mapping[str, Any]], cfg: Mapping[str, Any], clo
     series = {c["name"]: series_for({st: results[st][c["name"]] for st in names}, metrics, names)
               for c in cfg["cells"]}
     incon, devs = clock_findings(clock, cfg)
-    if rule == "win2-v3":
-        win2, gate = _decide_v3(series, cfg, clock, archive_pct or {}, incon, evidence)
+    if rule in _POOLED_KEYS:
+        win2, gate = _decide_pooled(rule, series, cfg, clock, archive_pct or {}, incon, evidence)
     else:
-        fn = _decide_v2 if rule == "win2-v2" else _decide_v1
-        win2, gate = fn(series, cfg, clock, archive_pct or {}, incon)
+        win2, gate = _decide_v1(series, cfg, clock, archive_pct or {}, incon)
     rule_res = gate if rule in ("win2-v3", "win2-v2") else next((w for w in win2.values() if w.get("deviations")),
                                                                  {})
     gate["stage_deviations"] = devs + _rule_deviations(rule, rule_res)
