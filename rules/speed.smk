@@ -40,8 +40,12 @@ if SPEED_ON:
             starts_log=STARTS_LOG,
             # params, not logs: see rule answers
             # one per start the bracket may grow to: control, candidate, control, ...
-            server_logs={f"s{k + 1}": server_log(f"speed-s{k + 1}-{'control' if k % 2 == 0 else 'candidate'}")
-                         for k in range(SPEED_CFG.get("max_starts", 3))},
+            server_logs={
+                f"s{k + 1}": server_log(
+                    f"speed-s{k + 1}-{'control' if k % 2 == 0 else 'candidate'}"
+                )
+                for k in range(SPEED_CFG.get("max_starts", 3))
+            },
             archive=SPEED_CFG["archive"],
             code=code("speed"),
         script:

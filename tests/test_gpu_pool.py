@@ -485,7 +485,8 @@ def test_the_speed_bracket_runs_its_three_starts_on_the_same_gpus_and_reads_thei
         pp[arm] = str(tmp_path / f"preflight-{arm}.json")
         artifacts.write_json(pp[arm], {"schema": "pairaudit.preflight/v1", "verdict": "PASS"})
     cfg = {"cells": [{"name": "c1", "prompt": "random", "input_len": 16, "concurrency": 1}], "repeats": 2,
-           "waves": 1, "output_len": 8, "archive": str(tmp_path / "archive.jsonl"), "accept_unverifiable_clock": True}
+           "waves": 1, "output_len": 8, "archive": str(tmp_path / "archive.jsonl"), "accept_unverifiable_clock": True,
+           "max_starts": 3, "repeat_s": None}
     out = {}
 
     def bracket():

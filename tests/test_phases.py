@@ -132,7 +132,8 @@ def _speed_bracket(tmp_path: Path, candidate_cfg: dict) -> tuple[dict, Path]:
     arms = {"control": fake_cfg(), "candidate": candidate_cfg}
     lp, pp, sp = bracket_inputs(tmp_path, arms)
     cfg = {"cells": [{"name": "pair-c2", "prompt": "random", "input_len": 16, "concurrency": 2}],
-           "repeats": 2, "waves": 1, "output_len": 8, "accept_unverifiable_clock": True}
+           "repeats": 2, "waves": 1, "output_len": 8, "accept_unverifiable_clock": True,
+           "max_starts": 3, "repeat_s": None}  # one bracket: these tests look at a start's failure and the record
     logs = {s: str(tmp_path / f"logs/speed-{s}.log") for s in ("s1", "s2", "s3")}
     doc = speed_stage.speed_stage(launch_paths=lp, preflight_paths=pp, spec_paths=sp, speed_cfg=cfg, audit="t",
                             out_path=str(tmp_path / "speed/decision.json"),
@@ -148,7 +149,8 @@ def test_an_engine_that_dies_under_the_speed_bracket_is_evidence_confirmed_on_a_
                                    out / "speed/decision.json")
     assert saved["gate"]["verdict"] == "INCONCLUSIVE" and saved["not_run"].startswith("the candidate server failed")
     f = saved["failure"]
-    assert (f["arm"], f["stage"], f["what"]) == ("candidate", "speed", "s2 cell pair-c2 repeat 0 wave 0")
+    # the candidate's warm-up wave (two streams, as every measured wave) is its first batch of two
+    assert (f["arm"], f["stage"], f["what"]) == ("candidate", "speed", "s2 warm-up")
     # both streams of the wave failed (one answered 500, one cut off when the process died);
     # the record leads with the one that carries the engine's words, whichever finished first
     assert f["status"] == 500 and "batch of 2 streams" in json.dumps(f["error_body"])
@@ -157,7 +159,7 @@ def test_an_engine_that_dies_under_the_speed_bracket_is_evidence_confirmed_on_a_
     # the control start measured before the failure is kept, with its streams
     assert [s["start"] for s in saved["starts"]] == ["s1", "s2"] and "failure" in saved["starts"][1]
     _, streams = artifacts.read_jsonl(out / "speed/streams.jsonl")
-    assert {r["start"] for r in streams} == {"s1"} and len(streams) == 5  # warm-up + two repeats of a wave of two
+    assert {r["start"] for r in streams} == {"s1"} and len(streams) == 6  # a warm-up wave + two repeats, two streams each
     starts = [(r["phase"], r["arm"], r["event"]) for r in read_log(out / "servers/starts.jsonl")]
     assert starts == [("speed", "control", "ready"), ("speed", "control", "stopped"), ("speed", "candidate", "ready"),
                       ("speed", "candidate", "stopped"), ("speed-confirm", "candidate", "ready"),

@@ -159,7 +159,8 @@ CONSUMERS = {
     "speed": (lambda p, o: speed_stage.speed_stage(
         launch_paths={a: str(p[f"launch_{a}"]) for a in ARMS},
         preflight_paths={a: str(p[f"preflight_{a}"]) for a in ARMS}, spec_paths=_specs(p),
-        speed_cfg={"cells": [{"name": "c", "prompt": "short"}], "repeats": 2, "waves": 1, "output_len": 4},
+        speed_cfg={"cells": [{"name": "c", "prompt": "short"}], "repeats": 2, "waves": 1, "output_len": 4,
+                   "repeat_s": None, "max_starts": 3},
         audit="t", out_path=str(o / "sp.json"), streams_path=str(o / "st.jsonl"),
         archive_path=str(o / "archive.jsonl"), server_logs={s: str(o / f"{s}.log") for s in ("s1", "s2", "s3")}),
         ["launch_control", "launch_candidate", "preflight_control", "preflight_candidate", "spec_control",

@@ -114,7 +114,7 @@ def test_speed_bracket_launches_real_vllm_three_times(vllm_pair, tmp_path):
         preflight_paths[arm] = str(tmp_path / f"preflight-{arm}.json")
         artifacts.write_json(preflight_paths[arm], pf)
     cfg = {"cells": [{"name": "short-c1", "prompt": "short", "input_len": 16, "concurrency": 1, "decide": True}],
-           "repeats": 2, "waves": 1, "output_len": 8, "informational": True}
+           "repeats": 2, "waves": 1, "output_len": 8, "informational": True, "repeat_s": None, "max_starts": 3}
     doc = speed_stage.speed_stage(launch_paths=launch_paths, preflight_paths=preflight_paths, spec_paths=spec_paths,
                             speed_cfg=cfg, audit="vllm-speed", out_path=str(tmp_path / "decision.json"),
                             streams_path=str(tmp_path / "streams.jsonl"),

@@ -437,7 +437,7 @@ def test_your_own_qa_and_multiple_choice_sets_run_through_the_tiny_audit(tmp_pat
     snake(project, "results/tiny/paired/facts.json", "results/tiny/paired/choices.json")
     for name, fmt in (("facts", "qa"), ("choices", "multiple_choice")):
         paired = json.loads((project / f"results/tiny/paired/{name}.json").read_text())
-        assert paired["table"]["n"] == 3 and paired["quality"]["rule"] == "quality-v1"
+        assert paired["table"]["n"] == 3 and paired["quality"]["rule"] == "quality-v2"
         for arm in ("control", "candidate"):
             lines = read_jsonl(project / f"results/tiny/scores/{name}/{arm}.jsonl")
             header, scores = lines[0], [r for r in lines if r.get("kind") == "record"]
