@@ -22,6 +22,15 @@ QUALITY_V2 = {"margin_pct": 3.0, "level": 0.95, "alpha": 0.05}
 QUALITY_RULES = ("quality-v2", "quality-v1")
 
 
+def _record(rule: str, verdict: str, reasons: list, params: dict, dev: dict, table: Mapping[str, Any],
+            c_only: Any, k_only: Any, net: int, p: float) -> dict:
+    """The fields every quality rule's result shares: its verdict and the paired table it read."""
+    return {"rule": rule, "verdict": verdict, "reasons": reasons, "params": params, "deviations": dev,
+            "n": table.get("n"), "control_correct": table.get("control_correct"),
+            "candidate_correct": table.get("candidate_correct"), "control_only": c_only, "candidate_only": k_only,
+            "net": net, "mcnemar_p": p}
+
+
 def quality_v1(table: Mapping[str, Any], *, max_net_loss: int = 0, alpha: float = 0.05) -> dict:
     """quality-v1 on one dataset's paired table (``stats.paired_table`` output).
 
@@ -63,21 +72,7 @@ def quality_v1(table: Mapping[str, Any], *, max_net_loss: int = 0, alpha: float 
     mde = minimum_detectable_loss(n_items, min(n_items, len(c_only) + len(k_only)), alpha=alpha,
                                   power=MDE_POWER, max_net_loss=max_net_loss)
     reasons.append(mde_reason(mde))
-    return {
-        "rule": "quality-v1",
-        "verdict": verdict,
-        "reasons": reasons,
-        "params": params,
-        "deviations": dev,
-        "n": table.get("n"),
-        "control_correct": table.get("control_correct"),
-        "candidate_correct": table.get("candidate_correct"),
-        "control_only": c_only,
-        "candidate_only": k_only,
-        "net": net,
-        "mcnemar_p": p,
-        "mde": mde,
-    }
+    return {**_record("quality-v1", verdict, reasons, params, dev, table, c_only, k_only, net, p), "mde": mde}
 
 
 def _invalid(table: Mapping[str, Any]) -> list[str]:
@@ -186,18 +181,7 @@ def quality_v2(table: Mapping[str, Any], *, margin_pct: float = 3.0, level: floa
     mde = minimum_detectable_loss(n, min(n, b + c), alpha=alpha, power=MDE_POWER, max_net_loss=0)
     reasons.append(mde_reason(mde))
     return {
-        "rule": "quality-v2",
-        "verdict": verdict,
-        "reasons": reasons,
-        "params": params,
-        "deviations": dev,
-        "n": table.get("n"),
-        "control_correct": table.get("control_correct"),
-        "candidate_correct": table.get("candidate_correct"),
-        "control_only": c_only,
-        "candidate_only": k_only,
-        "net": net,
-        "mcnemar_p": p,
+        **_record("quality-v2", verdict, reasons, params, dev, table, c_only, k_only, net, p),
         "loss_bound": bound,
         "multiplicity": multiplicity,
         "needed": needed,
