@@ -179,9 +179,11 @@ def test_older_rules_keep_their_three_starts():
     assert cfg["max_starts"] == 3
 
 
-def test_start_roles_alternate_and_the_stage_decision_reads_every_start():
+@pytest.mark.parametrize("rule", ["win2-v4", "win2-v3"])
+def test_start_roles_alternate_and_the_stage_decision_reads_every_start(rule):
     assert [a for _, _, a in start_roles(5)] == ["control", "candidate", "control", "candidate", "control"]
-    cfg = speed.resolve_config({"cells": [{"name": "c1", "prompt": "short"}], "accept_unverifiable_clock": True})
+    cfg = speed.resolve_config({"cells": [{"name": "c1", "prompt": "short"}], "accept_unverifiable_clock": True,
+                                "rule": rule, "max_starts": 5})
     vals = [100.0, 100.1, 99.9, 100.2, 100.0]
     res = {f"s{k + 1}": {"c1": {"pooled": [{PRIMARY: v, "accepted_per_round": 0.0, "decode_tps": v,
                                               "ms_per_round": 1000 / v, "ttft_s": 0.1}] * 3}} for k, v in enumerate(vals)}
@@ -189,7 +191,7 @@ def test_start_roles_alternate_and_the_stage_decision_reads_every_start():
     facts = [{"governor": None, "gpu": None}] * 5
     clock = speedclock.clock_check(facts, after=facts, starts=[f"s{k + 1}" for k in range(5)])
     win2, series, gate = speeddecision.decide(res, cfg, clock, starts=[f"s{k + 1}" for k in range(5)])
-    assert gate["rule"] == "win2-v3" and gate["starts"] == 5
+    assert gate["rule"] == rule and gate["starts"] == 5
     assert len(series["c1"][PRIMARY][0]) == 5
     assert gate["verdict"] == "NO_WIN"
     assert gate["rates"]["false_win"] <= 0.05

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from pairaudit.gates.speed import SEQUENTIAL_RULES
 from pairaudit.speed import bracket as speed
 from pairaudit.speed import clock as speedclock
 from pairaudit.speed import decision as speeddecision
@@ -128,10 +129,10 @@ def bracket_result(control, candidate):
             for st, xs in (("s1", control), ("s2", candidate), ("s3", control))}
 
 
-# The rules that decide one three-start bracket on its own numbers; win2-v3 grows the bracket first
+# The rules that decide one three-start bracket on its own numbers; win2-v4 and win2-v3 grow the bracket first
 # (tests/test_rules_win2v3.py), and the clock findings below are the stage's, the same for every rule.
 CFGS = {rule: speed.resolve_config({"cells": [{"name": "short-c1", "prompt": "short"}], "repeats": 3, "rule": rule})
-        for rule in speeddecision.RULES if rule != "win2-v3"}
+        for rule in speeddecision.RULES if rule not in SEQUENTIAL_RULES}
 WIN = bracket_result([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
 
 

@@ -5,13 +5,20 @@ phase) on the same config, all appending to one control archive, so each
 run's gate sees the host's earlier windows of the same control, as an audit
 on that host would. In order:
 
-1. ``aa-1``, ``aa-2``: the config's control against itself (must be NO_WIN);
-2. ``slow-1``, ``slow-2``: the control against itself with a step delay in the
-   candidate sized from aa-1's own milliseconds per decode round to slow it
-   by 3 % (must be LOSS);
-3. ``fast-1``: the delay in the control instead, the candidate 3 % faster
+1. ``example-1``: the config's change, first, because a large change decides
+   without the host's evidence, and its control starts are the first
+   evidence the A/A runs get;
+2. ``aa-1``: the config's control against itself (must be NO_WIN);
+3. ``slow-1``: the control against itself with a step delay in the candidate
+   sized from aa-1's own milliseconds per decode round to slow it by 3 %
+   (must be LOSS);
+4. ``fast-1``: the delay in the control instead, the candidate 3 % faster
    (must be WIN);
-4. ``example-1``, ``example-2``: the config's change (the same verdict twice).
+5. ``aa-2``, ``slow-2``, ``example-2``: each a second time (the example must
+   give the same verdict).
+
+One of each comes first, so a budget that stops early still leaves every
+verdict tried once.
 
 A run that would start after ``--budget-s`` seconds is skipped and listed as
 such. Writes ``summary.jsonl`` (one line per run) and each run's artifacts
@@ -75,10 +82,10 @@ def main() -> int:
     t_start = time.monotonic()
     only = set(a.only.split(",")) if a.only else None
     results: dict[str, dict] = {}
-    # the example last: its control is the A/As' and the slowdowns' control, so by then the host's
-    # evidence on that control is four windows deep
-    plan: list[tuple[str, list[str] | None]] = [("aa-1", ["--aa"]), ("aa-2", ["--aa"]), ("slow-1", None),
-                                                ("slow-2", None), ("fast-1", None), ("example-1", []),
+    # the example first: its control is the A/As' and the slowdowns' control, and win2-v4 spends its
+    # alpha O'Brien-Fleming-type only once the start-to-start variance has enough degrees of freedom
+    plan: list[tuple[str, list[str] | None]] = [("example-1", []), ("aa-1", ["--aa"]), ("slow-1", None),
+                                                ("fast-1", None), ("aa-2", ["--aa"]), ("slow-2", None),
                                                 ("example-2", [])]
     for name, extra in plan:
         if only and name not in only:

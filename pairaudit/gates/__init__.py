@@ -17,6 +17,8 @@ from pairaudit.gates.speed import (
     WIN2_V1,
     WIN2_V2,
     WIN2_V3,
+    WIN2_V4,
+    SEQUENTIAL_RULES,
     bracket_arms,
     evidence_from_controls,
     looks_for,
@@ -29,6 +31,7 @@ from pairaudit.gates.speed import (
     win2_v2_rates,
     win2_v3,
     win2_v3_rates,
+    win2_v4,
 )
 
 # name -> the rule's function: what a config's `rules:` section may name
@@ -40,6 +43,7 @@ REGISTERED = {
     "boundary-v1": boundary_v1,
     "win2-v1": win2_v1,
     "win2-v2": win2_v2,
+    "win2-v4": win2_v4,
     "win2-v3": win2_v3,
     "promotion-v1": promotion_v1,
     "server-failure-v1": server_failure_v1,
@@ -47,9 +51,9 @@ REGISTERED = {
 
 __all__ = [
     "BOUNDARY_REQUIRED_CASES", "CAPACITY_TAIL_CASE", "GRID_TIE_V1", "NO_CHANGE", "PROBE_CLAUSES", "QUALITY_RULES",
-    "QUALITY_V1", "QUALITY_V2", "REGISTERED", "WIN2_V1", "WIN2_V2", "WIN2_V3", "apply_quality", "bracket_arms",
+    "QUALITY_V1", "QUALITY_V2", "REGISTERED", "SEQUENTIAL_RULES", "WIN2_V1", "WIN2_V2", "WIN2_V3", "WIN2_V4", "apply_quality", "bracket_arms",
     "boundary_missing_cases", "boundary_v1", "determinism_v1", "evidence_from_controls", "grid_tie_audit",
     "grid_tie_probe", "grid_tie_v1", "looks_for", "mde_reason", "per_dataset_level", "promotion_v1", "quality_v1",
     "quality_v2", "sequential_verdicts", "server_failure_v1", "simulate_sequences", "simulate_windows", "win2_v1",
-    "win2_v2", "win2_v2_needed", "win2_v2_rates", "win2_v3", "win2_v3_rates",
+    "win2_v2", "win2_v2_needed", "win2_v2_rates", "win2_v3", "win2_v3_rates", "win2_v4",
 ]

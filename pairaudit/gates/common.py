@@ -21,7 +21,7 @@ Verdict vocabularies:
 - determinism-v1:  PASS | STOP
 - boundary-v1:     PASS | FAIL | INCONCLUSIVE (no candidate case at all, or a configuration error)
 - win2-v1:         WIN | NO_WIN | LOSS | INCONCLUSIVE
-- win2-v2:         WIN | NO_WIN | LOSS | INCONCLUSIVE (too noisy to decide at the bar)
+- win2-v2, -v3, -v4: WIN | NO_WIN | LOSS | INCONCLUSIVE (too noisy to decide at the bar)
 - promotion-v1:    PROMOTE | HOLD | REJECT | INCONCLUSIVE
 """
 

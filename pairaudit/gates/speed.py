@@ -4,6 +4,7 @@ Stated in full, with its clauses and history, in docs/rules.md."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from typing import Any, Iterable, Mapping, Sequence
@@ -546,6 +547,18 @@ def win2_v2(
 # trust the estimate and uses start_noise_pct instead (the fallback).
 WIN2_V3 = {"win_pct": 2.0, "alpha_win": 0.05, "alpha_loss": 0.05, "start_noise_pct": 3.0, "min_df": 2,
            "evidence_f_alpha": 0.05}
+# win2-v4: win2-v3's bracket and statistics with two changes of how alpha is spent.
+# spending "obf": each test's alpha is spent over the looks by the Lan-DeMets
+# O'Brien-Fleming-type function instead of alpha / looks at every look: early
+# looks are stricter, the last one is nearly at alpha (the union bound spent a
+# quarter of it at each of four looks). loss_pooled_share: the loss test on the
+# primary pooled over the cells (the one that sees a uniform slowdown) gets
+# this share of alpha_loss, the per-cell tests split the rest, instead of an
+# equal share for every test. Both keep the false WIN and false LOSS rates of
+# the whole sequence at or below alpha_win and alpha_loss.
+WIN2_V4 = {**WIN2_V3, "spending": "obf", "loss_pooled_share": 0.5}
+SEQUENTIAL_RULES = ("win2-v4", "win2-v3")
+SPENDING = ("obf", "bonferroni")
 
 
 def _q(p: float, df: float | None) -> float:
@@ -565,6 +578,71 @@ def bracket_arms(n_starts: int) -> list[str]:
 def looks_for(max_starts: int) -> int:
     """How many times the sequential bracket may decide: after 3, 5, ... max_starts starts."""
     return 1 + (max_starts - 3) // 2
+
+
+def information_fractions(looks: int) -> tuple[float, ...]:
+    """Each look's share of the last look's information: 1 / arm_factor(starts), starts 3, 5, ..."""
+    info = [1.0 / arm_factor(3 + 2 * k) for k in range(looks)]
+    return tuple(i / info[-1] for i in info)
+
+
+@functools.lru_cache(maxsize=512)
+def obf_levels(alpha: float, fractions: tuple[float, ...], grid: int = 801) -> tuple[float, ...]:
+    """One-sided nominal levels per look of a group-sequential test, O'Brien-Fleming-type spending.
+
+    The Lan-DeMets spending function alpha(t) = 2 (1 - Phi(z_{1-alpha/2} / sqrt t))
+    gives how much of alpha may be spent by information fraction t; the
+    boundary of each look is solved so that the chance of a first crossing
+    there, under no effect, is exactly that look's increment. The score
+    process is a Brownian motion in the information; its density below the
+    earlier boundaries is carried from look to look on a grid (the
+    Armitage-McPherson-Rowe recursion), so the levels are deterministic.
+    Returns P(Z >= c_k) per look: the level each look tests at.
+    """
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    z = float(norm.ppf(1.0 - alpha / 2.0))
+    spent = [2.0 * float(norm.sf(z / math.sqrt(t))) for t in fractions]
+    levels: list[float] = []
+    xs = dens = None
+    prev_t, prev_spent = 0.0, 0.0
+    for t, cum in zip(fractions, spent):
+        inc = max(cum - prev_spent, 1e-300)
+        if xs is None:
+            b = float(norm.isf(inc)) * math.sqrt(t)
+        else:
+            sd = math.sqrt(t - prev_t)
+            w = np.full(xs.size, xs[1] - xs[0])
+            w[0] = w[-1] = w[0] / 2.0
+            mass = w * dens
+
+            def cross(bk, mass=mass, sd=sd, xs=xs):
+                return float((mass * norm.sf((bk - xs) / sd)).sum()) - inc
+
+            lo, hi = xs[-1] - 10.0 * sd, xs[-1] + 10.0 * sd
+            b = float(brentq(cross, lo, hi, xtol=1e-10)) if cross(lo) > 0 > cross(hi) else hi
+        levels.append(float(norm.sf(b / math.sqrt(t))))
+        # the density of the score below this boundary, for the next look
+        new = np.linspace(min(b, 0.0) - 9.0 * math.sqrt(t), b, grid)
+        if xs is None:
+            dens = norm.pdf(new / math.sqrt(t)) / math.sqrt(t)
+        else:
+            sd = math.sqrt(t - prev_t)
+            w = np.full(xs.size, xs[1] - xs[0])
+            w[0] = w[-1] = w[0] / 2.0
+            dens = (norm.pdf((new[:, None] - xs[None, :]) / sd) / sd) @ (w * dens)
+        xs, prev_t, prev_spent = new, t, cum
+    return tuple(levels)
+
+
+def look_level(alpha: float, looks: int, look: int, spending: str) -> float:
+    """The one-sided level a test spends at ``look`` (0-based) of ``looks``: alpha / looks, or O'Brien-Fleming's."""
+    if spending == "bonferroni":
+        return alpha / looks
+    if spending == "obf":
+        return obf_levels(float(alpha), information_fractions(looks))[look]
+    raise ValueError(f"spending {spending!r}: not one of {list(SPENDING)}")
 
 
 def arm_factor(n_starts: int) -> float:
@@ -663,7 +741,23 @@ def _v3_noise(win_var: np.ndarray, win_df: int, ev_var: np.ndarray | float | Non
     return {"var": var, "df": df, "pooled_evidence": pool, "fallback": fallback, "used_var": used}
 
 
-def _quantiles(p: float, df: np.ndarray) -> np.ndarray:
+# Below this many degrees of freedom of the start-to-start variance, win2-v4's group-sequential level
+# is used only where it is stricter than alpha / looks: the levels are solved for a known variance,
+# and applied to t statistics with few degrees of freedom they let through more than alpha (simulated:
+# 5.5 % false WIN at 8 % start-to-start noise with no host evidence); at this many they do not.
+GS_MIN_DF = 8
+
+
+def _levels(alpha: float, looks: int, look: int, spending: str, df: np.ndarray) -> np.ndarray:
+    """The level a test spends at this look, per window: its spending's, capped at alpha / looks on few df."""
+    df = np.asarray(df)
+    level = look_level(alpha, looks, look, spending)
+    if spending == "bonferroni":
+        return np.full(df.shape, level)
+    return np.where(df >= GS_MIN_DF, level, min(level, alpha / looks))
+
+
+def _quantiles(p: float | np.ndarray, df: np.ndarray) -> np.ndarray:
     """Student-t at the variance's degrees of freedom, the fallback's too.
 
     The fallback raises the variance to the floor but keeps the t quantile of
@@ -679,12 +773,15 @@ def _quantiles(p: float, df: np.ndarray) -> np.ndarray:
 def _win2_v3_core(metrics: Mapping[str, np.ndarray], *, primary: str, guards: Sequence[str],
                   lower_is_better: Iterable[str], win_pct: float, alpha_win: float, alpha_loss: float,
                   start_noise_pct: float, min_df: int, evidence_f_alpha: float, looks: int,
-                  evidence: Mapping[str, Mapping[str, Any]] | None = None) -> dict:
-    """win2-v3 at one look over many windows: arrays (windows, cells, repeats, starts) per metric.
+                  evidence: Mapping[str, Mapping[str, Any]] | None = None, spending: str = "bonferroni",
+                  loss_pooled_share: float | None = None) -> dict:
+    """win2-v3 / win2-v4 at one look over many windows: arrays (windows, cells, repeats, starts) per metric.
 
     ``evidence``: metric -> {"pooled": (var, df), "cells": [(var, df) or None per cell]} from the host's
     earlier windows of this control (variances in %^2 of the control; a var may be an array, one per
-    window), or None. The simulation runs exactly this.
+    window), or None. ``spending`` and ``loss_pooled_share``: how alpha is spent over the looks and over
+    the loss tests (win2-v3: bonferroni and an equal share; win2-v4: obf and a share for the pooled test).
+    The simulation runs exactly this.
     """
     lib = set(lower_is_better)
     evidence = evidence or {}
@@ -700,7 +797,9 @@ def _win2_v3_core(metrics: Mapping[str, np.ndarray], *, primary: str, guards: Se
     ev = evidence.get(primary, {}).get("pooled")
     pn = _v3_noise(wv, wdf, None if ev is None else ev[0], 0 if ev is None else int(ev[1]), **kw)
     se = np.sqrt(fac * pn["used_var"])
-    q_win = _quantiles(1.0 - alpha_win / looks, pn["df"])
+    look = (n_starts - 3) // 2
+    level_win = _levels(alpha_win, looks, look, spending, pn["df"])
+    q_win = _quantiles(1.0 - level_win, pn["df"])
     half = q_win * se
     # the bar on the log scale: a win is a ratio above 1 + bar, a loss one below 1 - bar
     up, down = log_bar(win_pct), -log_bar(-win_pct) if win_pct < 100 else math.inf
@@ -710,9 +809,14 @@ def _win2_v3_core(metrics: Mapping[str, np.ndarray], *, primary: str, guards: Se
     # one loss test per cell and metric, plus the primary pooled over the cells (it borrows every cell's
     # repeats and the host's evidence, so it sees a uniform slowdown no single cell can show alone)
     n_tests = n_cells * len(vals) + 1
-    q_pool_loss = _quantiles(1.0 - alpha_loss / (looks * n_tests), pn["df"])
+    if loss_pooled_share is None:
+        a_pool = a_cell = alpha_loss / n_tests
+    else:
+        a_pool, a_cell = alpha_loss * loss_pooled_share, alpha_loss * (1.0 - loss_pooled_share) / (n_tests - 1)
+    level_pool = _levels(a_pool, looks, look, spending, pn["df"])
+    q_pool_loss = _quantiles(1.0 - level_pool, pn["df"])
     pooled_loss = (pooled_gain < -down) & (pooled_gain + q_pool_loss * se < 0)
-    loss_by, cell_noise = {}, {}
+    loss_by, cell_noise, cell_levels = {}, {}, []
     for m, v in vals.items():
         cv, cdf = _v3_window_var(v)                                         # (W, C)
         cells_ev = evidence.get(m, {}).get("cells")
@@ -722,7 +826,9 @@ def _win2_v3_core(metrics: Mapping[str, np.ndarray], *, primary: str, guards: Se
             cn = {k: np.stack([z[k] for z in nz], axis=-1) for k in ("var", "df", "fallback", "used_var")}
         else:
             cn = _v3_noise(cv, cdf, None, 0, **kw)
-        q_loss = _quantiles(1.0 - alpha_loss / (looks * n_tests), cn["df"])
+        level_cell = _levels(a_cell, looks, look, spending, cn["df"])
+        cell_levels.append(level_cell.min(axis=-1))
+        q_loss = _quantiles(1.0 - level_cell, cn["df"])
         g = cell_gain[m]
         loss_by[m] = (g < -down) & (g + q_loss * np.sqrt(fac * cn["used_var"]) < 0)
         cell_noise[m] = cn
@@ -734,7 +840,8 @@ def _win2_v3_core(metrics: Mapping[str, np.ndarray], *, primary: str, guards: Se
     return {"verdict": verdict, "values": vals, "pooled_values": pm, "pooled_gain": pooled_gain, "se": se,
             "half_width": half, "q_win": q_win, "noise": pn, "window_var": wv, "window_df": wdf,
             "cell_gain": cell_gain, "cell_noise": cell_noise, "consistent": consistent, "loss_by": loss_by,
-            "pooled_loss": pooled_loss, "n_loss_tests": n_tests, "factor": fac, "n_starts": n_starts}
+            "pooled_loss": pooled_loss, "n_loss_tests": n_tests, "factor": fac, "n_starts": n_starts,
+            "levels": {"win": level_win, "loss_pooled": level_pool, "loss_cell": np.min(cell_levels, axis=0)}}
 
 
 def _v3_pct(values: np.ndarray, gain: float) -> float:
@@ -821,7 +928,8 @@ def win2_v3_rates(*, rep_sd: float, start_sd: float, cells: int, repeats: int, m
                   guards: Sequence[str] = (), zero_guards: Sequence[str] = (), win_pct: float = 2.0,
                   alpha_win: float = 0.05, alpha_loss: float = 0.05, start_noise_pct: float = 3.0, min_df: int = 2,
                   evidence_f_alpha: float = 0.05, evidence_df: int = 0, power_gain_pct: float = 3.0,
-                  prompt_sd: float = 0.0, n: int = WIN2_V2_RATE_WINDOWS, seed: int = WIN2_V2_RATE_SEED) -> dict:
+                  prompt_sd: float = 0.0, n: int = WIN2_V2_RATE_WINDOWS, seed: int = WIN2_V2_RATE_SEED,
+                  spending: str = "bonferroni", loss_pooled_share: float | None = None) -> dict:
     """Seeded simulated error rates of the sequential win2-v3 at one noise level.
 
     ``evidence_df``: the host evidence the gate is given, one simulated earlier window of
@@ -831,7 +939,8 @@ def win2_v3_rates(*, rep_sd: float, start_sd: float, cells: int, repeats: int, m
     names = ["primary", *guards]
     kw: dict[str, Any] = dict(primary="primary", guards=list(guards), lower_is_better=(), win_pct=win_pct,
                               alpha_win=alpha_win, alpha_loss=alpha_loss, start_noise_pct=start_noise_pct,
-                              min_df=min_df, evidence_f_alpha=evidence_f_alpha)
+                              min_df=min_df, evidence_f_alpha=evidence_f_alpha, spending=spending,
+                              loss_pooled_share=loss_pooled_share)
     rng = np.random.default_rng(seed)
 
     def run(gain: float) -> tuple[np.ndarray, np.ndarray]:
@@ -862,16 +971,24 @@ def win2_v3_rates(*, rep_sd: float, start_sd: float, cells: int, repeats: int, m
 
 
 def win2_v3_needed(*, start_var: float, df: int | None, win_pct: float, alpha_win: float, looks: int,
-                   limit: int = 41) -> int | None:
-    """The smallest odd number of starts whose half-width would reach the bar at this start-to-start variance."""
+                   limit: int = 41, spending: str = "bonferroni") -> int | None:
+    """The smallest odd number of starts whose half-width would reach the bar at this start-to-start variance.
+
+    win2-v3 judges every k at alpha / looks; win2-v4 at the level of k's own look among
+    max(looks, looks_for(k)) looks: what a bracket growing to k starts would test at.
+    """
     for k in range(3, limit + 1, 2):
-        q = _q(1.0 - alpha_win / looks, None if df is None else max(df, k - 2))
+        level = (alpha_win / looks if spending == "bonferroni"
+                 else look_level(alpha_win, max(looks, looks_for(k)), looks_for(k) - 1, spending))
+        q = _q(1.0 - level, None if df is None else max(df, k - 2))
         if q * math.sqrt(arm_factor(k) * start_var) <= log_bar(win_pct):
             return k
     return None
 
 
-def win2_v3(
+def _win2_sequential(
+    rule: str,
+    registered: Mapping[str, Any],
     cells: Mapping[str, Mapping[str, Sequence[Sequence[float]]]],
     *,
     primary: str,
@@ -887,8 +1004,10 @@ def win2_v3(
     start_noise_pct: float = 3.0,
     min_df: int = 2,
     evidence_f_alpha: float = 0.05,
+    spending: str = "bonferroni",
+    loss_pooled_share: float | None = None,
 ) -> dict:
-    """win2-v3: the alternating bracket (C, T, C, T, C ...) decided sequentially, paired by prompt.
+    """The alternating bracket (C, T, C, T, C ...) decided sequentially, paired by prompt (win2-v3, win2-v4).
 
     cells: cell -> metric -> per repeat, one value per start in run order
     (control first and last, alternating). evidence: metric -> {"pooled":
@@ -902,7 +1021,10 @@ def win2_v3(
     start-to-start variance is the within-arm variance of the start values,
     pooled with the evidence unless the window is significantly noisier;
     below ``min_df`` degrees of freedom ``start_noise_pct`` is the fallback.
-    Each of the looks_for(max_starts) looks tests at alpha / looks.
+    win2-v3: each of the looks_for(max_starts) looks tests at alpha / looks
+    and every loss test gets an equal share; win2-v4: alpha is spent over the
+    looks O'Brien-Fleming-type (``obf_levels``) and the pooled loss test gets
+    ``loss_pooled_share`` of alpha_loss.
 
     - WIN: pooled gain over the deciding cells above the bar, its one-sided
       lower bound above 0, and every deciding cell above the bar.
@@ -914,19 +1036,20 @@ def win2_v3(
     """
     guards, reported = list(guards), list(reported)
     lib = set(lower_is_better)
-    params, dev, reasons = registered_params(
-        {"win_pct": win_pct, "alpha_win": alpha_win, "alpha_loss": alpha_loss, "start_noise_pct": start_noise_pct,
-         "min_df": min_df, "evidence_f_alpha": evidence_f_alpha}, dict(WIN2_V3))
+    used = {"win_pct": win_pct, "alpha_win": alpha_win, "alpha_loss": alpha_loss, "start_noise_pct": start_noise_pct,
+            "min_df": min_df, "evidence_f_alpha": evidence_f_alpha, "spending": spending,
+            "loss_pooled_share": loss_pooled_share}
+    params, dev, reasons = registered_params({k: used[k] for k in registered}, dict(registered))
     names = list(cells)
     decide = names if decide is None else [c for c in names if c in set(decide)]
     looks = looks_for(max_starts)
     params.update(primary=primary, guards=guards, reported=reported, lower_is_better=sorted(lib),
                   decision_cells=list(decide), max_starts=max_starts, looks=looks)
-    n_rep, n_starts = _check_cells(cells, [primary, *guards, *reported], decide, "win2-v3")
+    n_rep, n_starts = _check_cells(cells, [primary, *guards, *reported], decide, rule)
     bracket_arms(n_starts)  # refuses an even or too short bracket
     if n_starts > max_starts:
         raise ValueError(f"{n_starts} starts exceed max_starts {max_starts}")
-    out: dict[str, Any] = {"rule": "win2-v3", "params": params, "deviations": dev, "repeats": n_rep,
+    out: dict[str, Any] = {"rule": rule, "params": params, "deviations": dev, "repeats": n_rep,
                            "starts": n_starts, "arms": bracket_arms(n_starts)}
 
     def arr(cs, m):
@@ -945,7 +1068,7 @@ def win2_v3(
 
     kw: dict[str, Any] = dict(lower_is_better=lib, win_pct=win_pct, alpha_win=alpha_win, alpha_loss=alpha_loss,
                               start_noise_pct=start_noise_pct, min_df=min_df, evidence_f_alpha=evidence_f_alpha,
-                              looks=looks)
+                              looks=looks, spending=spending, loss_pooled_share=loss_pooled_share)
     core = _win2_v3_core({m: arr(decide, m) for m in [primary, *guards]}, primary=primary, guards=guards,
                          evidence=ev_for(decide), **kw)
     pn = core["noise"]
@@ -969,7 +1092,7 @@ def win2_v3(
     gain, lower = pct_of_log(lg), pct_of_log(lg - half)
     verdict = str(core["verdict"][0])
     need = win2_v3_needed(start_var=float(pn["used_var"][0]), df=None if fallback else int(pn["df"][0]),
-                          win_pct=win_pct, alpha_win=alpha_win, looks=looks)
+                          win_pct=win_pct, alpha_win=alpha_win, looks=looks, spending=spending)
     per_cell: dict[str, dict[str, Any]] = {}
     for j, c in enumerate(decide):
         cell_loss = [m for m in core["loss_by"] if core["loss_by"][m][0, j]]
@@ -995,9 +1118,10 @@ def win2_v3(
         one = _win2_v3_core({m: arr(decide, m)}, primary=m, guards=[], evidence=None, **kw)
         rep_res[m] = {"verdict": str(one["verdict"][0]), "point_gain_pct": pct_of_log(float(one["pooled_gain"][0])),
                       "lower_is_better": m in lib}
-    a_pct = 100 * alpha_win / looks
+    lv = {k: float(v[0]) for k, v in core["levels"].items()}  # the strictest cell test's where cells differ
+    a_pct = 100 * lv["win"]
     summary = (f"primary {primary}: gain {gain:+.2f} % over {len(decide)} deciding cell(s) and {n_starts} starts "
-               f"vs bar {win_pct} %, one-sided {100 - a_pct:g} % lower bound {lower:+.2f} % (half-width "
+               f"vs bar {win_pct} %, one-sided {100 - a_pct:.4g} % lower bound {lower:+.2f} % (half-width "
                f"{half:.2f} % on the log scale); noise: per repeat {noise['rep_sd_pct']:.2f} % (prompt effects removed), start to "
                f"start {noise['start_sd_pct']:.2f} % in this window ({noise['window_df']} df)"
                + (f", {noise['evidence_sd_pct']:.2f} % in the host's evidence ({noise['evidence_df']} df)"
@@ -1007,16 +1131,11 @@ def win2_v3(
     if verdict == "LOSS":
         if bool(core["pooled_loss"][0]):
             reasons.append(f"primary {primary} pooled over the deciding cells: {gain:+.2f} %, worse than the bar "
-                           f"beyond the noise (each loss test at "
-                           f"{100 * alpha_loss / (looks * core['n_loss_tests']):.3g} %)")
-        if bool(core["pooled_loss"][0]):
-            reasons.append(f"primary {primary} pooled over the deciding cells: {gain:+.2f} %, worse than the bar "
-                           f"beyond the noise (upper bound {gain + half * 0:+.2f} % + its quantile; each loss test at "
-                           f"{100 * alpha_loss / (looks * core['n_loss_tests']):.3g} %)")
+                           f"beyond the noise (this test at {100 * lv['loss_pooled']:.3g} % at this look)")
         for c, pc in per_cell.items():
             if pc.get("decides") and pc.get("losses"):
-                reasons.append(f"{c}: {', '.join(pc['losses'])} worse than the bar beyond the noise (each loss "
-                               f"test at {100 * alpha_loss / (looks * core['n_loss_tests']):.3g} %)")
+                reasons.append(f"{c}: {', '.join(pc['losses'])} worse than the bar beyond the noise (each cell's "
+                               f"test at {100 * lv['loss_cell']:.3g} % at this look)")
     elif verdict == "WIN":
         reasons.append("gain above the bar in every deciding cell and its lower bound above 0")
     elif verdict == "NO_WIN":
@@ -1036,5 +1155,18 @@ def win2_v3(
     out.update(verdict=verdict, more_starts=more, reasons=reasons, cells=per_cell, reported=rep_res, noise=noise,
                needed={"starts_needed": need, "half_width_pct": half}, pooled_gain_pct=gain, half_width_pct=half,
                lower_bound_pct=lower, log_gain=lg, loss_tests=core["n_loss_tests"], looks=looks,
-               alpha_per_look={"win": alpha_win / looks, "loss": alpha_loss / looks})
+               alpha_per_look={"win": lv["win"], "loss_pooled": lv["loss_pooled"], "loss_cell": lv["loss_cell"]})
     return out
+
+
+def win2_v3(cells: Mapping[str, Mapping[str, Sequence[Sequence[float]]]], **kw: Any) -> dict:
+    """win2-v3: the sequential alternating bracket, alpha / looks at every look, an equal share per loss test."""
+    return _win2_sequential("win2-v3", WIN2_V3, cells, **kw)
+
+
+def win2_v4(cells: Mapping[str, Mapping[str, Sequence[Sequence[float]]]], *, spending: str = "obf",
+            loss_pooled_share: float | None = 0.5, **kw: Any) -> dict:
+    """win2-v4: win2-v3's bracket with alpha spent O'Brien-Fleming-type over the looks and half of alpha_loss
+    on the pooled loss test (``WIN2_V4``)."""
+    return _win2_sequential("win2-v4", WIN2_V4, cells, spending=spending, loss_pooled_share=loss_pooled_share,
+                            **kw)

@@ -55,7 +55,7 @@ _EXPECTED_RULE = {
     "grid_tie": "grid-tie-v1",
     "determinism": "determinism-v1",
     "boundary": "boundary-v1",
-    "speed": ("win2-v3", "win2-v2", "win2-v1"),   # speed.rule selects; win2-v3 is the default
+    "speed": ("win2-v4", "win2-v3", "win2-v2", "win2-v1"),   # speed.rule selects; win2-v4 is the default
 }
 
 
@@ -251,7 +251,7 @@ def _key_numbers(res: Mapping[str, Any]) -> dict:
                 "point_gain_pct": prim.get("point_gain_pct"), "t_interval": prim.get("t_interval"),
                 "win_pct": prim.get("win_pct"), "max_control_spread_pct": prim.get("max_control_spread_pct"),
                 "guard_verdicts": {g: r.get("guard_verdict") for g, r in (res.get("guards") or {}).items()}}
-    if rule in ("win2-v2", "win2-v3"):
+    if rule in ("win2-v2", "win2-v3", "win2-v4"):
         return {"primary": (res.get("params") or {}).get("primary"), "repeats": res.get("repeats"),
                 "starts": res.get("starts", 3),
                 "point_gain_pct": res.get("pooled_gain_pct"), "lower_bound_pct": res.get("lower_bound_pct"),

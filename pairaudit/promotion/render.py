@@ -583,8 +583,9 @@ def speed_markdown(doc: Mapping[str, Any] | None) -> list[str]:
                              _cell(sp.get("archive_n")), _cell(sp.get("win_pct"))]))
     primary = speed_primary(doc)
     if primary and doc.get("series"):
-        how = {"win2-v3": "win2-v3 compares each candidate start with its two neighbouring control starts, over "
-                          "all repeats and deciding cells",
+        seq = (f"{gate.get('rule')} compares the mean of the candidate starts with the mean of the control "
+               "starts (alternating C, T, C ...), over all repeats and deciding cells")
+        how = {"win2-v4": seq, "win2-v3": seq,
                "win2-v2": "win2-v2 compares s2 with s1 and s3 over all repeats and deciding cells"}.get(
             str(gate.get("rule")), "win2-v1 pairs s2 with the mean of s1 and s3")
         out += ["", f"Primary metric `{primary}` per repeat ({how}):", ""]

@@ -134,6 +134,7 @@ from pairaudit.core import defaults
 from pairaudit.core.artifacts import utc_now
 from pairaudit.core.progress import Progress
 from pairaudit.gates import server_failure
+from pairaudit.gates.speed import SEQUENTIAL_RULES
 from pairaudit.serving import failures
 from pairaudit.serving.client import Endpoint, clamping, metrics_delta
 from pairaudit.speed.clock import expected_cap_errors
@@ -247,7 +248,7 @@ def resolve_config(cfg: Mapping[str, Any] | None) -> dict:
     if not any(c["decide"] for c in resolved):
         raise SpeedConfigError("speed.cells: no cell has decide: true; the verdict needs a decision cell")
     out["cells"] = resolved
-    if out["rule"] != "win2-v3":
+    if out["rule"] not in SEQUENTIAL_RULES:
         out["max_starts"] = 3  # win2-v1 and win2-v2 are registered for one bracket of three starts
     return out
 

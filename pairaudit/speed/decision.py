@@ -1,9 +1,11 @@
-"""The speed gate: win2-v3 (default), win2-v2 or win2-v1 over the bracket's series, with the stage's deviations.
+"""The speed gate: win2-v4 (default), win2-v3, win2-v2 or win2-v1 over the bracket's series, with the stage's deviations.
 
-``speed.rule`` selects the registered rule: win2-v3 (gates.win2_v3, the
+``speed.rule`` selects the registered rule: win2-v4 (gates.win2_v4, the
 default; docs/speed.md) decides over the alternating bracket's starts,
 sequentially, with the start-to-start noise of this window and the host's
-evidence (:mod:`pairaudit.speed.evidence`); win2-v2 (gates.win2_v2) decides
+evidence (:mod:`pairaudit.speed.evidence`), spending alpha over the looks
+O'Brien-Fleming-type; win2-v3 (gates.win2_v3) is the same bracket at
+alpha / looks per look; win2-v2 (gates.win2_v2) decides
 one bracket with the noise floored at ``start_noise_pct``; win2-v1
 (gates.win2_v1) pairs by repeat per cell. v2 and v1 are kept unchanged and
 selectable, and reported as deviations.
@@ -21,7 +23,14 @@ from pairaudit import gates
 from pairaudit.speed.clock import clock_findings
 from pairaudit.speed.metrics import LOWER_IS_BETTER, START_ROLES, series_for
 
-RULES = ("win2-v3", "win2-v2", "win2-v1")
+RULES = ("win2-v4", "win2-v3", "win2-v2", "win2-v1")
+_WHY_NOT = {
+    "win2-v3": "win2-v3 tests at alpha / looks at every look and gives every loss test an equal share, so it "
+               "needs more starts to decide at the same false WIN/LOSS rates",
+    "win2-v2": "win2-v2 floors the start-to-start noise at start_noise_pct whatever the host's evidence, so a "
+               "2 % bar is out of reach of one bracket",
+    "win2-v1": "win2-v1 does not bound its false WIN/LOSS under start-level noise",
+}
 
 
 def combine(cell_verdicts: Mapping[str, Mapping[str, Any]], decision_cells: Sequence[str], *,
@@ -53,10 +62,7 @@ def _rule_deviations(rule: str, res: Mapping[str, Any]) -> list[dict]:
              f"registered {v['registered']!r}"} for k, v in (res.get("deviations") or {}).items()]
     if rule != RULES[0]:
         devs.append({"gate": "speed", "what": "rule", "detail": f"speed.rule {rule} instead of the default "
-                     f"{RULES[0]} (" + ("win2-v2 floors the start-to-start noise at start_noise_pct whatever the "
-                                        "host's evidence, so a 2 % bar is out of reach of one bracket"
-                                        if rule == "win2-v2" else "win2-v1 does not bound its false WIN/LOSS "
-                                        "under start-level noise") + ")"})
+                     f"{RULES[0]} ({_WHY_NOT[rule]})"})
     return devs
 
 
@@ -97,20 +103,22 @@ def _rule_v2(series: Mapping[str, Mapping], cfg: Mapping[str, Any], usable: Sequ
                          win_pct=cfg["win_pct"], start_noise_pct=cfg["start_noise_pct"])
 
 
-def _rule_v3(series: Mapping[str, Mapping], cfg: Mapping[str, Any], usable: Sequence[str],
-             deciding: Sequence[str], lib: Sequence[str], evidence: Mapping[str, Any] | None) -> dict:
-    res = gates.win2_v3({n: series[n] for n in usable}, decide=deciding, primary=cfg["primary"],
-                        guards=cfg["guards"], reported=cfg["reported"], lower_is_better=lib,
-                        max_starts=cfg["max_starts"], evidence=evidence, win_pct=cfg["win_pct"],
-                        start_noise_pct=cfg["start_noise_pct"])
+def _rule_sequential(rule: str, series: Mapping[str, Mapping], cfg: Mapping[str, Any], usable: Sequence[str],
+                     deciding: Sequence[str], lib: Sequence[str], evidence: Mapping[str, Any] | None) -> dict:
+    fn = gates.win2_v4 if rule == "win2-v4" else gates.win2_v3
+    res = fn({n: series[n] for n in usable}, decide=deciding, primary=cfg["primary"],
+             guards=cfg["guards"], reported=cfg["reported"], lower_is_better=lib,
+             max_starts=cfg["max_starts"], evidence=evidence, win_pct=cfg["win_pct"],
+             start_noise_pct=cfg["start_noise_pct"])
+    spend = {k: res["params"][k] for k in ("spending", "loss_pooled_share") if k in res["params"]}
     nz = res["noise"]
     zero = [g for g in cfg["guards"] if all(v == 0 for c in deciding for tr in series[c][g] for v in tr)]
     r = res["rates"] = gates.win2_v3_rates(
         rep_sd=nz["rep_sd_pct"], start_sd=nz["start_sd_used_pct"], cells=len(deciding), repeats=res["repeats"],
         max_starts=cfg["max_starts"], guards=cfg["guards"], zero_guards=zero, win_pct=cfg["win_pct"],
-        start_noise_pct=cfg["start_noise_pct"], evidence_df=int(nz["evidence_df"] or 0))
+        start_noise_pct=cfg["start_noise_pct"], evidence_df=int(nz["evidence_df"] or 0), **spend)
     res["reasons"].append(
-        f"win2-v3 at this noise (start to start {nz['start_sd_used_pct']:.2f} %, per repeat "
+        f"{rule} at this noise (start to start {nz['start_sd_used_pct']:.2f} %, per repeat "
         f"{nz['rep_sd_pct']:.2f} %, up to {cfg['max_starts']} starts): false WIN {100 * r['false_win']:.1f} %, "
         f"false LOSS {100 * r['false_loss']:.1f} %, WIN for a +{r['power_gain_pct']:g} % change "
         f"{100 * r['power']:.1f} %, LOSS for a -{r['power_gain_pct']:g} % one {100 * r['power_loss']:.1f} % "
@@ -118,18 +126,19 @@ def _rule_v3(series: Mapping[str, Mapping], cfg: Mapping[str, Any], usable: Sequ
     return res
 
 
-# what the gate carries of a pooled rule's result (win2-v2, win2-v3), beside its verdict and reasons
+# what the gate carries of a pooled rule's result (win2-v2, win2-v3, win2-v4), beside its verdict and reasons
 _POOLED_KEYS = {"win2-v2": ("noise", "rates", "needed", "pooled_gain_pct", "half_width_pct", "lower_bound_pct",
                             "loss_tests", "repeats", "reported"),
                 "win2-v3": ("noise", "rates", "needed", "pooled_gain_pct", "half_width_pct", "lower_bound_pct",
                             "loss_tests", "repeats", "reported", "more_starts", "starts", "arms", "looks",
                             "alpha_per_look")}
+_POOLED_KEYS["win2-v4"] = _POOLED_KEYS["win2-v3"]
 
 
 def _decide_pooled(rule: str, series: Mapping[str, Mapping], cfg: Mapping[str, Any], clock: Mapping[str, Any],
                    archive_pct: Mapping[str, float | None], incon: list[str],
                    evidence: Mapping[str, Any] | None = None) -> tuple[dict, dict]:
-    """win2-v2 or win2-v3: one verdict over every deciding cell at once, the stage's findings before it."""
+    """win2-v2, win2-v3 or win2-v4: one verdict over every deciding cell at once, the stage's findings before it."""
     metrics = [cfg["primary"], *cfg["guards"], *cfg["reported"]]
     deciding = [c["name"] for c in cfg["cells"] if c["decide"]]
     missing = {name: sorted({m for m, reps in series[name].items() for tr in reps for x in tr if x is None})
@@ -143,8 +152,9 @@ def _decide_pooled(rule: str, series: Mapping[str, Mapping], cfg: Mapping[str, A
                "reasons": [f"{n}: metric(s) {missing[n]} have no value in some repeat (0 rounds or 0 decode "
                            "seconds): nothing to compare" for n in blocked]}
     else:
-        run = _rule_v3 if rule == "win2-v3" else _rule_v2
-        res = run(series, cfg, usable, deciding, [m for m in metrics if m in LOWER_IS_BETTER], evidence)
+        lib = [m for m in metrics if m in LOWER_IS_BETTER]
+        res = (_rule_sequential(rule, series, cfg, usable, deciding, lib, evidence)
+               if rule in gates.SEQUENTIAL_RULES else _rule_v2(series, cfg, usable, deciding, lib, evidence))
     if clock["mismatch"]:
         incon = [f"starts differ in clock cap facts {clock['mismatch']}", *incon]
     if incon:
@@ -188,7 +198,7 @@ def decide(results: Mapping[str, Mapping[str, Any]], cfg: Mapping[str, Any], clo
         win2, gate = _decide_pooled(rule, series, cfg, clock, archive_pct or {}, incon, evidence)
     else:
         win2, gate = _decide_v1(series, cfg, clock, archive_pct or {}, incon)
-    rule_res = gate if rule in ("win2-v3", "win2-v2") else next((w for w in win2.values() if w.get("deviations")),
+    rule_res = gate if rule in _POOLED_KEYS else next((w for w in win2.values() if w.get("deviations")),
                                                                  {})
     gate["stage_deviations"] = devs + _rule_deviations(rule, rule_res)
     for d in devs:

@@ -11,6 +11,7 @@ from pairaudit.core.artifacts import utc_now
 from pairaudit.core.contracts import SPEED_DECISION_SCHEMA, SPEED_STREAMS_SCHEMA, SpeedDecision
 from pairaudit.core.progress import Progress
 from pairaudit.gates import server_failure
+from pairaudit.gates.speed import SEQUENTIAL_RULES
 from pairaudit.serving import armspec, failures, gpupool, launch
 from pairaudit.serving.armspec import ArmSpec
 from pairaudit.serving.client import ServerError, tail_lines
@@ -73,7 +74,7 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
     deciding = [c["name"] for c in cfg["cells"] if c["decide"]]
     evidence = (host_evidence(prior, host=host_facts()["host"], hashes=hashes, deciding=deciding,
                               metrics=[cfg["primary"], *cfg["guards"]], exclude_window=window)
-                if cfg["rule"] == "win2-v3" else None)
+                if cfg["rule"] in SEQUENTIAL_RULES else None)
     roles = start_roles(cfg["max_starts"])
     progress = Progress(3 * cfg["repeats"] * cfg["waves"] * len(cfg["cells"]), "speed waves")
     starts: list[dict] = []
@@ -120,7 +121,7 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
                                      pooled=results[start][c["name"]]["pooled"], clock=rec["clock"],
                                      host=rec["host"], window=window)
                         for c in cfg["cells"]])
-            if cfg["rule"] != "win2-v3":
+            if cfg["rule"] not in SEQUENTIAL_RULES:
                 break
             names = [st["start"] for st in starts]
             clock = clock_check([st["clock"] for st in starts], cfg["expected_clock_cap"],
