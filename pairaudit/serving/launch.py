@@ -425,7 +425,7 @@ class Server:
                 # GPUs before the slot (one lock order: gpupool's docstring); CUDA_VISIBLE_DEVICES in _launch
                 self._gpus = gpupool.acquire_for(spec, self.log_path, held=self._reserved_gpus)
                 self._facts["gpus"] = self._gpus.facts if self._gpus else None
-                self._slot = slots.acquire_for(spec, self.log_path)  # machine-wide server slot (pairaudit/slots.py)
+                self._slot = slots.acquire_for(spec, self.log_path)  # machine-wide server slot (pairaudit/serving/slots.py)
                 self._launch()
             else:
                 self._attach()
@@ -515,7 +515,7 @@ class Server:
             self._endpoint.close()
         proc = self.proc
         if proc is None or self._facts["stop"] is not None:
-            slots.release(getattr(self, "_slot", None))  # machine-wide server slot (pairaudit/slots.py)
+            slots.release(getattr(self, "_slot", None))  # machine-wide server slot (pairaudit/serving/slots.py)
             gpupool.release(self._gpus)
             return self._facts["stop"]
         rec: dict[str, Any] = {"stopped_at": None, "signal": None, "exit_code": None,
