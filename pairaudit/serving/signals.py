@@ -21,11 +21,14 @@ from pairaudit.core import lifecycle
 
 
 class Stoppable(Protocol):
+    """What is tracked: a started server (``launch.Server``)."""
+
     def stop(self) -> Any: ...
 
 
 _LIVE: dict[int, Stoppable] = {}
 _HANDLERS_INSTALLED = False
+_ATEXIT_REGISTERED = False
 _PREV_HANDLERS: dict[int, Any] = {}
 
 
@@ -50,9 +53,6 @@ def _on_signal(signum, frame):
     # Default disposition: die of the same signal so our parent sees the truth.
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
-
-
-_ATEXIT_REGISTERED = False
 
 
 def track(pid: int, server: Stoppable) -> None:
@@ -84,9 +84,10 @@ def install_handlers() -> None:
 
 
 def pdeathsig_preexec() -> None:
-    """A ``preexec_fn``: the kernel SIGTERMs the child when the thread that started it dies."""
-    # Belt and braces for a parent killed with SIGKILL (no handler runs then):
-    # the kernel sends SIGTERM to the server when its parent thread dies.
+    """A ``preexec_fn``: the kernel SIGTERMs the child when the thread that started it dies.
+
+    Belt and braces for a parent killed with SIGKILL, when no handler runs.
+    """
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
