@@ -6,7 +6,7 @@ right after the schema validation,
 so a bad config fails with ``snakemake -n`` too, before a server is started.
 The schema covers shapes and enums; this covers what needs code or files:
 
-* every arm resolves (:func:`pairaudit.serving.launch.resolve_spec`: command
+* every arm resolves (:func:`pairaudit.serving.armspec.resolve_spec`: command
   placeholders, env values, ...), and a reference-server arm's switches parse
   and suit the ``--device``/``--dtype`` its command names
   (:mod:`pairaudit.refserver.switches`), and its ``max_model_len`` fits the
@@ -66,7 +66,7 @@ from pairaudit.datasets import formats as datasets
 from pairaudit.plans import change
 from pairaudit.promotion import calibration
 from pairaudit.refserver import switches as ref_switches
-from pairaudit.serving import gpupool, launch
+from pairaudit.serving import armspec, gpupool
 from pairaudit.serving.armspec import ArmSpec
 
 SERVER_SLOTS_ENV = "PAIRAUDIT_SERVER_SLOTS"
@@ -149,7 +149,7 @@ def bf16_emulation_note(spec: ArmSpec, flags: set[str] | None = None) -> str | N
 
 
 def check_arms(config: Mapping[str, Any], result: CheckResult) -> dict[str, ArmSpec]:
-    """Each arm resolved once (``launch.resolve_spec``), with the checks that need its resolved spec."""
+    """Each arm resolved once (``armspec.resolve_spec``), with the checks that need its resolved spec."""
     specs = {}
     for arm in ARMS:
         cfg = (config.get("arms") or {}).get(arm)
@@ -157,8 +157,8 @@ def check_arms(config: Mapping[str, Any], result: CheckResult) -> dict[str, ArmS
             result.problems.append(f"arms.{arm}: missing (allowed: a launch or attach arm)")
             continue
         try:
-            spec = launch.resolve_spec(arm, cfg)
-        except launch.ConfigError as exc:
+            spec = armspec.resolve_spec(arm, cfg)
+        except armspec.ConfigError as exc:
             result.problems.append(str(exc))
             continue
         specs[arm] = spec
@@ -345,7 +345,7 @@ def check_boundary(config: Mapping[str, Any], specs: Mapping[str, ArmSpec], resu
         for spec in specs.values():
             if spec.max_model_len:
                 boundary.case_plan(resolved, spec.max_model_len)
-    except launch.ConfigError as exc:
+    except armspec.ConfigError as exc:
         result.problems.append(str(exc))
 
 

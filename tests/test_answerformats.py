@@ -10,7 +10,7 @@ import yaml
 from pairaudit.datasets import formats as datasets
 from pairaudit.datasets.formats import DatasetError, prepare_dataset
 from pairaudit.plans import change
-from pairaudit.quality import answerformats as af
+from pairaudit.formats import answerformats as af
 from pairaudit.quality import scoring
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -15,7 +15,7 @@ from test_launch import fake_cfg
 
 from pairaudit.core import artifacts, contracts
 from pairaudit.plans import stage as plan_stage
-from pairaudit.serving import armspec, launch
+from pairaudit.serving import armspec
 from pairaudit.serving.armspec import ArmSpec, ArmSpecError
 
 VLLM_ARM = {"mode": "launch", "model": "SmolLM2-135M-Instruct", "max_model_len": 1024,
@@ -28,7 +28,7 @@ ATTACH_ARM = {"mode": "attach", "url": "http://gpu-host:8000/", "model": "m", "m
 
 @pytest.mark.parametrize("cfg", [VLLM_ARM, ATTACH_ARM, fake_cfg()], ids=["launch-vllm", "attach", "launch-fake"])
 def test_to_json_and_from_json_round_trip_exactly(cfg):
-    spec = launch.resolve_spec("control", cfg)
+    spec = armspec.resolve_spec("control", cfg)
     doc = spec.to_json()
     through_a_file = json.loads(json.dumps(doc))
     again = ArmSpec.from_json(through_a_file)
@@ -40,7 +40,7 @@ def test_to_json_and_from_json_round_trip_exactly(cfg):
 
 
 def test_a_spec_is_immutable():
-    spec = launch.resolve_spec("control", VLLM_ARM)
+    spec = armspec.resolve_spec("control", VLLM_ARM)
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.model = "other"  # type: ignore[misc]
     with pytest.raises(TypeError):
@@ -66,14 +66,14 @@ def test_host_placeholders_stay_symbolic_in_the_record_and_are_filled_where_the_
     assert cmd[-1] == '{"method": "ngram"}'  # JSON arguments are not placeholders
     assert spec.command_identity[0] == "{vllm_python}" and spec.command_identity[4] == "{model_dir}"
     # the same arm on any host: the identity hash is the spec file's, wherever it is resolved
-    assert artifacts.read_json(path)["spec_sha256"] == spec.spec_sha256 == launch.resolve_spec(
+    assert artifacts.read_json(path)["spec_sha256"] == spec.spec_sha256 == armspec.resolve_spec(
         "candidate", VLLM_ARM).spec_sha256
 
 
 def test_a_value_that_spells_a_host_placeholder_is_refused_at_resolve():
     cfg = {**fake_cfg(), "model": "x-{python}"}
-    with pytest.raises(launch.ConfigError, match=r"arms.control.command\[\d+\]: a value filled into '\{model\}'"):
-        launch.resolve_spec("control", cfg)
+    with pytest.raises(armspec.ConfigError, match=r"arms.control.command\[\d+\]: a value filled into '\{model\}'"):
+        armspec.resolve_spec("control", cfg)
 
 
 @pytest.mark.parametrize("edit, msg", [
@@ -86,7 +86,7 @@ def test_a_value_that_spells_a_host_placeholder_is_refused_at_resolve():
     (lambda d: d.update(command_identity=None), r"spec.command_identity: required for a launch arm"),
 ])
 def test_from_json_names_the_bad_key(edit, msg):
-    doc = launch.resolve_spec("control", fake_cfg()).to_json()
+    doc = armspec.resolve_spec("control", fake_cfg()).to_json()
     edit(doc)
     with pytest.raises(ArmSpecError, match=msg):
         ArmSpec.from_json(doc)

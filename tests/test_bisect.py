@@ -243,14 +243,14 @@ def real_audit(tmp_path_factory):
     """Greedy runs of the change's two derived arms on the real server, written as the diagnostics write them."""
     from pairaudit.diagnostics import greedy
     from pairaudit.diagnostics.divergence import find_divergences
-    from pairaudit.serving import launch
+    from pairaudit.serving import armspec, launch
 
     tmp = tmp_path_factory.mktemp("bisect")
     cfg = {"server": json.loads(json.dumps(SERVER)), "change": json.loads(json.dumps(CHANGE))}
     assert changes.derive_arms(cfg) == []
     records = {}
     for arm in ("control", "candidate"):
-        spec = launch.resolve_spec(arm, cfg["arms"][arm])
+        spec = armspec.resolve_spec(arm, cfg["arms"][arm])
         with launch.Server(spec, log_path=tmp / f"{arm}.log") as srv:
             recs = []
             for i, text in enumerate(PROMPTS):

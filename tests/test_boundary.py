@@ -82,7 +82,7 @@ def test_planted_values_are_distinct_with_exact_digits():
         v = boundary.planted_values(seed, "x", 4, 3)
         assert len(set(v)) == 4 and all(100 <= x <= 999 for x in v)
     assert all(10 <= x <= 99 for x in boundary.planted_values(0, "x", 5, 2))
-    with pytest.raises(launch.ConfigError):
+    with pytest.raises(armspec.ConfigError):
         boundary.planted_values(0, "x", 11, 1)
 
 
@@ -104,13 +104,13 @@ def test_settings_defaults_plan_and_errors():
     assert [(p["case"], p["prompt_tokens"], p["max_tokens"]) for p in plan] == [
         ("retrieval-0.125", 256, 32), ("retrieval-0.5", 1024, 32), ("retrieval-0.98", 2007, 32),
         ("tail-16", 2032, 16), ("tail-32", 2016, 32)]
-    with pytest.raises(launch.ConfigError, match=r"boundary: unknown key\(s\) \['fraction'\]"):
+    with pytest.raises(armspec.ConfigError, match=r"boundary: unknown key\(s\) \['fraction'\]"):
         boundary.settings({"fraction": [0.5]})
-    with pytest.raises(launch.ConfigError, match="boundary.fractions"):
+    with pytest.raises(armspec.ConfigError, match="boundary.fractions"):
         boundary.settings({"fractions": [0.5, -1]})
-    with pytest.raises(launch.ConfigError, match="boundary.tail_offsets"):
+    with pytest.raises(armspec.ConfigError, match="boundary.tail_offsets"):
         boundary.settings({"tail_offsets": [16, 0]})
-    with pytest.raises(launch.ConfigError, match="boundary.prompt.plant"):
+    with pytest.raises(armspec.ConfigError, match="boundary.prompt.plant"):
         boundary.settings({"prompt": {"plant": "no value here"}})
 
 

@@ -19,7 +19,7 @@ import yaml
 
 from pairaudit.plans import change as changes
 from pairaudit.promotion import calibration
-from pairaudit.serving import launch
+from pairaudit.serving import armspec, launch
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "config" / "config.yaml"
@@ -89,7 +89,7 @@ def test_flag_switches_are_appended_and_a_boolean_flag_is_absent_or_present():
     assert c["env"] == {"CUDA_VISIBLE_DEVICES": "0", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
     assert (c["speculative"], k["speculative"]) == (False, True)
     # both resolve as ordinary arms (the JSON braces are not placeholders)
-    assert list(launch.resolve_spec("candidate", k).command_identity or ())[-1] == '{"method": "ngram"}'
+    assert list(armspec.resolve_spec("candidate", k).command_identity or ())[-1] == '{"method": "ngram"}'
     # a subset: only the eager switch on
     one = changes.arm_config(cfg["server"], changes.from_config(cfg), {"--enforce-eager"})
     assert one["command"] == base + ["--attention-backend", "FLASH_ATTN", "--enforce-eager"]
@@ -183,7 +183,7 @@ def test_both_forms_at_once_and_half_a_change_form_are_refused_naming_the_keys()
 # --------------------------------------------------- the record and the receipts
 
 def _receipts(cfg):
-    return {arm: launch.receipt(launch.resolve_spec(arm, cfg["arms"][arm])) for arm in ("control", "candidate")}
+    return {arm: launch.receipt(armspec.resolve_spec(arm, cfg["arms"][arm])) for arm in ("control", "candidate")}
 
 
 def test_the_decision_records_the_change_and_that_the_receipts_show_it():

@@ -44,7 +44,8 @@ def test_the_real_stages_cover_the_modules_their_scripts_use():
     promotion = codehash.closure_names(REPO, ["scripts/promotion.py"])
     assert "pairaudit/core/stats.py" in promotion and "pairaudit/promotion/stage.py" in promotion
     score = codehash.closure_names(REPO, ["scripts/score.py"])
-    assert {"pairaudit/quality/stage.py", "pairaudit/quality/scoring.py", "pairaudit/quality/sandbox.py"} <= set(score)
+    assert {"pairaudit/quality/stage.py", "pairaudit/quality/scoring.py", "pairaudit/quality/sandbox.py",
+            "pairaudit/quality/harness.py"} <= set(score)
     answers = codehash.closure_names(REPO, ["scripts/answers.py"])
     assert {"pairaudit/serving/launch.py", "pairaudit/serving/preflight.py", "pairaudit/boundary/cases.py", "pairaudit/answers/sampled.py"} <= set(answers)
     # a server-free stage does not depend on the server code

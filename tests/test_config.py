@@ -10,7 +10,7 @@ Three kinds of YAML live there:
   ``--configfile X --replace-workflow-config``, i.e. on their own.
 
 Each resulting config must pass the schema the Snakefile validates against,
-every arm must resolve with ``pairaudit.serving.launch.resolve_spec``, and every
+every arm must resolve with ``pairaudit.serving.armspec.resolve_spec``, and every
 dataset entry must pass the ``pairaudit.datasets.formats`` checks that need no
 network.  Nothing here downloads anything: hub sources are checked against a
 pre-seeded cache and ``requests.get`` is made to fail.
@@ -30,7 +30,8 @@ from snakemake_interface_common.exceptions import WorkflowError
 from pairaudit.datasets import formats as ds
 from pairaudit.datasets import suites
 from pairaudit.plans.change import derive_arms
-from pairaudit.serving.launch import SWITCH_PREFIX, resolve_spec
+from pairaudit.serving.armspec import resolve_spec
+from pairaudit.serving.launch import SWITCH_PREFIX
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "config"
@@ -566,16 +567,16 @@ def test_check_yaml_files_names_the_line_for_the_workflow_config(tmp_path):
 
 def test_a_bfloat16_vllm_cpu_arm_on_a_cpu_without_bf16_instructions_is_noted_not_refused():
     from pairaudit import configcheck
-    from pairaudit.serving import launch
+    from pairaudit.serving import armspec
 
     cfg = load(CONFIG_DIR / "examples" / "vllm-cpu.yaml")
-    spec = {a: launch.resolve_spec(a, cfg["arms"][a]) for a in ("control", "candidate")}
+    spec = {a: armspec.resolve_spec(a, cfg["arms"][a]) for a in ("control", "candidate")}
     avx2 = {"avx2", "fma", "f16c"}
     note = configcheck.bf16_emulation_note(spec["candidate"], flags=avx2)
     assert note.startswith("--dtype bfloat16 on a CPU without AVX512-BF16") and "emulation" in note
     assert configcheck.bf16_emulation_note(spec["candidate"], flags=avx2 | {"avx512_bf16"}) is None
     assert configcheck.bf16_emulation_note(spec["control"], flags=avx2) is None  # float32
-    ref = launch.resolve_spec("control", load(DEFAULT)["arms"]["control"])
+    ref = armspec.resolve_spec("control", load(DEFAULT)["arms"]["control"])
     assert configcheck.bf16_emulation_note(ref, flags=avx2) is None  # not vLLM
 
 

@@ -317,7 +317,7 @@ def test_real_gsm8k_normalizes():
 
 
 def test_real_math500_normalizes_and_answers_match_last_box():
-    from pairaudit.quality.scoring import last_boxed
+    from pairaudit.formats.boxed import last_boxed
     rows, _ = load_source({"local": str(shared_file("math500/test.jsonl"))}, cache_dir=Path("/nonexistent"))
     items = normalize("math", rows)
     assert len(items) == 500 and len({it["id"] for it in items}) == 500

@@ -31,8 +31,9 @@ from test_speedgpu import FakeSmi
 
 from pairaudit import configcheck
 from pairaudit.core import artifacts
-from pairaudit.serving import gpupool, launch, slots
-from pairaudit.serving.launch import ConfigError, Server, ServerError, resolve_spec
+from pairaudit.serving import armspec, gpupool, launch, slots
+from pairaudit.serving.armspec import ConfigError, resolve_spec
+from pairaudit.serving.launch import Server, ServerError
 from pairaudit.serving.phase import PhaseServer
 
 ROOT = str(Path(__file__).resolve().parents[1])
@@ -297,7 +298,8 @@ SERVING = textwrap.dedent("""
     import json, sys, time
     sys.path.insert(0, {root!r})
     from pathlib import Path
-    from pairaudit.serving.launch import Server, resolve_spec
+    from pairaudit.serving.armspec import resolve_spec
+    from pairaudit.serving.launch import Server
     arm, cfg, events, go = sys.argv[1], json.loads(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
     with Server(resolve_spec(arm, cfg), log_path=events.with_name(arm + ".log")) as srv:
         with open(events, "a") as f:
@@ -481,7 +483,7 @@ def test_the_speed_bracket_runs_its_three_starts_on_the_same_gpus_and_reads_thei
         sp[arm] = str(tmp_path / f"specs/{arm}.json")
         plan_stage.arm_spec_stage(arm=arm, arm_cfg=cfg, out_path=sp[arm])
         lp[arm] = str(tmp_path / f"launch-{arm}.json")
-        artifacts.write_json(lp[arm], launch.receipt(launch.resolve_spec(arm, cfg)))
+        artifacts.write_json(lp[arm], launch.receipt(armspec.resolve_spec(arm, cfg)))
         pp[arm] = str(tmp_path / f"preflight-{arm}.json")
         artifacts.write_json(pp[arm], {"schema": "pairaudit.preflight/v1", "verdict": "PASS"})
     cfg = {"cells": [{"name": "c1", "prompt": "random", "input_len": 16, "concurrency": 1}], "repeats": 2,

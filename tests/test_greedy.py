@@ -17,7 +17,7 @@ from pairaudit.core.jsonlog import read_log
 from pairaudit.diagnostics import greedy as g
 from pairaudit.diagnostics.divergence import find_divergences, probe_arm
 from pairaudit.diagnostics.plan import GreedyPlan
-from pairaudit.serving.launch import resolve_spec
+from pairaudit.serving.armspec import resolve_spec
 from pairaudit.serving.phase import PhaseError, PhaseServer
 
 MODEL = "SmolLM2-135M-Instruct"

@@ -17,13 +17,12 @@ import fake_server
 import pytest
 
 from pairaudit.serving import launch
+from pairaudit.serving.armspec import ConfigError, resolve_spec
 from pairaudit.serving.launch import (
-    ConfigError,
     Server,
     ServerError,
     check_identity,
     receipt,
-    resolve_spec,
     start_server,
 )
 
@@ -278,7 +277,8 @@ def test_sigterm_ignoring_server_is_killed(tmp_path):
 PARENT = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {root!r})
-    from pairaudit.serving.launch import resolve_spec, start_server
+    from pairaudit.serving.armspec import resolve_spec
+    from pairaudit.serving.launch import start_server
     import json
     spec = resolve_spec("control", json.loads(sys.argv[1]))
     if sys.argv[3] == "forget":

@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from pairaudit.serving.client import Endpoint
-from pairaudit.serving.launch import resolve_spec
+from pairaudit.serving.armspec import resolve_spec
 from pairaudit.serving.preflight import PreflightError, probe_names, require_pass, run_preflight
 
 

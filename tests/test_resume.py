@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from pairaudit.core import resume
-from pairaudit.serving import launch
+from pairaudit.serving import armspec, launch
 from pairaudit.serving.armspec import ArmSpec
 
 
@@ -91,7 +91,7 @@ def test_a_rebooted_host_an_unknown_host_and_an_unowned_lock(tmp_path, monkeypat
 
 
 def _spec() -> ArmSpec:
-    return launch.resolve_spec("control", {
+    return armspec.resolve_spec("control", {
         "mode": "launch", "model": "m", "max_model_len": 64,
         "command": ["{python}", "-m", "x", "--port", "{port}", "--host", "{host}"]})
 

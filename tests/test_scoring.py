@@ -9,8 +9,9 @@ import pytest
 from shared_data import shared_file
 
 from pairaudit.datasets.formats import load_source, normalize
+from pairaudit.formats.boxed import last_boxed
 from pairaudit.quality import scoring
-from pairaudit.quality.scoring import extract_code, last_boxed, score_item, score_records
+from pairaudit.quality.scoring import extract_code, score_item, score_records
 
 
 def real_items(fmt: str, rel: str) -> list[dict]:

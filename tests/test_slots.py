@@ -139,7 +139,8 @@ AUDIT = textwrap.dedent("""
     import logging, sys, time
     sys.path.insert(0, {root!r})
     from pathlib import Path
-    from pairaudit.serving.launch import Server, resolve_spec
+    from pairaudit.serving.armspec import resolve_spec
+    from pairaudit.serving.launch import Server
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     name, events, go = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     def note(text):
@@ -197,7 +198,8 @@ def test_two_audits_at_once_run_their_servers_one_after_the_other(tmp_path):
 
 
 def test_a_server_that_fails_to_start_gives_its_slot_back(monkeypatch, tmp_path):
-    from pairaudit.serving.launch import Server, ServerError, resolve_spec
+    from pairaudit.serving.armspec import resolve_spec
+    from pairaudit.serving.launch import Server, ServerError
 
     monkeypatch.setenv(slots.SLOTS_ENV, "1")
     monkeypatch.setenv(slots.SLOTS_DIR_ENV, str(tmp_path / "slots"))

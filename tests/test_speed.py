@@ -419,8 +419,8 @@ def test_archive_appends_never_rewrites_and_spread_filters(tmp_path):
 
 
 def test_config_hash_follows_cell_and_control_not_candidate():
-    spec = launch.resolve_spec("control", {"mode": "attach", "url": "http://127.0.0.1:1", "model": "m"})
-    other = launch.resolve_spec("control", {"mode": "attach", "url": "http://127.0.0.1:1", "model": "m2"})
+    spec = armspec.resolve_spec("control", {"mode": "attach", "url": "http://127.0.0.1:1", "model": "m"})
+    other = armspec.resolve_spec("control", {"mode": "attach", "url": "http://127.0.0.1:1", "model": "m2"})
     cell = CFG["cells"][0]
     h = speedarchive.config_hash(cell, CFG, spec)
     assert h == speedarchive.config_hash(dict(cell), dict(CFG), spec)

@@ -18,7 +18,7 @@ import requests
 from vllm_fixture import MML, MODEL
 
 from pairaudit.serving.client import Endpoint, clamping
-from pairaudit.serving.launch import resolve_spec
+from pairaudit.serving.armspec import resolve_spec
 from pairaudit.serving.preflight import run_preflight
 
 pytestmark = [pytest.mark.vllm, pytest.mark.server]

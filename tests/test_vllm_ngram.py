@@ -20,7 +20,7 @@ from vllm_fixture import MML, MODEL, NGRAM, VllmServer, vllm_python_or_skip
 from pairaudit.answers import stage as answers_stage
 from pairaudit.plans import stage as plan_stage
 from pairaudit.serving.client import Endpoint
-from pairaudit.serving.launch import resolve_spec
+from pairaudit.serving.armspec import resolve_spec
 from pairaudit.serving.preflight import PreflightError, require_pass, run_preflight
 
 pytestmark = pytest.mark.vllm

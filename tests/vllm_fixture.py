@@ -24,7 +24,7 @@ import pytest
 import requests
 
 from pairaudit import configcheck
-from pairaudit.serving import launch, modelstore
+from pairaudit.serving import armspec, modelstore
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = modelstore.EMBEDDED_NAME
@@ -41,11 +41,11 @@ pytestmark = pytest.mark.vllm
 
 
 def vllm_python_or_skip() -> str:
-    exe = launch.vllm_python()
+    exe = armspec.vllm_python()
     if os.access(exe, os.X_OK):
         return str(exe)
     msg = (f"real vLLM not installed: {exe} is missing (run ./install.sh --vllm, or set "
-           f"{launch.VLLM_PYTHON_ENV})")
+           f"{armspec.VLLM_PYTHON_ENV})")
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         pytest.fail(msg + "; CI installs it, so this is a missing install step")
     pytest.skip(msg)

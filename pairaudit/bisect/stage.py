@@ -63,7 +63,7 @@ from pairaudit.core.contracts import (
 )
 from pairaudit.diagnostics import greedy
 from pairaudit.plans import change as changes
-from pairaudit.serving import launch
+from pairaudit.serving import armspec
 from pairaudit.serving.armspec import ArmSpec
 from pairaudit.serving.client import ServerError
 from pairaudit.serving.phase import PhaseServer
@@ -184,7 +184,7 @@ class Prober:
         return tuple(sorted(on, key=self.order.__getitem__))
 
     def spec(self, on) -> ArmSpec:
-        return launch.resolve_spec(BISECT_ARM, changes.arm_config(self.server, self.change, on))
+        return armspec.resolve_spec(BISECT_ARM, changes.arm_config(self.server, self.change, on))
 
     def key(self, on) -> str:
         # what the probes depend on: the server as started (its identity: command, env, model),

@@ -52,7 +52,7 @@ from pairaudit.core import defaults
 from pairaudit.core.artifacts import sha256_json
 from pairaudit.core.contracts import BoundaryCase
 from pairaudit.core.progress import Progress
-from pairaudit.serving import launch
+from pairaudit.serving import armspec
 from pairaudit.serving.armspec import ArmSpec
 from pairaudit.serving.client import Endpoint, clamping, error_message, safe_salt
 
@@ -87,12 +87,12 @@ def settings(cfg: Mapping[str, Any] | None, where: str = "boundary") -> dict:
     cfg = dict(cfg or {})
     unknown = sorted(set(cfg) - set(DEFAULTS))
     if unknown:
-        raise launch.ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(DEFAULTS)}")
+        raise armspec.ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(DEFAULTS)}")
     out = {**DEFAULTS, **cfg}
     out["prompt"] = {**DEFAULT_PROMPT, **(cfg.get("prompt") or {})}
     bad_p = sorted(set(out["prompt"]) - set(DEFAULT_PROMPT))
     if bad_p:
-        raise launch.ConfigError(f"{where}.prompt: unknown key(s) {bad_p}; allowed: {sorted(DEFAULT_PROMPT)}")
+        raise armspec.ConfigError(f"{where}.prompt: unknown key(s) {bad_p}; allowed: {sorted(DEFAULT_PROMPT)}")
 
     def is_int(v):
         return isinstance(v, int) and not isinstance(v, bool)
@@ -100,28 +100,28 @@ def settings(cfg: Mapping[str, Any] | None, where: str = "boundary") -> dict:
     fr = out["fractions"]
     if not isinstance(fr, list) or not all(isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0
                                            for f in fr):
-        raise launch.ConfigError(f"{where}.fractions: {fr!r}; allowed: a list of numbers > 0 (fractions of "
+        raise armspec.ConfigError(f"{where}.fractions: {fr!r}; allowed: a list of numbers > 0 (fractions of "
                                  "max_model_len; above 1 is refused by the server, on purpose in tests)")
     if not is_int(out["values"]) or not 1 <= out["values"] <= len(ORDINALS):
-        raise launch.ConfigError(f"{where}.values: {out['values']!r}; allowed: an integer 1..{len(ORDINALS)}")
+        raise armspec.ConfigError(f"{where}.values: {out['values']!r}; allowed: an integer 1..{len(ORDINALS)}")
     if not is_int(out["digits"]) or not 1 <= out["digits"] <= 9:
-        raise launch.ConfigError(f"{where}.digits: {out['digits']!r}; allowed: an integer 1..9")
+        raise armspec.ConfigError(f"{where}.digits: {out['digits']!r}; allowed: an integer 1..9")
     if not is_int(out["seed"]):
-        raise launch.ConfigError(f"{where}.seed: {out['seed']!r}; allowed: an integer")
+        raise armspec.ConfigError(f"{where}.seed: {out['seed']!r}; allowed: an integer")
     if not is_int(out["retrieval_max_tokens"]) or out["retrieval_max_tokens"] < 1:
-        raise launch.ConfigError(f"{where}.retrieval_max_tokens: {out['retrieval_max_tokens']!r}; "
+        raise armspec.ConfigError(f"{where}.retrieval_max_tokens: {out['retrieval_max_tokens']!r}; "
                                  "allowed: an integer >= 1")
     to = out["tail_offsets"]
     if not isinstance(to, list) or not all(is_int(t) and t >= 1 for t in to):
-        raise launch.ConfigError(f"{where}.tail_offsets: {to!r}; allowed: a list of integers >= 1")
+        raise armspec.ConfigError(f"{where}.tail_offsets: {to!r}; allowed: a list of integers >= 1")
     t = out["request_timeout_s"]
     if isinstance(t, bool) or not isinstance(t, (int, float)) or t <= 0:
-        raise launch.ConfigError(f"{where}.request_timeout_s: {t!r}; allowed: a number > 0")
+        raise armspec.ConfigError(f"{where}.request_timeout_s: {t!r}; allowed: a number > 0")
     for k in ("head", "plant", "question"):
         if not isinstance(out["prompt"][k], str):
-            raise launch.ConfigError(f"{where}.prompt.{k}: allowed: a string")
+            raise armspec.ConfigError(f"{where}.prompt.{k}: allowed: a string")
     if "{value}" not in out["prompt"]["plant"]:
-        raise launch.ConfigError(f"{where}.prompt.plant: must contain {{value}} (and may contain {{ordinal}})")
+        raise armspec.ConfigError(f"{where}.prompt.plant: must contain {{value}} (and may contain {{ordinal}})")
     return out
 
 
@@ -135,7 +135,7 @@ def case_plan(cfg: Mapping[str, Any], max_model_len: int) -> list[dict]:
         plan.append({"case": f"tail-{n}", "kind": "tail", "prompt_tokens": max_model_len - n, "max_tokens": n})
     names = [p["case"] for p in plan]
     if len(set(names)) != len(names):
-        raise launch.ConfigError(f"boundary: case names repeat {names}; fractions and tail_offsets must be distinct")
+        raise armspec.ConfigError(f"boundary: case names repeat {names}; fractions and tail_offsets must be distinct")
     return plan
 
 
@@ -146,7 +146,7 @@ def planted_values(seed: int, case: str, count: int, digits: int) -> list[int]:
     rng = random.Random(f"{seed}:{case}:values")
     lo, hi = 10 ** (digits - 1), 10 ** digits - 1
     if hi - lo + 1 < count:
-        raise launch.ConfigError(f"boundary: {count} distinct {digits}-digit values do not exist")
+        raise armspec.ConfigError(f"boundary: {count} distinct {digits}-digit values do not exist")
     return rng.sample(range(lo, hi + 1), count)
 
 

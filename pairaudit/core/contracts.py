@@ -378,7 +378,7 @@ class BoundaryCase(TypedDict, total=False):
 
 
 class SpeedDecision(TypedDict, total=False):
-    """``speed/decision.json``: the bracket and its gate (details of each part: ``pairaudit/speed.py``)."""
+    """``speed/decision.json``: the bracket and its gate (details of each part: ``pairaudit/speed/bracket.py``)."""
     schema: str
     audit: str
     gate: dict                      # the speed verdict as a rule result: rule, verdict, reasons, params,
@@ -404,7 +404,7 @@ class SpeedDecision(TypedDict, total=False):
 
 
 class Decision(TypedDict, total=False):
-    """``promotion/decision.json`` (``decision.decide`` + ``report.promotion_stage``), in full::
+    """``promotion/decision.json`` (``promotion.decision.decide`` + ``promotion.stage.promotion_stage``), in full::
 
     {"schema": "pairaudit.decision/v1", "rule": "promotion-v1",
      "decision": "PROMOTE" | "HOLD" | "REJECT" | "INCONCLUSIVE",
@@ -445,7 +445,7 @@ class Decision(TypedDict, total=False):
      "preflight": {arm: "PASS" | "FAIL" | None},
      "calibration_ref": None | {"path", "sha256", "time", "audit", "headline", "flagged"},
                                      # added by promotion_stage: the latest A/A calibration of the same
-                                     # control spec on the same host (pairaudit/calibration.py); it never
+                                     # control spec on the same host (pairaudit/promotion/calibration.py); it never
                                      # changes the decision, and None is stated in the report
      "evidence": {                   # added by promotion_stage from the later stages' artifacts
        "boundary_cases": None | [{"case", "planted", "expected", "identical_text",

@@ -13,7 +13,7 @@ Config entry (one element of ``datasets:`` in config.yaml)::
       sha256: <64-hex>              # optional: the source file must have this digest
     select: {count: 8, seed: 1234}  # or {indices: [..]} or {count: all}
     prompt_template: default        # see TEMPLATES
-    extract: {method: exact}        # qa only: exact | last_number | regex (pairaudit.quality.answerformats)
+    extract: {method: exact}        # qa only: exact | last_number | regex (pairaudit.formats.answerformats)
 
 Provenance record (``load_source``)::
 
@@ -34,7 +34,7 @@ Item (``normalize``)::
                 | humaneval {"prompt", "test", "entry_point", "canonical_solution"}
                 | qa {"answer": str, "aliases": [str], "extract": {method, ...}}
                 | multiple_choice {"choices": [str], "answer": "<letter>"}}
-  (qa and multiple_choice rows, templates and scoring: :mod:`pairaudit.quality.answerformats`)
+  (qa and multiple_choice rows, templates and scoring: :mod:`pairaudit.formats.answerformats`)
 
 Dataset document (``prepare_dataset``; written as results/<audit>/datasets/<name>.json)::
 
@@ -62,7 +62,8 @@ from pathlib import Path
 
 from pairaudit.core.contracts import DATASET_SCHEMA
 from pairaudit.datasets import suites
-from pairaudit.quality import answerformats
+from pairaudit.formats import answerformats
+from pairaudit.formats.boxed import last_boxed
 
 FORMATS = ("gsm8k", "math", "mbpp", "humaneval", *answerformats.FORMATS)
 SOURCE_KINDS = ("local", "package", "generated", "hf")
@@ -317,7 +318,6 @@ def normalize(fmt: str, rows: list[dict], *, extract: dict | None = None) -> lis
             sol = row.get("solution")
             answer = row.get("answer")
             if answer is None:
-                from pairaudit.quality.scoring import last_boxed  # one boxed parser for data and answers
                 box = last_boxed(sol or "")
                 if box is None:
                     raise DatasetError(f"math row {i}: no 'answer' field and no \\boxed{{}} in 'solution'")

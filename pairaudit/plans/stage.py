@@ -6,12 +6,12 @@ from pairaudit.boundary import cases as boundary
 from pairaudit.core import artifacts
 from pairaudit.core.contracts import BOUNDARY_PLAN_SCHEMA, DATASET_SCHEMA, REQUESTS_SCHEMA
 from pairaudit.plans.requests import body_sha256, request_body
-from pairaudit.serving import armspec, launch
+from pairaudit.serving import armspec
 
 
 def arm_spec_stage(*, arm: str, arm_cfg: dict, out_path: str) -> dict:
     """The arm's spec, resolved from its config once for every phase (``armspec.read_spec`` reads it back)."""
-    spec = launch.resolve_spec(arm, arm_cfg)
+    spec = armspec.resolve_spec(arm, arm_cfg)
     doc = armspec.spec_doc(spec, provenance=artifacts.provenance([], {"arm_config": arm_cfg}))
     artifacts.write_json(out_path, doc)
     return doc

@@ -24,7 +24,7 @@ Format extras:
   {"math-verify", "normalized-string", "none"}; ``math_verify`` = {"equal", "error"}.
 - qa / multiple_choice: ``gold``, ``method`` ("qa-exact", "qa-last_number",
   "qa-regex", "mc-letter"), qa ``aliases``, ``extract``, ``normalized``; mc ``rule``
-  (:mod:`pairaudit.quality.answerformats`).
+  (:mod:`pairaudit.formats.answerformats`).
 - mbpp / humaneval: ``code_source`` ("fenced-python", "fenced", "unclosed-fence",
   "raw"), ``tests_total``, ``tests_failed`` (mbpp), ``first_failure`` (str|None),
   ``sandbox`` = the sandbox result without its output tails (the tails are
@@ -54,7 +54,9 @@ from typing import Sequence, cast
 
 from pairaudit.core import defaults
 from pairaudit.core.contracts import SampledRecord, ScoreRecord
-from pairaudit.quality import answerformats, sandbox, split
+from pairaudit.formats import answerformats
+from pairaudit.formats.boxed import last_boxed
+from pairaudit.quality import sandbox, split
 from pairaudit.serving.client import chat_message, clamping
 
 FORMATS = ("gsm8k", "math", "mbpp", "humaneval", *answerformats.FORMATS)
@@ -124,44 +126,6 @@ def score_gsm8k(item: dict, text: str) -> dict:
 
 
 # ---------------------------------------------------------------- math
-
-def last_boxed(text: str) -> tuple[str, str] | None:
-    """Content of the last ``\\boxed{...}`` / ``\\fbox{...}`` (balanced braces), and which command.
-
-    Also accepts the brace-less ``\\boxed 5`` form. An unbalanced last box
-    (answer cut off) counts as absent rather than guessing its end.
-    """
-    best = None
-    for found in re.finditer(r"\\(boxed|fbox)\b", text):
-        best = found
-    if best is None:
-        return None
-    cmd, pos = best.group(1), best.end()
-    rest = text[pos:]
-    stripped = rest.lstrip()
-    if stripped.startswith("{"):
-        start = pos + (len(rest) - len(stripped)) + 1
-        depth = 1
-        i = start
-        while i < len(text):
-            c = text[i]
-            if c == "\\":
-                i += 2  # an escaped brace \{ or \} never opens or closes the box
-                continue
-            if c == "{":
-                depth += 1
-            elif c == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[start:i], cmd
-            i += 1
-        return None
-    if rest[:1] == " ":
-        m = re.match(r"\s+([^\s$]+)", rest)
-        if m:
-            return m.group(1), cmd
-    return None
-
 
 def normalize_latex(s: str) -> str:
     """A light, conservative normal form: only rewrites that cannot change the value."""

