@@ -141,7 +141,7 @@ def divergence_doc(ds, *, step=0.125, control_gap=0.05):
                              "candidate_len": 38, "control_token_id": 198, "candidate_token_id": 2},
                             {"index": 9, "diverged": False}],
             "probes": {"control": [{"index": 5, "top20": top_c}], "candidate": [{"index": 5, "top20": top_k}]},
-            "grid_tie": {"rule": "grid-tie-v1", "verdict": "PASS",
+            "grid_tie": {"rule": "grid-tie-v1", "verdict": "PASS", "reasons": [],
                          "probes": [{"index": 5, "step": step, "gap_in_steps": 0.0, "verdict": "PASS"}]}}
 
 
@@ -227,7 +227,7 @@ def test_boundary_section_sets_the_arms_side_by_side(tmp_path):
 
 
 def test_decision_json_carries_every_boundary_case_and_the_speed_table(tmp_path):
-    b = {"cases": [{"case": "tail-16", "planted": [173, 9], "expected": "173 9", "identical_text": False,
+    b = {"schema": "pairaudit.boundary_gate/v1", "gate": None, "cases": [{"case": "tail-16", "planted": [173, 9], "expected": "173 9", "identical_text": False,
                     "control": {"text": "173, 9.", "correct": True, "finish_reason": "stop", "ttft_s": 2.5,
                                 "prompt_tokens": 1008, "max_tokens": 16, "error_body": "x"},
                     "candidate": None}]}

@@ -69,6 +69,7 @@ from typing import Any, Mapping, Sequence
 from pairaudit.core.artifacts import sha256_json
 from pairaudit.core.contracts import CALIBRATION_LOG_SCHEMA, CALIBRATION_SCHEMA, PATHS, Decision, audit_dir
 from pairaudit.core.jsonlog import append_record, read_log
+from pairaudit.core.readers import DivergenceDoc, LaunchReceipt, SpeedDecisionDoc, as_record
 
 SUFFIX = "-calibration"
 LOG = PATHS[CALIBRATION_LOG_SCHEMA]
@@ -133,9 +134,12 @@ def check(config: Mapping[str, Any]) -> list[str]:
 
 # -------------------------------------------------------------------- host
 
-def host_facts(control_receipt: Mapping[str, Any]) -> dict:
-    """The host a calibration is of: the control's launch receipt's machine facts (see module docstring)."""
-    m = control_receipt.get("machine") or {}
+def host_facts(control_receipt: LaunchReceipt | Mapping[str, Any]) -> dict:
+    """The host a calibration is of: the control's launch receipt's machine facts (see module docstring).
+
+    ``control_receipt``: the launch receipt, or decision.json's arm summary (which keeps its machine facts).
+    """
+    m = (control_receipt.machine if isinstance(control_receipt, LaunchReceipt) else control_receipt["machine"]) or {}
     return {"hostname": m.get("hostname"), "cpu_count": m.get("cpu_count"),
             "accelerators": list(m.get("accelerators") or [])}
 
@@ -155,16 +159,19 @@ def _max(values: Sequence[Any]) -> float | None:
     return max(nums) if nums else None
 
 
-def speed_summary(gate: Mapping[str, Any] | None, speed_doc: Mapping[str, Any] | None) -> dict | None:
+def speed_summary(gate: Mapping[str, Any] | None,
+                  speed_doc: SpeedDecisionDoc | Mapping[str, Any] | None) -> dict | None:
     """The speed gate on A vs A with the host's noise: in-window control spread and archive spread per cell."""
     if gate is None:
         return None
-    doc = speed_doc or {}
+    speed = as_record(SpeedDecisionDoc, speed_doc, where="speed decision")
     cells = {}
-    for cell, sp in (doc.get("spread") or {}).items():
-        cells[cell] = {k: sp.get(k) for k in ("window_pct", "window_max_pct", "archive_pct", "archive_n",
-                                              "archive_with_window_pct", "archive_with_window_n")}
-    win_pct = (doc.get("bar") or {}).get("win_pct", gate.get("win_pct"))
+    for cell, sp in ((speed.spread if speed is not None else None) or {}).items():
+        cells[cell] = {"window_pct": sp.window_pct, "window_max_pct": sp.window_max_pct,
+                       "archive_pct": sp.archive_pct, "archive_n": sp.archive_n,
+                       "archive_with_window_pct": sp.archive_with_window_pct,
+                       "archive_with_window_n": sp.archive_with_window_n}
+    win_pct = speed.win_pct if speed is not None and speed.bar is not None else gate.get("win_pct")
     return {"rule": gate.get("rule"), "verdict": gate.get("verdict"), "win_pct": win_pct,
             "pooled_gain_pct": gate.get("point_gain_pct"),
             "max_window_pct": _max([c["window_max_pct"] for c in cells.values()]),
@@ -201,8 +208,8 @@ def _finding(name: str, g: Mapping[str, Any], summary: Mapping[str, Any]) -> str
 
 
 def summarize(decision: Decision, *, audit: str | None, of_audit: str | None,
-              speed_doc: Mapping[str, Any] | None = None,
-              divergence_docs: Mapping[str, Mapping[str, Any]] | None = None) -> dict:
+              speed_doc: SpeedDecisionDoc | Mapping[str, Any] | None = None,
+              divergence_docs: Mapping[str, DivergenceDoc | Mapping[str, Any]] | None = None) -> dict:
     """calibration.json (module docstring) from a calibration-mode decision and the stage artifacts it read.
 
     decision: ``decision.decide(..., calibration=True)`` with the gates' key
@@ -235,11 +242,13 @@ def summarize(decision: Decision, *, audit: str | None, of_audit: str | None,
                     "verdict": t.get("verdict")}
                for ds, t in (decision.get("datasets") or {}).items()}
     greedy = {}
-    for ds, doc in (divergence_docs or {}).items():
+    for ds, given in (divergence_docs or {}).items():
+        doc = as_record(DivergenceDoc, given, where=f"divergence {ds}")
+        assert doc is not None
         det = (decision["gates"].get(f"determinism:{ds}") or {})
-        greedy[ds] = {"selected": len(doc.get("items") or []),
-                      "compared": sum(1 for d in doc.get("divergences") or [] if d.get("diverged") is not None),
-                      "diverged": [d.get("index") for d in doc.get("divergences") or [] if d.get("diverged")],
+        greedy[ds] = {"selected": len(doc.items or []),
+                      "compared": sum(1 for d in doc.divergences if d.diverged is not None),
+                      "diverged": [d.index for d in doc.divergences if d.diverged],
                       "determinism": det.get("verdict"), "nondeterministic_arms": det.get("nondeterministic_arms")}
     b = decision["gates"].get("boundary")
     out = {"schema": CALIBRATION_SCHEMA, "audit": audit, "of_audit": of_audit, "control_spec_sha256": ctrl.get("spec_sha256"),
@@ -338,8 +347,16 @@ def cite(records: Sequence[Mapping[str, Any]], control_spec_sha256: str | None,
                           flagged=list(r.get("flagged") or []))
 
 
-def lookup(path: str | os.PathLike | None, control_receipt: Mapping[str, Any]) -> CalibrationRef | None:
+def lookup(path: str | os.PathLike | None,
+           control: LaunchReceipt | Mapping[str, Any]) -> CalibrationRef | None:
     """``cite`` on the log at ``path`` for the control whose launch receipt is given."""
     if not path:
         return None
-    return cite(read_log(path), control_receipt.get("spec_sha256"), host_sha256(host_facts(control_receipt)))
+    control_receipt = as_record(LaunchReceipt, control, where="launch control")
+    assert control_receipt is not None
+    return cite(read_log(path), control_receipt.spec_sha256, host_sha256(host_facts(control_receipt)))
+
+
+def calibrated_audit(config: Mapping[str, Any] | None) -> str | None:
+    """The audit a calibration config calibrates (``calibration.of``); None outside a calibration."""
+    return ((config or {}).get("calibration") or {}).get("of")

@@ -29,7 +29,8 @@ from pairaudit.core.contracts import (
     SPEED_DECISION_SCHEMA,
     Decision,
 )
-from pairaudit.promotion.decision import check_decision_word, speed_primary
+from pairaudit.core.readers import BoundaryGateDoc, Paired, Preflight, SpeedDecisionDoc, as_record
+from pairaudit.promotion.decision import check_decision_word
 
 NOT_ADJUSTED = (
     "Nothing is adjusted. Scores are the scorer's strict verdicts: a strict-extractor miss stays a "
@@ -325,52 +326,57 @@ def _arms_section(decision: Decision) -> list[str]:
     return out
 
 
-def _preflight_section(preflight: Mapping[str, Mapping[str, Any] | None]) -> list[str]:
+def _preflight_section(preflight: Mapping[str, Preflight | Mapping[str, Any] | None]) -> list[str]:
     out = ["## Preflight", "", _row(["Arm", "verdict", "failed probe", "probes passed", "reason"]),
            _row(["---"] * 5)]
     for arm in ARMS:
-        doc = preflight.get(arm)
+        doc = as_record(Preflight, preflight[arm] if arm in preflight else None, where=f"preflight {arm}")
         if doc is None:
             out.append(_row([arm, "not run", "", "", ""]))
             continue
-        probes = doc.get("probes") or []
-        failed = doc.get("failed_probe")
-        why = next((p.get("reason") for p in probes if p.get("name") == failed), "") if failed else ""
-        out.append(_row([arm, doc.get("verdict"), _cell(failed or ""),
-                         f"{sum(bool(p.get('pass')) for p in probes)}/{len(probes)}", _cell(why or "")]))
+        probes, failed = doc.probes, doc.failed_probe
+        why = next((p.reason for p in probes if p.name == failed), "") if failed else ""
+        out.append(_row([arm, doc.verdict, _cell(failed or ""),
+                         f"{sum(p.passed for p in probes)}/{len(probes)}", _cell(why or "")]))
     return out
 
 
-def _paired_section(paired: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def _papers(paired: Mapping[str, Paired | Mapping[str, Any]]) -> dict[str, Paired]:
+    return {ds: p for ds in sorted(paired) for p in [as_record(Paired, paired[ds], where=f"paired {ds}")]
+            if p is not None}
+
+
+def _paired_section(paired: Mapping[str, Paired | Mapping[str, Any]]) -> list[str]:
     head = ["Dataset", "control", "candidate", "control-only correct", "candidate-only correct",
             "McNemar p", "natural finish (control, candidate)", "exact text matches", "quality", "loss"]
     out = ["## Paired results", "", _row(head), _row(["---"] * len(head))]
     tot = {"n": 0, "c": 0, "k": 0, "co": 0, "ko": 0, "x": 0, "fc": 0, "fk": 0}
-    for ds in sorted(paired):
-        t, q = paired[ds]["table"], paired[ds]["quality"]
-        n = t["n"]
-        nf = t.get("natural_finish") or {}
-        out.append(_row([_cell(ds), f"{t['control_correct']}/{n}", f"{t['candidate_correct']}/{n}",
-                         _idx(t["control_only"]), _idx(t["candidate_only"]), _p(q.get("mcnemar_p")),
-                         f"{nf.get('control')}/{n}, {nf.get('candidate')}/{n}",
-                         f"{t.get('exact_text_matches')}/{n}", f"{q.get('rule')} {q.get('verdict')}",
-                         _cell(loss_text(q))]))
-        for key, v in (("n", n), ("c", t["control_correct"]), ("k", t["candidate_correct"]),
-                       ("co", len(t["control_only"])), ("ko", len(t["candidate_only"])),
-                       ("x", t.get("exact_text_matches") or 0), ("fc", nf.get("control") or 0),
-                       ("fk", nf.get("candidate") or 0)):
+    papers = _papers(paired)
+    for ds, doc in papers.items():
+        t, q = doc.table, doc.quality
+        n = t.n
+        nf = {arm: t.natural_finish[arm] if arm in t.natural_finish else None for arm in ARMS}
+        out.append(_row([_cell(ds), f"{t.control_correct}/{n}", f"{t.candidate_correct}/{n}",
+                         _idx(t.control_only), _idx(t.candidate_only), _p(q.mcnemar_p),
+                         f"{nf['control']}/{n}, {nf['candidate']}/{n}",
+                         f"{t.exact_text_matches}/{n}", f"{q.rule} {q.verdict}",
+                         _cell(loss_text(q.raw))]))
+        for key, v in (("n", n), ("c", t.control_correct), ("k", t.candidate_correct),
+                       ("co", len(t.control_only)), ("ko", len(t.candidate_only)),
+                       ("x", t.exact_text_matches or 0), ("fc", nf["control"] or 0),
+                       ("fk", nf["candidate"] or 0)):
             tot[key] += v
     if len(paired) > 1:
         # Counts only: a pooled McNemar p over datasets is not a registered rule.
         out.append(_row(["**Total**", f"{tot['c']}/{tot['n']}", f"{tot['k']}/{tot['n']}", tot["co"], tot["ko"],
                          "", f"{tot['fc']}/{tot['n']}, {tot['fk']}/{tot['n']}", f"{tot['x']}/{tot['n']}", "", ""]))
     out.append("")
-    bad = [ds for ds in sorted(paired) if not paired[ds]["table"].get("bodies_identical")]
+    bad = [ds for ds, doc in papers.items() if not doc.table.bodies_identical]
     out.append("All paired request bodies match." if not bad else
                "Request bodies differ between arms for: " + ", ".join(bad) + " (the quality rule is INVALID there).")
     out.append("")
-    for ds in sorted(paired):
-        b = paired[ds].get("bootstrap")
+    for ds, doc in papers.items():
+        b = doc.bootstrap
         if b:
             out.append(f"- {ds}: paired bootstrap of accuracy(candidate) - accuracy(control) = {b['diff']:+.4f}, "
                        f"{int(b['level'] * 100)} % interval [{b['lo']:+.4f}, {b['hi']:+.4f}] "
@@ -378,22 +384,21 @@ def _paired_section(paired: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def _indices_section(paired: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def _indices_section(paired: Mapping[str, Paired | Mapping[str, Any]]) -> list[str]:
     out = ["## Item indices", ""]
-    for ds in sorted(paired):
-        t = paired[ds]["table"]
-        out.append(f"### {ds} ({paired[ds].get('format')}, n={t['n']})")
+    for ds, doc in _papers(paired).items():
+        t = doc.table
+        out.append(f"### {ds} ({doc.format}, n={t.n})")
         out.append("")
-        out.append(f"- items: {', '.join(map(str, t.get('indices') or [])) or 'none'}")
-        out.append(f"- control-only correct: {_idx(t['control_only'])}")
-        out.append(f"- candidate-only correct: {_idx(t['candidate_only'])}")
-        out.append(f"- exact text matches: {_idx(t.get('exact_text_match_indices'))}")
-        out.append(f"- request body mismatches: {_idx(t.get('body_mismatch_indices'))}")
-        for key, what in (("unnatural_finish_indices", "did not finish naturally"),
-                          ("unanswered_indices", "unanswered"), ("error_indices", "transport/HTTP error")):
-            per = t.get(key) or {}
+        out.append(f"- items: {', '.join(map(str, t.indices)) or 'none'}")
+        out.append(f"- control-only correct: {_idx(t.control_only)}")
+        out.append(f"- candidate-only correct: {_idx(t.candidate_only)}")
+        out.append(f"- exact text matches: {_idx(t.exact_text_match_indices)}")
+        out.append(f"- request body mismatches: {_idx(t.body_mismatch_indices)}")
+        for per, what in ((t.unnatural_finish_indices, "did not finish naturally"),
+                          (t.unanswered_indices, "unanswered"), (t.error_indices, "transport/HTTP error")):
             for arm in ARMS:
-                if per.get(arm):
+                if arm in per and per[arm]:
                     out.append(f"- {arm} {what}: {_idx(per[arm])}")
         out.append("")
     return out
@@ -419,9 +424,9 @@ def _gate_details(decision: Decision) -> list[str]:
     return out
 
 
-def render_markdown(decision: Decision, paired: Mapping[str, Mapping[str, Any]],
-                    launch: Mapping[str, Mapping[str, Any]],
-                    preflight: Mapping[str, Mapping[str, Any] | None],
+def render_markdown(decision: Decision, paired: Mapping[str, Paired | Mapping[str, Any]],
+                    launch: Mapping[str, Any],
+                    preflight: Mapping[str, Preflight | Mapping[str, Any] | None],
                     calibration_summary: Mapping[str, Any] | None = None) -> str:
     """The report people read: a front page read at a glance, then the details.
 
@@ -478,7 +483,7 @@ def code_judging_markdown(counts: Mapping[str, Mapping[str, Mapping[str, int]]])
                       "inside the sandbox is one the program could forge (docs/sandbox.md).", ""]
 
 
-def boundary_markdown(doc: Mapping[str, Any] | None) -> list[str]:
+def boundary_markdown(doc: BoundaryGateDoc | Mapping[str, Any] | None) -> list[str]:
     """Boundary cases side by side (control | candidate), from the boundary gate artifact.
 
     Reads ``cases: [{"case", "expected", "identical_text", "control": side,
@@ -488,35 +493,37 @@ def boundary_markdown(doc: Mapping[str, Any] | None) -> list[str]:
     if doc is None:
         return out + ["Not run: the boundary stage has not produced `boundary/gate.json` for this audit, so the "
                       "boundary gate is not evaluated (the decision cannot be PROMOTE)."]
-    gate = doc.get("gate") or {}
-    out += [f"Verdict: **{gate.get('verdict')}**", ""] + [f"- {_cell(r)}" for r in gate.get("reasons") or []]
-    mml = doc.get("max_model_len") or {}
+    b = as_record(BoundaryGateDoc, doc, where="boundary gate")
+    assert b is not None
+    gate = b.gate
+    out += [f"Verdict: **{None if gate is None else gate.verdict}**", ""]
+    out += [f"- {_cell(r)}" for r in ([] if gate is None else gate.reasons)]
+    mml = b.max_model_len
     if mml:
-        out += ["", "max_model_len: " + ", ".join(f"{arm} {mml.get(arm)}" for arm in ARMS)]
-    cases = [c for c in doc.get("cases") or [] if isinstance(c, Mapping)]
+        out += ["", "max_model_len: " + ", ".join(f"{arm} {mml[arm] if arm in mml else None}" for arm in ARMS)]
+    cases = b.cases
     if cases:
-        def side(c: Mapping, arm: str) -> list[str]:
-            s = c.get(arm)
-            if not isinstance(s, Mapping):
+        def side(c: Any, arm: str) -> list[str]:
+            s = getattr(c, arm)
+            if s is None:
                 return ["not run", "", "", "", ""]
-            text = s.get("text") or s.get("config_error") or s.get("error") or "(no text)"
-            return [_code(str(text)[:120]), _cell(s.get("correct")), _cell(s.get("finish_reason")),
-                    _cell(f"{s.get('prompt_tokens')} + {s.get('max_tokens')}"), _num(s.get("ttft_s"))]
+            text = s.text or s.config_error or s.error or "(no text)"
+            return [_code(str(text)[:120]), _cell(s.correct), _cell(s.finish_reason),
+                    _cell(f"{s.prompt_tokens} + {s.max_tokens}"), _num(s.ttft_s)]
 
         head = ["case", "expected"] + [f"{arm} {f}" for arm in ARMS
                                        for f in ("answer", "correct", "finish", "tokens in + out", "TTFT s")]
         head += ["same text"]
         out += ["", _row(head), _row(["---"] * len(head))]
         for c in cases:
-            out.append(_row([_cell(c.get("case")), _code(c.get("expected"))] + side(c, "control")
-                            + side(c, "candidate") + [_cell(c.get("identical_text"))]))
-    longs = [(arm, fl) for arm, fl in (doc.get("first_long") or {}).items()
-             if isinstance(fl, Mapping) and fl.get("ttft_s") is not None]
+            out.append(_row([_cell(c.case), _code(c.expected)] + side(c, "control")
+                            + side(c, "candidate") + [_cell(c.identical_text)]))
+    longs = [(arm, fl) for arm, fl in b.first_long.items() if fl is not None and fl.ttft_s is not None]
     if longs:
         out.append("")
     for arm, fl in longs:
-        out.append(f"- {arm}: first long request ({fl.get('case')}, {fl.get('prompt_tokens')} tokens) "
-                   f"TTFT {fl['ttft_s']:.3f} s, {fl.get('input_tokens_per_s') or 0:.1f} input tokens/s")
+        out.append(f"- {arm}: first long request ({fl.case}, {fl.prompt_tokens} tokens) "
+                   f"TTFT {fl.ttft_s:.3f} s, {fl.input_tokens_per_s or 0:.1f} input tokens/s")
     return out
 
 
@@ -524,15 +531,15 @@ def _num(v: Any, digits: int = 3) -> str:
     return "n/a" if not isinstance(v, (int, float)) or isinstance(v, bool) else f"{v:.{digits}f}"
 
 
-def _speed_repeat_rows(doc: Mapping[str, Any], primary: str) -> list[str]:
+def _speed_repeat_rows(doc: SpeedDecisionDoc, primary: str) -> list[str]:
     """Per cell and repeat: every start's primary metric (controls at odd starts), the control mean, the ratio."""
-    series = doc.get("series") or {}
-    n = max((len(trio) for m in series.values() for trio in (m or {}).get(primary) or []), default=3)
+    series = {cell: m[primary] if primary in m else [] for cell, m in (doc.series or {}).items()}
+    n = max((len(trio) for reps in series.values() for trio in reps), default=3)
     heads = [f"s{k + 1} {'control' if k % 2 == 0 else 'candidate'} {primary}" for k in range(n)]
     out = [_row(["cell", "repeat", *heads, "control mean", "candidate / control", "control spread / control"]),
            _row(["---"] * (n + 5))]
-    for cell, metrics in series.items():
-        for r, vals in enumerate((metrics or {}).get(primary) or [], start=1):
+    for cell, reps in series.items():
+        for r, vals in enumerate(reps, start=1):
             vals = (list(vals) + [None] * n)[:n]
             nums = all(isinstance(v, (int, float)) for v in vals)
             ctrl = sum(vals[0::2]) / len(vals[0::2]) if nums else None
@@ -544,12 +551,12 @@ def _speed_repeat_rows(doc: Mapping[str, Any], primary: str) -> list[str]:
     return out
 
 
-def _speed_bench_rows(doc: Mapping[str, Any]) -> list[str]:
+def _speed_bench_rows(doc: SpeedDecisionDoc) -> list[str]:
     """`vllm bench serve`'s summary per cell and start (medians; ITL is per streamed chunk, not per token)."""
     head = ["cell", "start", "completed", "failed", "output tok/s", "median TTFT ms", "median TPOT ms",
             "median ITL ms", "p99 ITL ms", "median E2EL ms"]
     out = [_row(head), _row(["---"] * len(head))]
-    for cell, starts in (doc.get("bench_serve") or {}).items():
+    for cell, starts in doc.bench_serve.items():
         for start, b in (starts or {}).items():
             if not isinstance(b, Mapping):
                 continue
@@ -560,37 +567,38 @@ def _speed_bench_rows(doc: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def speed_markdown(doc: Mapping[str, Any] | None) -> list[str]:
+def speed_markdown(doc: SpeedDecisionDoc | Mapping[str, Any] | None) -> list[str]:
     out = ["## Speed (win2-v1)", ""]
-    if doc is None:
+    speed = as_record(SpeedDecisionDoc, doc, where="speed decision")
+    if speed is None:
         return out + ["Not run: the speed stage has not produced `speed/decision.json` for this audit, so the "
                       "speed gate is not evaluated (the decision cannot be PROMOTE)."]
-    gate = doc.get("gate") or {}
-    out[0] = f"## Speed ({gate.get('rule') or 'win2-v1'})"
-    out += [f"Verdict: **{gate.get('verdict')}**" + (" (informational: only a LOSS gates)"
-                                                      if gate.get("informational") else ""), ""]
-    out += [f"- {_cell(r)}" for r in gate.get("reasons") or []]
-    spread = doc.get("spread") or {}
+    gate = speed.gate
+    out[0] = f"## Speed ({(None if gate is None else gate.rule) or 'win2-v1'})"
+    out += [f"Verdict: **{None if gate is None else gate.verdict}**" + (" (informational: only a LOSS gates)"
+                                                                         if gate and gate.informational else ""), ""]
+    out += [f"- {_cell(r)}" for r in ([] if gate is None else gate.reasons)]
+    spread = speed.spread or {}
     if spread:
         out += ["", _row(["cell", "in-window control spread (max %)", "archive spread before this window %",
                           "archive starts", "win bar %"]), _row(["---"] * 5)]
         for cell, sp in spread.items():
-            w = sp.get("window_pct")
+            w = sp.window_pct
             vals = [v for v in (w if isinstance(w, list) else [w]) if isinstance(v, (int, float))]
             # A repeat without a value (no rounds measured) has no spread: not zero, just absent.
-            wmax = sp.get("window_max_pct", max(vals) if vals else None)
-            out.append(_row([_cell(cell), _num(wmax, 1), _num(sp.get("archive_pct"), 1),
-                             _cell(sp.get("archive_n")), _cell(sp.get("win_pct"))]))
-    primary = speed_primary(doc)
-    if primary and doc.get("series"):
+            wmax = sp.window_max_pct if "window_max_pct" in sp.raw else (max(vals) if vals else None)
+            out.append(_row([_cell(cell), _num(wmax, 1), _num(sp.archive_pct, 1),
+                             _cell(sp.archive_n), _cell(sp.win_pct)]))
+    primary = speed.primary
+    if primary and speed.series:
         how = {"win2-v3": "win2-v3 compares each candidate start with its two neighbouring control starts, over "
                           "all repeats and deciding cells",
                "win2-v2": "win2-v2 compares s2 with s1 and s3 over all repeats and deciding cells"}.get(
-            str(gate.get("rule")), "win2-v1 pairs s2 with the mean of s1 and s3")
+            str(None if gate is None else gate.rule), "win2-v1 pairs s2 with the mean of s1 and s3")
         out += ["", f"Primary metric `{primary}` per repeat ({how}):", ""]
-        out += _speed_repeat_rows(doc, primary)
-    if doc.get("bench_serve"):
-        out += ["", "Client timings per start, as `vllm bench serve` reports them:", ""] + _speed_bench_rows(doc)
+        out += _speed_repeat_rows(speed, primary)
+    if speed.bench_serve:
+        out += ["", "Client timings per start, as `vllm bench serve` reports them:", ""] + _speed_bench_rows(speed)
     return out
 
 
