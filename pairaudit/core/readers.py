@@ -36,8 +36,10 @@ from typing import Any, ClassVar, Mapping, TypeVar
 from pairaudit.core.artifacts import ArtifactError, read_json
 from pairaudit.core.contracts import (
     BOUNDARY_GATE_SCHEMA,
+    DECISION_SCHEMA,
     DIVERGENCE_SCHEMA,
     LAUNCH_SCHEMA,
+    LEDGER_SCHEMA,
     PAIRED_SCHEMA,
     PHASE_SCHEMA,
     PREFLIGHT_SCHEMA,
@@ -462,11 +464,11 @@ class SpeedSpread(Record):
     window_pct: Any                           # per repeat, None where a repeat has no value
     archive_pct: float | None
     archive_n: int | None
+    archive_with_window_pct: float | None
+    archive_with_window_n: int | None
     win_pct: float | None
-    window_max_pct: float | None = None
-    archive_with_window_pct: float | None = None
-    archive_with_window_n: int | None = None
-    config_hash: str | None = None
+    config_hash: str | None
+    window_max_pct: float | None = None       # a bracket recorded before it: the report takes the largest repeat
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -508,7 +510,7 @@ class SpeedDecisionDoc(Record):
     spread: dict[str, SpeedSpread] | None = None
     archive: SpeedArchive | None = None
     hosts: list | None = None
-    bench_serve: dict[str, dict[str, Any]] = field(default_factory=dict)
+    bench_serve: dict[str, dict[str, BenchServeRow | None]] = field(default_factory=dict)
 
     MEASURED: ClassVar[tuple[str, ...]] = ("bar", "win2", "spread", "archive")
 
@@ -538,3 +540,173 @@ class ArchivedStart(Record):
     cell: str
     config_hash: str | None
     metrics: dict[str, float | None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LatencySummary(Record):
+    """One latency summary of ``vllm bench serve``'s table (``speed.metrics.bench_serve_table``), in ms."""
+    median: float | None = None
+    p99: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchServeRow(Record):
+    """``bench_serve[cell][start]`` of ``speed/decision.json``: the client's view of one start."""
+    completed: int | None
+    failed: int | None
+    output_throughput: float | None
+    ttft_ms: LatencySummary
+    tpot_ms: LatencySummary
+    itl_ms: LatencySummary
+    e2el_ms: LatencySummary
+
+
+# ------------------------------------------------------------- decision
+# decision.json is the promotion's own artifact; the report, the calibration summary, the
+# ledger and ``pairaudit verdict`` read it back through these records.
+
+@dataclass(frozen=True, kw_only=True)
+class GateEntry(Record):
+    """One gate of decision.json ``gates``: its rule's verdict, the outcome under promotion-v1, key numbers."""
+    rule: str | None
+    verdict: str | None
+    outcome: str | None
+    reasons: list[str]
+    deviations: dict = field(default_factory=dict)
+    stage_verdict: str | None = None
+    # the key numbers the calibration summary and the report name (``decision._key_numbers``), per rule
+    nondeterministic_arms: list[str] | None = None
+    candidate_cases: Any = None
+    candidate_failures: Any = None
+    control_failures: Any = None
+    identical_text_cases: Any = None
+    point_gain_pct: float | None = None
+    win_pct: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviationLine(Record):
+    """One of decision.json ``deviations``: a loosening of the registered procedure."""
+    gate: str
+    what: str
+    detail: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetLine(Record):
+    """One dataset of decision.json ``datasets`` (``decision._dataset_summary``)."""
+    format: str | None
+    n: int | None
+    indices: list | None
+    rule: str | None
+    control_correct: int | None
+    candidate_correct: int | None
+    control_only: list[int]
+    candidate_only: list[int]
+    net: int | None
+    mcnemar_p: float | None
+    exact_text_matches: int | None
+    natural_finish: dict[str, int | None]
+    bodies_identical: bool | None
+    verdict: str | None
+    loss_bound: dict | None
+    needed: int | None
+    mde: dict | None
+    bootstrap: dict | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArmLine(Record):
+    """One arm of decision.json ``arms`` (``decision._arm_summary``): its launch receipt and preflight."""
+    mode: str | None
+    spec_sha256: str | None
+    env: dict | None
+    command: Any
+    model: str | None
+    served_model_name: str | None
+    model_sha256: str | None
+    max_model_len: int | None
+    url: str | None
+    speculative: bool | None
+    machine: dict | None
+    preflight: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrationCitation(Record):
+    """decision.json ``calibration_ref`` (``calibration.CalibrationRef``)."""
+    path: str
+    sha256: str
+    time: str | None
+    audit: str | None
+    headline: str
+    flagged: list
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecisionDoc(Record):
+    """``promotion/decision.json`` (``contracts.Decision``) as ``decision.decide`` makes it.
+
+    ``change``, ``calibration_ref``, ``evidence`` and ``provenance`` are
+    added by ``promotion_stage``: a decision made by ``decide`` alone has none.
+    ``gate_verdict`` is checked where recorded.
+    """
+    SCHEMA = DECISION_SCHEMA
+    rule: str
+    decision: str
+    gates: dict[str, GateEntry | None]
+    reasons: list[str]
+    deciding_gates: list[str]
+    identical_arms: bool
+    calibration: bool
+    deviations: list[DeviationLine]
+    not_evaluated: list[str]
+    multiplicity: dict | None
+    datasets: dict[str, DatasetLine]
+    arms: dict[str, ArmLine]
+    switch_diff: list[dict]
+    notes: list[str]
+    preflight: dict[str, str | None]
+    gate_verdict: str | None = None
+    change: dict | None = None
+    calibration_ref: CalibrationCitation | None = None
+    evidence: dict | None = None
+    provenance: dict | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LedgerLine(Record):
+    """One line of ``results/ledger.jsonl`` (``promotion.ledger.ledger_entry``), as the report lists it."""
+    SCHEMA = LEDGER_SCHEMA
+    time: str | None
+    audit: str | None
+    decision: str
+    config_sha256: str | None
+    not_evaluated: list[str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossBound(Record):
+    """quality-v2's ``loss_bound``: the one-sided upper bound on the candidate's loss, against the margin."""
+    level: float
+    upper_pct: float | None
+    margin_pct: float
+    ruled_out: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class DetectableLoss(Record):
+    """``mde`` (``stats.minimum_detectable_loss``): the smallest net loss the table could show."""
+    net_loss: int | None
+    rate: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossFacts(Record):
+    """What a quality result, or decision.json's dataset line, says of the loss (``render.loss_text``).
+
+    quality-v1 results carry only ``mde``; the bound and the items needed are quality-v2's.
+    """
+    loss_bound: LossBound | None = None
+    needed: Any = None                   # the rule's {items, ...}, or the dataset line's item count
+    mde: DetectableLoss | None = None
