@@ -496,8 +496,8 @@ class SpeedDecisionDoc(Record):
 
     A bracket that was not measured (``not_run`` says why) carries its gate
     and nothing measured; one that carries its series must carry with them
-    the bar, the per-cell results, the spread and the archive (the figures
-    and the report read them together). A gate alone is read as the gate.
+    the bar and the per-cell results (the figures and the report read them
+    together). A gate alone is read as the gate.
     """
     SCHEMA = SPEED_DECISION_SCHEMA
     gate: SpeedGate | None
@@ -512,7 +512,7 @@ class SpeedDecisionDoc(Record):
     hosts: list | None = None
     bench_serve: dict[str, dict[str, BenchServeRow | None]] = field(default_factory=dict)
 
-    MEASURED: ClassVar[tuple[str, ...]] = ("bar", "win2", "spread", "archive")
+    MEASURED: ClassVar[tuple[str, ...]] = ("bar", "win2")
 
     def validate(self, artifact: str, prefix: str) -> None:
         if self.series is not None:

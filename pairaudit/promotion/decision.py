@@ -50,6 +50,7 @@ from pairaudit import gates
 from pairaudit.core.contracts import ARMS, DECISION_SCHEMA, Decision
 from pairaudit.core.readers import (
     BoundaryGateDoc,
+    DecisionDoc,
     BoundaryResult,
     DeterminismResult,
     GridTieResult,
@@ -67,15 +68,9 @@ from pairaudit.core.readers import (
 
 R = TypeVar("R", bound=Record)
 
-# Which registered rule each later gate must carry: a win2 result handed in
-# as "boundary" would otherwise be judged by the wrong vocabulary.
-_EXPECTED_RULE = {
-    "quality": gates.QUALITY_RULES,    # rules.quality.rule selects; quality-v2 is the default
-    "grid_tie": "grid-tie-v1",
-    "determinism": "determinism-v1",
-    "boundary": "boundary-v1",
-    "speed": ("win2-v3", "win2-v2", "win2-v1"),   # speed.rule selects; win2-v3 is the default
-}
+# Which registered rules each later gate may carry (gates.REGISTERED, by the gate each decides): a win2
+# result handed in as "boundary" would otherwise be judged by the wrong vocabulary.
+_EXPECTED_RULE = {kind: gates.rules_of(kind) for kind in ("quality", "grid_tie", "determinism", "boundary", "speed")}
 
 
 # ------------------------------------------------------------------ gates
@@ -87,9 +82,8 @@ def _check_rule(kind: str, name: str, res: Mapping[str, Any] | None) -> None:
         raise ValueError(f"gate {name}: expected a rule result dict, got {type(res).__name__}")
     want = _EXPECTED_RULE[kind]
     rule = rule_result(res, where=f"gate {name}").rule   # its fields checked by its rule's record
-    if rule not in (want if isinstance(want, tuple) else (want,)):
-        raise ValueError(f"gate {name}: expected a {' or '.join(want) if isinstance(want, tuple) else want} "
-                         f"result, got rule {rule!r}")
+    if rule not in want:
+        raise ValueError(f"gate {name}: expected a {' or '.join(want)} result, got rule {rule!r}")
 
 
 def check_quality(name: str, doc: Paired | Mapping[str, Any], datasets: int | None = None) -> dict:
@@ -455,7 +449,7 @@ def decide(paired: Mapping[str, Paired | Mapping[str, Any]], launch: Mapping[str
     results.update(preflight_gates(rehearsals))
     arms = {a: _arm_summary(receipts[a], rehearsals[a]) for a in ARMS}
     same = identical_arms(arms)
-    prom = gates.promotion_v1(results, identical_arms=same and not calibration)
+    prom = gates.rule("promotion-v1", "promotion").apply(results, identical_arms=same and not calibration)
 
     gate_docs: dict[str, dict | None] = {}
     for name, res in results.items():
@@ -532,9 +526,9 @@ def speed_evidence(doc: SpeedDecisionDoc | Mapping[str, Any] | None) -> dict | N
     return {"primary": primary, "win_pct": speed.win_pct, "hosts": speed.hosts, "cells": cells}
 
 
-# The decision rules a decision.json may name, by the name it records: the
-# word it states must be what its rule makes of the gates it holds.
-DECISION_RULES = {"promotion-v1": gates.promotion_v1}
+# The decision rules a decision.json may name (gates.REGISTERED, the "promotion" gate), by the name it
+# records: the word it states must be what its rule makes of the gates it holds.
+DECISION_RULES = gates.rules_of("promotion")
 
 
 class DecisionMismatch(ValueError):
@@ -545,7 +539,7 @@ class DecisionMismatch(ValueError):
         self.stated, self.derived = stated, derived
 
 
-def rederive(decision: Mapping[str, Any]) -> dict:
+def rederive(decision: DecisionDoc | Mapping[str, Any]) -> dict:
     """What the rule ``decision`` names makes of the gates it holds.
 
     Each gate enters as it was decided: its verdict, its rule, and whether
@@ -554,30 +548,20 @@ def rederive(decision: Mapping[str, Any]) -> dict:
     the decision INCONCLUSIVE, as at decision time. Returns the rule's
     result; ``DecisionMismatch`` when the rule is not a registered one.
     """
-    rule = decision.get("rule")
-    fn = DECISION_RULES.get(str(rule))
-    if fn is None:
-        raise DecisionMismatch(f"decision rule {rule!r} is not a registered decision rule "
-                               f"({', '.join(DECISION_RULES)}): its decision cannot be checked",
-                               stated=decision.get("decision"))
-    stored = decision.get("gates")
-    if not isinstance(stored, Mapping):
-        raise DecisionMismatch("the decision holds no gates", stated=decision.get("decision"))
-    entered: dict[str, Mapping[str, Any] | None] = {}
-    for name, g in stored.items():
-        if g is None:
-            entered[name] = None
-        elif isinstance(g, Mapping):
-            entered[name] = {"verdict": g.get("verdict"), "rule": g.get("rule"),
-                             "informational": g.get("outcome") == "INFORMATIONAL",
-                             "reasons": list(g.get("reasons") or [])}
-        else:
-            raise DecisionMismatch(f"gate {name!r} is neither null nor a gate record", stated=decision.get("decision"))
-    same = decision.get("identical_arms") is True and decision.get("calibration") is not True
-    return fn(entered, identical_arms=same)
+    doc = as_record(DecisionDoc, decision, where="decision")
+    assert doc is not None
+    if doc.rule not in DECISION_RULES:
+        raise DecisionMismatch(f"decision rule {doc.rule!r} is not a registered decision rule "
+                               f"({', '.join(DECISION_RULES)}): its decision cannot be checked", stated=doc.decision)
+    entered: dict[str, Mapping[str, Any] | None] = {
+        name: None if g is None else {"verdict": g.verdict, "rule": g.rule,
+                                      "informational": g.outcome == "INFORMATIONAL", "reasons": list(g.reasons)}
+        for name, g in doc.gates.items()}
+    same = doc.identical_arms is True and doc.calibration is not True
+    return gates.rule(doc.rule, "promotion").apply(entered, identical_arms=same)
 
 
-def check_decision_word(decision: Mapping[str, Any]) -> dict:
+def check_decision_word(decision: DecisionDoc | Mapping[str, Any]) -> dict:
     """Refuse (``DecisionMismatch``) a decision word, or a gate outcome, its own gates do not give.
 
     Returns the re-derived result when the stated decision, the stated
@@ -585,17 +569,18 @@ def check_decision_word(decision: Mapping[str, Any]) -> dict:
     with what the named rule makes of the gates.
     """
     derived = rederive(decision)
-    stated = decision.get("decision")
+    doc = as_record(DecisionDoc, decision, where="decision")
+    assert doc is not None
+    stated = doc.decision
     problems = []
     if stated != derived["verdict"]:
-        problems.append(f"it states {stated} but its gates under {decision.get('rule')} give {derived['verdict']}")
-    if "gate_verdict" in decision and decision.get("gate_verdict") != derived["gate_verdict"]:
-        problems.append(f"its gate_verdict is {decision.get('gate_verdict')} but its gates give "
-                        f"{derived['gate_verdict']}")
-    for name, g in (decision.get("gates") or {}).items():
-        if isinstance(g, Mapping) and g.get("outcome") != derived["gates"][name]["outcome"]:
-            problems.append(f"gate {name} states the outcome {g.get('outcome')} but its verdict "
-                            f"{g.get('verdict')} gives {derived['gates'][name]['outcome']}")
+        problems.append(f"it states {stated} but its gates under {doc.rule} give {derived['verdict']}")
+    if "gate_verdict" in doc.raw and doc.gate_verdict != derived["gate_verdict"]:
+        problems.append(f"its gate_verdict is {doc.gate_verdict} but its gates give {derived['gate_verdict']}")
+    for name, g in doc.gates.items():
+        if g is not None and g.outcome != derived["gates"][name]["outcome"]:
+            problems.append(f"gate {name} states the outcome {g.outcome} but its verdict "
+                            f"{g.verdict} gives {derived['gates'][name]['outcome']}")
     if problems:
         raise DecisionMismatch("the decision does not follow from its gates: " + "; ".join(problems),
                                stated=stated, derived=derived["verdict"])
