@@ -65,3 +65,23 @@ def test_a_measured_speed_decision_without_its_bar_is_refused(tmp_path):
 def test_a_wrong_schema_is_refused():
     with pytest.raises(Exception, match="expected 'pairaudit.paired/v1'"):
         Paired.from_json({"schema": "pairaudit.divergence/v1"}, where="x.json")
+
+
+def test_a_decision_written_with_a_renamed_field_is_refused_by_the_report_and_the_verdict(tmp_path, capsys):
+    from test_report import passing_later
+
+    from pairaudit.cli import main
+    from pairaudit.cli.codes import REFUSED
+    from pairaudit.promotion import decision, render
+
+    pair = passing_pair()
+    d = decision.decide(pair, launches(), preflights(), **passing_later(pair))
+    path = tmp_path / "results" / "a" / "promotion" / "decision.json"
+    write_json(path, {**{k: v for k, v in d.items() if k != "deciding_gates"}, "deciding": d["deciding_gates"]})
+    assert main(["verdict", str(path)]) == REFUSED
+    assert f"{path}: field 'deciding_gates' is missing" in capsys.readouterr().err
+    with pytest.raises(FieldError, match="field 'deciding_gates' is missing"):
+        render.render_markdown(read_json(path), pair, launches(), preflights())
+    gates = {**d["gates"], "speed": {k: v for k, v in d["gates"]["speed"].items() if k != "outcome"}}
+    with pytest.raises(FieldError, match=r"field 'gates.speed.outcome' is missing"):
+        render.summary_rst({**d, "gates": gates}, [])

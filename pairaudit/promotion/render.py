@@ -1,7 +1,9 @@
 """The report people read: Markdown, its HTML page and the Snakemake-report RST block.
 
-Pure functions on plain JSON-able dicts: the paired tables are shown as the
-paired stage made them, nothing is adjusted.
+Pure functions on the artifacts' records (``core.readers``: decision.json as
+``DecisionDoc``, the stages' artifacts as theirs; a JSON dict given instead is
+read through its record): the paired tables are shown as the paired stage made
+them, nothing is adjusted.
 
 The HTML report's items (``promotion_stage``'s optional outputs): the report
 as one HTML page (``markdown_html``), the front-page block ``summary.rst``
@@ -510,7 +512,8 @@ def boundary_markdown(doc: BoundaryGateDoc | Mapping[str, Any] | None) -> list[s
     """Boundary cases side by side (control | candidate), from the boundary gate artifact.
 
     Reads ``cases: [{"case", "expected", "identical_text", "control": side,
-    "candidate": side}]`` as pairaudit/boundary/cases.py documents it.
+    "candidate": side}]`` as pairaudit/boundary/cases.py documents it, through
+    ``readers.BoundaryGateDoc``.
     """
     out = ["## Long-context boundary (boundary-v1)", ""]
     if doc is None:
