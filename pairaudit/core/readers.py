@@ -1,4 +1,4 @@
-"""Every artifact the promotion reads from another phase, read back as its type.
+"""Every artifact the promotion reads, read back as its type: the other phases' and its own decision.json.
 
 A stage writes its artifact as a JSON dict (``contracts.PATHS`` says where,
 its schema id says what); a reader that indexes that dict with
@@ -308,12 +308,13 @@ class Paired(Record):
     """``paired/<dataset>.json``: both arms' scores item by item and the quality rule over them."""
     SCHEMA = PAIRED_SCHEMA
     dataset: str
+    format: str                         # the dataset's answer format
     table: PairedCounts
     quality: QualityResult
-    format: str | None = None           # the dataset's answer format; absent in a hand-built table
-    bootstrap: dict | None = None       # the paired bootstrap interval, where the stage drew one
-    arm_failed: Any = None              # the arm whose server failed under the audit (its answers stopped)
-    provenance: dict = field(default_factory=dict)
+    bootstrap: dict | None              # the paired bootstrap interval; None without items
+    provenance: dict
+    arm_failed: Any = None              # the arm whose server failed under the audit; absent in a table built
+                                        # outside the paired stage (an lm-eval sample log, a test)
 
 
 # -------------------------------------------------------------- serving
