@@ -85,3 +85,22 @@ def test_a_decision_written_with_a_renamed_field_is_refused_by_the_report_and_th
     gates = {**d["gates"], "speed": {k: v for k, v in d["gates"]["speed"].items() if k != "outcome"}}
     with pytest.raises(FieldError, match=r"field 'gates.speed.outcome' is missing"):
         render.summary_rst({**d, "gates": gates}, [])
+
+
+def test_the_answers_phases_failure_reaches_the_servers_gate_and_a_renamed_one_is_refused(tmp_path):
+    ins = _inputs(tmp_path)
+    answers = []
+    for arm in ("control", "candidate"):
+        p = tmp_path / "in" / "answers" / f"{arm}.json"
+        failure = None if arm == "control" else {"arm": arm, "stage": "sampled", "what": "gsm8k item 3",
+                                                "kind": "dead", "status": None, "error": "connection reset"}
+        write_json(p, {"schema": "pairaudit.phase/v1", "phase": "answers", "arm": arm, "failure": failure})
+        answers.append(str(p))
+    outs = outputs(tmp_path / "out")
+    report.promotion_stage(ins["paired"], ins["launch"], ins["preflight"], **outs, later={"answers": answers})
+    d = read_json(outs["out_decision"])
+    assert d["gates"]["servers"]["rule"] == "server-failure-v1" and d["gates"]["servers"]["verdict"] != "PASS"
+    _rewrite(answers[1], lambda doc: doc.update(failures=doc.pop("failure")))
+    with pytest.raises(FieldError, match=rf"{answers[1]}: field 'failure' is missing"):
+        report.promotion_stage(ins["paired"], ins["launch"], ins["preflight"], **outputs(tmp_path / "o2"),
+                               later={"answers": answers})

@@ -363,7 +363,7 @@ class AnswersPhase(Record):
     """``answers/<arm>.json`` (the phase record): here only whether the arm's server failed."""
     SCHEMA = PHASE_SCHEMA
     arm: str
-    failure: dict | None = None                  # a serving.failures.FailureRecord; None: it answered everything
+    failure: dict | None                         # a serving.failures.FailureRecord; None: it answered everything
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,8 +9,8 @@ manifest.json (``manifest``)::
     {"schema": "pairaudit.manifest/v1", "artifacts": [{"path", "sha256", "bytes"}, ...]}  # sorted by path
 
 Every input is read through its record in :mod:`pairaudit.core.readers`
-(``Paired``, ``LaunchReceipt``, ``Preflight`` and the later stages'
-``LATER_RECORDS``), whose ``from_json`` checks the schema id and the fields
+(``Paired``, ``LaunchReceipt``, ``Preflight``, ``ScoresHeader``, the later
+stages' ``LATER_RECORDS``, the control archive's ``ArchivedStart``), whose ``from_json`` checks the schema id and the fields
 and names the file and field it refuses; the promotion reads no other phase's
 dict. Later-stage artifacts read by ``promotion_stage(later=...)``::
 
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TypeVar
 
+from pairaudit import gates
 from pairaudit.core.artifacts import (
     ArtifactError,
     _atomic_write,
@@ -52,7 +53,6 @@ from pairaudit.core.readers import (
     SpeedDecisionDoc,
 )
 from pairaudit.diagnostics import greedy
-from pairaudit.gates import server_failure
 from pairaudit.plans.change import decision_record as change_record
 from pairaudit.promotion import calibration as calib
 from pairaudit.promotion.decision import boundary_evidence, decide, speed_evidence
@@ -84,7 +84,6 @@ LATER_RECORDS: dict[str, type[Record]] = {
     "speed": SpeedDecisionDoc,
     "answers": AnswersPhase,
 }
-LATER_SCHEMAS = {stage: rec.SCHEMA for stage, rec in LATER_RECORDS.items()}
 
 R = TypeVar("R", bound=Record)
 
@@ -159,17 +158,16 @@ def _load_later(later: Mapping[str, Any] | None) -> tuple[dict, list[str], Later
         per_arm = {arm: answers[arm].failure if arm in answers else None for arm in ARMS}
         if bracket_failure and per_arm.get(bracket_failure["arm"]) is None:
             per_arm[bracket_failure["arm"]] = bracket_failure
-        kw["servers"] = server_failure.server_failure_v1(per_arm)
+        kw["servers"] = gates.rule("server-failure-v1", "servers").apply(per_arm)
         paths += [str(p) for p in later["answers"]]
     return kw, paths, docs
 
 
-def _every_input(*groups: Any) -> list[str]:
-    later = groups[-1] or {}
-    out = [str(p) for g in groups[:-1] for p in g]
-    for stage in LATER_RECORDS:
-        v = later[stage] if stage in later else None
-        out += [str(p) for p in ([] if not v else [v] if isinstance(v, (str, os.PathLike)) else v)]
+def _every_input(paths: Sequence[str | os.PathLike], later: Mapping[str, Any] | None) -> list[str]:
+    """``paths`` and every later stage's path(s): a stage gives one path or a list of them."""
+    out = [str(p) for p in paths]
+    for given in (later or {}).values():
+        out += [str(given)] if isinstance(given, (str, os.PathLike)) else [str(p) for p in given or ()]
     return out
 
 
@@ -206,7 +204,7 @@ def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Seq
         raise ValueError("a calibration decision needs out_calibration for its summary")
     # Every input's self-hash first (read_json / read_jsonl refuse an edited file by name): an edit
     # anywhere is named as an edit, before any input is read as its record and refused for a field.
-    for p in _every_input(paired_paths, launch_paths, preflight_paths, score_paths, later):
+    for p in _every_input([*paired_paths, *launch_paths, *preflight_paths, *score_paths], later):
         (read_jsonl if str(p).endswith(".jsonl") else read_json)(p)
     paired = _load_keyed(paired_paths, Paired, "dataset")
     launch = _load_keyed(launch_paths, LaunchReceipt, "arm")
