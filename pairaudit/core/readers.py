@@ -263,20 +263,12 @@ class PooledResult(RuleResult):
     needed: Any = None
 
 
-# each rule's record, by the name the result records
-RULE_RECORDS: dict[str, type[RuleResult]] = {
-    "quality-v1": QualityResult, "quality-v2": QualityResult, "grid-tie-v1": GridTieResult,
-    "determinism-v1": DeterminismResult, "boundary-v1": BoundaryResult, "win2-v1": Win2V1Result,
-    "win2-v2": PooledResult, "win2-v3": PooledResult,
+# each gate's result record (the rule a result names picks it: ``promotion.decision.rule_result``,
+# through the registry, which core cannot import)
+RESULT_RECORDS: dict[str, type[RuleResult]] = {
+    "quality": QualityResult, "grid_tie": GridTieResult, "determinism": DeterminismResult,
+    "boundary": BoundaryResult, "speed": Win2V1Result, "speed-pooled": PooledResult,
 }
-
-
-def rule_result(res: RuleResult | Mapping[str, Any], where: str = "rule result") -> RuleResult:
-    """``res`` through the record of the rule it names (``RuleResult`` for a rule without one)."""
-    if isinstance(res, RuleResult):
-        return res
-    rule = res.get("rule") if isinstance(res, Mapping) else None
-    return RULE_RECORDS.get(str(rule), RuleResult).from_json(res, where=where)
 
 
 # -------------------------------------------------------------- paired

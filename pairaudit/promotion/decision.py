@@ -57,13 +57,14 @@ from pairaudit.core.readers import (
     LaunchReceipt,
     Paired,
     PooledResult,
+    RESULT_RECORDS,
     Preflight,
     QualityResult,
     Record,
     SpeedDecisionDoc,
     Win2V1Result,
+    RuleResult,
     as_record,
-    rule_result,
 )
 
 R = TypeVar("R", bound=Record)
@@ -74,6 +75,18 @@ _EXPECTED_RULE = {kind: gates.rules_of(kind) for kind in ("quality", "grid_tie",
 
 
 # ------------------------------------------------------------------ gates
+
+def rule_result(res: RuleResult | Mapping[str, Any], where: str = "rule result") -> RuleResult:
+    """``res`` through the record of the gate its registered rule decides (``RuleResult`` for another rule)."""
+    if isinstance(res, RuleResult):
+        return res
+    common = RuleResult.from_json(res, where=where)
+    spec = gates.REGISTERED[common.rule] if common.rule in gates.REGISTERED else None
+    if spec is None:
+        return common      # preflight: the decision's own gate, not a registered rule
+    kind = "speed-pooled" if spec.decides == "speed" and spec.pooled else spec.decides
+    return RESULT_RECORDS[kind].from_json(res, where=where) if kind in RESULT_RECORDS else common
+
 
 def _check_rule(kind: str, name: str, res: Mapping[str, Any] | None) -> None:
     if res is None:

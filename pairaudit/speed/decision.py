@@ -107,7 +107,7 @@ def _rule_pooled(spec: gates.Rule, series: Mapping[str, Mapping], cfg: Mapping[s
         max_starts=cfg["max_starts"], guards=cfg["guards"], zero_guards=zero, win_pct=cfg["win_pct"],
         start_noise_pct=cfg["start_noise_pct"], evidence_df=int(nz["evidence_df"] or 0))
     res["reasons"].append(
-        f"win2-v3 at this noise (start to start {nz['start_sd_used_pct']:.2f} %, per repeat "
+        f"{spec.name} at this noise (start to start {nz['start_sd_used_pct']:.2f} %, per repeat "
         f"{nz['rep_sd_pct']:.2f} %, up to {cfg['max_starts']} starts): false WIN {100 * r['false_win']:.1f} %, "
         f"false LOSS {100 * r['false_loss']:.1f} %, WIN for a +{r['power_gain_pct']:g} % change "
         f"{100 * r['power']:.1f} %, LOSS for a -{r['power_gain_pct']:g} % one {100 * r['power_loss']:.1f} % "
