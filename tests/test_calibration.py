@@ -66,14 +66,17 @@ def identical_launches(hostname="node1"):
 
 
 def speed_doc(window_max, archive):
-    return {"bar": {"win_pct": 2.0},
+    return {"schema": "pairaudit.speed_decision/v1", "gate": None,
+            "bar": {"win_pct": 2.0, "primary": "output_tok_s", "lower_is_better": []},
             "spread": {"short-c1": {"window_pct": [window_max / 2, window_max], "window_max_pct": window_max,
                                     "archive_pct": archive, "archive_n": 4, "archive_with_window_pct": archive,
-                                    "archive_with_window_n": 6}}}
+                                    "archive_with_window_n": 6, "win_pct": 2.0,
+                                    "config_hash": "h"}}}
 
 
 def divergence_docs(pair, diverged=()):
-    return {ds: {"items": [0, 1], "divergences": [{"index": i, "diverged": i in diverged} for i in (0, 1)]}
+    return {ds: {"schema": "pairaudit.divergence/v1", "dataset": ds, "grid_tie": None, "items": [0, 1],
+                 "divergences": [{"index": i, "diverged": i in diverged} for i in (0, 1)]}
             for ds in pair}
 
 

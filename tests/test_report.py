@@ -438,7 +438,7 @@ def test_promotion_stage_reads_later_stages_and_promotes(tmp_path):
     div = []
     for ds in pair:
         p = tmp_path / "in" / "divergence" / f"{ds}.json"
-        write_json(p, {"schema": "pairaudit.divergence/v1", "dataset": ds,
+        write_json(p, {"schema": "pairaudit.divergence/v1", "dataset": ds, "divergences": [],
                        "grid_tie": lg["divergence"][ds], "determinism": lg["determinism"][ds]})
         div.append(str(p))
     bp, sp = tmp_path / "in" / "boundary_gate.json", tmp_path / "in" / "speed_decision.json"

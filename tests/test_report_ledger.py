@@ -141,7 +141,7 @@ def divergence_doc(ds, *, step=0.125, control_gap=0.05):
                              "candidate_len": 38, "control_token_id": 198, "candidate_token_id": 2},
                             {"index": 9, "diverged": False}],
             "probes": {"control": [{"index": 5, "top20": top_c}], "candidate": [{"index": 5, "top20": top_k}]},
-            "grid_tie": {"rule": "grid-tie-v1", "verdict": "PASS",
+            "grid_tie": {"rule": "grid-tie-v1", "verdict": "PASS", "reasons": [],
                          "probes": [{"index": 5, "step": step, "gap_in_steps": 0.0, "verdict": "PASS"}]}}
 
 
@@ -168,7 +168,8 @@ def speed_doc():
             "series": {"c1": {"pooled_rate_tps": [[10.0, 10.1, 10.0], [10.2, 10.3, 10.1], [9.9, 10.0, 10.0]]}},
             "win2": {"c1": {"verdict": "NO_WIN", "primary": {"point_gain_pct": 1.0}}},
             "spread": {"c1": {"window_pct": [0.0, None, 1.0], "window_max_pct": 1.0, "archive_pct": 3.1,
-                              "archive_n": 3, "win_pct": 2.0, "config_hash": "h1"}},
+                              "archive_n": 3, "win_pct": 2.0, "config_hash": "h1",
+                              "archive_with_window_pct": 3.1, "archive_with_window_n": 4}},
             "archive": {"path": None, "appended": 2},
             "bench_serve": {"c1": {"s2": {"completed": 3, "failed": 0, "output_throughput": 27.25,
                                           "ttft_ms": {"median": 120.04}, "tpot_ms": {"median": 36.7},
@@ -227,7 +228,7 @@ def test_boundary_section_sets_the_arms_side_by_side(tmp_path):
 
 
 def test_decision_json_carries_every_boundary_case_and_the_speed_table(tmp_path):
-    b = {"cases": [{"case": "tail-16", "planted": [173, 9], "expected": "173 9", "identical_text": False,
+    b = {"schema": "pairaudit.boundary_gate/v1", "gate": None, "cases": [{"case": "tail-16", "planted": [173, 9], "expected": "173 9", "identical_text": False,
                     "control": {"text": "173, 9.", "correct": True, "finish_reason": "stop", "ttft_s": 2.5,
                                 "prompt_tokens": 1008, "max_tokens": 16, "error_body": "x"},
                     "candidate": None}]}

@@ -592,7 +592,7 @@ def test_the_report_accepts_either_registered_speed_rule():
     assert decision._key_numbers(gate)["point_gain_pct"] > 2 and decision._key_numbers(gate)["rates"]
     with pytest.raises(ValueError, match="win2-v4 or win2-v3 or win2-v2 or win2-v1"):
         decision._check_rule("speed", "speed", {**gate, "rule": "win2-v0"})
-    md = "\n".join(render.speed_markdown({"gate": gate}))
+    md = "\n".join(render.speed_markdown({"schema": contracts.SPEED_DECISION_SCHEMA, "gate": gate}))
     assert md.startswith("## Speed (win2-v2)")
 
 
@@ -606,7 +606,7 @@ def test_a_win2_v2_speed_decision_reaches_the_promotion(tmp_path):
     div = []
     for ds in pair:
         p = tmp_path / "in" / "divergence" / f"{ds}.json"
-        artifacts.write_json(p, {"schema": "pairaudit.divergence/v1", "dataset": ds,
+        artifacts.write_json(p, {"schema": "pairaudit.divergence/v1", "dataset": ds, "divergences": [],
                                  "grid_tie": lg["divergence"][ds], "determinism": lg["determinism"][ds]})
         div.append(str(p))
     bp, sp = tmp_path / "in" / "boundary_gate.json", tmp_path / "in" / "speed_decision.json"

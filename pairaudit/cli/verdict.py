@@ -25,6 +25,7 @@ from typing import Any, Mapping, cast
 
 from pairaudit.core import artifacts
 from pairaudit.core.contracts import DECISION_SCHEMA, PATHS, Decision
+from pairaudit.core.readers import DecisionDoc
 from pairaudit.promotion import render
 from pairaudit.promotion.decision import DecisionMismatch, check_decision_word
 
@@ -64,6 +65,7 @@ def load(path: Path) -> Decision:
         raise artifacts.ArtifactError(f"{path}: not found (has the promotion stage run? `snakemake --cores 4 "
                                       "promotion`)")
     doc = artifacts.check_schema(artifacts.read_json(path), DECISION_SCHEMA, path)
+    DecisionDoc.from_json(doc, where=path)   # every field the report reads, there and of its type
     if doc.get("decision") not in ("PROMOTE", "REJECT", "HOLD", "INCONCLUSIVE") or not isinstance(doc.get("gates"),
                                                                                                     Mapping):
         raise artifacts.ArtifactError(f"{path}: decision {doc.get('decision')!r} is not one of PROMOTE, REJECT, "

@@ -1,8 +1,9 @@
 """Every artifact's contract in one place: its schema id, where it lands, the fields of the main records.
 
 A schema id is written into each artifact's ``"schema"`` field by its stage and
-checked by every reader (``artifacts.check_schema``); the constants below are
-the only spelling of those ids. ``PATHS`` gives where each artifact lands,
+checked by every reader (``artifacts.check_schema``, or the artifact's record
+in ``readers``, which checks its fields too); the constants below are the only
+spelling of those ids. ``PATHS`` gives where each artifact lands,
 relative to ``results/<audit>/`` unless it starts with ``results/`` (logs shared
 by every audit), and where the files that are no artifact of their own go
 (journals, logs, the promotion's reports); the rules take their input, output
@@ -10,7 +11,8 @@ and log patterns from it (``artifact`` in ``rules/common.smk``), the library
 every path it composes (``audit_path``, ``journal_path``).
 
 The TypedDicts at the end document the fields of the main records once; the
-modules that write them point here.
+modules that write them point here. ``pairaudit.core.readers`` reads them back
+as frozen records.
 
 This module imports nothing from the package, so every module can import it.
 """
@@ -165,8 +167,9 @@ def journal_path(journal_dir: str, key: str, **fields: str) -> str:
 
 # ---------------------------------------------------------------- records
 # The fields of the main records, documented once. They are plain JSON dicts
-# on disk; these TypedDicts are their contract (readers index them by these
-# names, writers fill them), not runtime checks.
+# on disk; these TypedDicts are their contract (writers fill them by these
+# names), not runtime checks: what the promotion reads back is checked at run
+# time by the artifact's record in ``pairaudit.core.readers``.
 
 
 class Timings(TypedDict):
@@ -378,7 +381,9 @@ class BoundaryCase(TypedDict, total=False):
 
 
 class SpeedDecision(TypedDict, total=False):
-    """``speed/decision.json``: the bracket and its gate (details of each part: ``pairaudit/speed/bracket.py``)."""
+    """``speed/decision.json``: the bracket and its gate (details of each part: ``pairaudit/speed/bracket.py``).
+
+    Read back as ``readers.SpeedDecisionDoc``."""
     schema: str
     audit: str
     gate: dict                      # the speed verdict as a rule result: rule, verdict, reasons, params,

@@ -2,16 +2,21 @@
 
 Every rule is a pure function of its evidence returning a JSON-able dict with
 ``rule`` (the registered name), ``verdict``, ``reasons``, ``params`` and
-``deviations`` (``common.registered_params``). Stages read a rule through this
-registry (``gates.quality_v1``) so that one name always means one rule.
+``deviations`` (``common.registered_params``). ``REGISTERED`` maps each
+rule's name to its :class:`Rule` (function, registered parameters, the gate
+it decides); the decisions select a rule by name through it (``rule``,
+``rules_of``, ``Rule.apply``), so that one name always means one rule and a
+rule added here is one a config may name.
 """
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 from pairaudit.gates.boundary import BOUNDARY_REQUIRED_CASES, CAPACITY_TAIL_CASE, boundary_missing_cases, boundary_v1
 from pairaudit.gates.determinism import determinism_v1
 from pairaudit.gates.grid_tie import GRID_TIE_V1, PROBE_CLAUSES, grid_tie_audit, grid_tie_probe, grid_tie_v1
 from pairaudit.gates.promotion import NO_CHANGE, promotion_v1
-from pairaudit.gates.quality import (QUALITY_RULES, QUALITY_V1, QUALITY_V2, apply_quality, mde_reason,
-                                     per_dataset_level, quality_v1, quality_v2)
+from pairaudit.gates.quality import QUALITY_V1, QUALITY_V2, mde_reason, per_dataset_level, quality_v1, quality_v2
 from pairaudit.gates.server_failure import server_failure_v1
 from pairaudit.gates.speed import (
     WIN2_V1,
@@ -34,26 +39,84 @@ from pairaudit.gates.speed import (
     win2_v4,
 )
 
-# name -> the rule's function: what a config's `rules:` section may name
-REGISTERED = {
-    "quality-v2": quality_v2,
-    "quality-v1": quality_v1,
-    "grid-tie-v1": grid_tie_v1,
-    "determinism-v1": determinism_v1,
-    "boundary-v1": boundary_v1,
-    "win2-v1": win2_v1,
-    "win2-v2": win2_v2,
-    "win2-v4": win2_v4,
-    "win2-v3": win2_v3,
-    "promotion-v1": promotion_v1,
-    "server-failure-v1": server_failure_v1,
-}
+
+@dataclass(frozen=True)
+class Rule:
+    """One registered rule: its name, the gate it decides, its function and its registered parameters.
+
+    ``apply`` is how every decision calls a rule: the evidence, the
+    registered parameters the configuration sets (``params`` may hold other
+    keys: a rule reads only its own), and the other inputs the rule takes.
+    """
+    name: str
+    decides: str                        # the gate: quality, grid_tie, determinism, boundary, speed, promotion, servers
+    fn: Callable[..., dict]
+    params: Mapping[str, Any] = field(default_factory=dict)   # the registered values (common.registered_params)
+    takes: tuple[str, ...] = ()         # inputs beyond the evidence and the parameters
+    pooled: bool = False                # speed: one verdict over every deciding cell, not one per cell combined
+    carries: tuple[str, ...] = ()       # speed: what the gate carries of the result beside verdict and reasons
+
+    def apply(self, data: Any, params: Mapping[str, Any] | None = None, /, **inputs: Any) -> dict:
+        """The rule on its evidence ``data``; an input it does not take is not passed (quality-v1 has no
+        family size, win2-v2 no host evidence)."""
+        given = params or {}
+        return self.fn(data, **{k: given[k] for k in self.params if k in given},
+                       **{k: v for k, v in inputs.items() if k in self.takes})
+
+
+_SPEED_INPUTS = ("primary", "guards", "reported", "lower_is_better")
+_POOLED_CARRIES = ("noise", "rates", "needed", "pooled_gain_pct", "half_width_pct", "lower_bound_pct", "loss_tests",
+                   "repeats", "reported")
+
+# Every registered rule, each family's default first: what a config's rules may name, and the one table
+# every decision (quality, grid-tie, determinism, boundary, speed, servers, promotion) dispatches through.
+REGISTERED: dict[str, Rule] = {r.name: r for r in (
+    Rule("quality-v2", "quality", quality_v2, QUALITY_V2, takes=("datasets",)),
+    Rule("quality-v1", "quality", quality_v1, QUALITY_V1),
+    Rule("grid-tie-v1", "grid_tie", grid_tie_v1, GRID_TIE_V1, takes=("selected", "compared")),
+    Rule("determinism-v1", "determinism", determinism_v1),
+    Rule("boundary-v1", "boundary", boundary_v1),
+    Rule("win2-v4", "speed", win2_v4, WIN2_V4, takes=(*_SPEED_INPUTS, "decide", "max_starts", "evidence"),
+         pooled=True, carries=(*_POOLED_CARRIES, "more_starts", "starts", "arms", "looks", "alpha_per_look")),
+    Rule("win2-v3", "speed", win2_v3, WIN2_V3, takes=(*_SPEED_INPUTS, "decide", "max_starts", "evidence"),
+         pooled=True, carries=(*_POOLED_CARRIES, "more_starts", "starts", "arms", "looks", "alpha_per_look")),
+    Rule("win2-v2", "speed", win2_v2, WIN2_V2, takes=(*_SPEED_INPUTS, "decide"), pooled=True,
+         carries=_POOLED_CARRIES),
+    Rule("win2-v1", "speed", win2_v1, WIN2_V1,
+         takes=(*_SPEED_INPUTS, "clock_caps", "throttled", "archive_spread_pct")),
+    Rule("promotion-v1", "promotion", promotion_v1, takes=("identical_arms",)),
+    Rule("server-failure-v1", "servers", server_failure_v1),
+)}
+
+
+def rules_of(decides: str) -> tuple[str, ...]:
+    """The registered rules of one gate, its default first."""
+    return tuple(name for name, r in REGISTERED.items() if r.decides == decides)
+
+
+def rule(name: Any, decides: str) -> Rule:
+    """The registered rule ``name`` of gate ``decides``; ValueError naming the registered ones otherwise."""
+    r = REGISTERED.get(str(name))
+    if r is None or r.decides != decides:
+        raise ValueError(f"unknown {decides.replace('_', '-')} rule {name!r} "
+                         f"(registered: {', '.join(rules_of(decides))})")
+    return r
+
+
+QUALITY_RULES = rules_of("quality")   # rules.quality.rule selects; the default first
+
+
+def apply_quality(rule_name: str, table: Mapping[str, Any], params: Mapping[str, Any], *, datasets: int = 1) -> dict:
+    """The configured quality rule on one table: ``params`` is rules.quality (each rule takes its own keys)."""
+    return rule(rule_name, "quality").apply(table, params, datasets=datasets)
+
 
 __all__ = [
     "BOUNDARY_REQUIRED_CASES", "CAPACITY_TAIL_CASE", "GRID_TIE_V1", "NO_CHANGE", "PROBE_CLAUSES", "QUALITY_RULES",
-    "QUALITY_V1", "QUALITY_V2", "REGISTERED", "SEQUENTIAL_RULES", "WIN2_V1", "WIN2_V2", "WIN2_V3", "WIN2_V4", "apply_quality", "bracket_arms",
+    "QUALITY_V1", "QUALITY_V2", "REGISTERED", "Rule", "SEQUENTIAL_RULES", "WIN2_V1", "WIN2_V2", "WIN2_V3", "WIN2_V4",
+    "apply_quality", "bracket_arms",
     "boundary_missing_cases", "boundary_v1", "determinism_v1", "evidence_from_controls", "grid_tie_audit",
     "grid_tie_probe", "grid_tie_v1", "looks_for", "mde_reason", "per_dataset_level", "promotion_v1", "quality_v1",
-    "quality_v2", "sequential_verdicts", "server_failure_v1", "simulate_sequences", "simulate_windows", "win2_v1",
+    "quality_v2", "rule", "rules_of", "sequential_verdicts", "server_failure_v1", "simulate_sequences", "simulate_windows", "win2_v1",
     "win2_v2", "win2_v2_needed", "win2_v2_rates", "win2_v3", "win2_v3_rates", "win2_v4",
 ]

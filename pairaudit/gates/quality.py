@@ -18,8 +18,6 @@ QUALITY_V1 = {"max_net_loss": 0, "alpha": 0.05}
 # margin_pct: the loss (percentage points of accuracy) the audit must rule out; level: the one-sided
 # confidence of that claim over all the audit's datasets together (Bonferroni); alpha: the McNemar FAIL clause
 QUALITY_V2 = {"margin_pct": 3.0, "level": 0.95, "alpha": 0.05}
-# the registered rules, the default first (rules.quality.rule selects)
-QUALITY_RULES = ("quality-v2", "quality-v1")
 
 
 def _record(rule: str, verdict: str, reasons: list, params: dict, dev: dict, table: Mapping[str, Any],
@@ -187,15 +185,6 @@ def quality_v2(table: Mapping[str, Any], *, margin_pct: float = 3.0, level: floa
         "needed": needed,
         "mde": mde,
     }
-
-
-def apply_quality(rule: str, table: Mapping[str, Any], params: Mapping[str, Any], *, datasets: int = 1) -> dict:
-    """The configured quality rule on one table: ``params`` is rules.quality (each rule takes its own keys)."""
-    if rule == "quality-v2":
-        return quality_v2(table, datasets=datasets, **{k: params[k] for k in QUALITY_V2 if k in params})
-    if rule == "quality-v1":
-        return quality_v1(table, **{k: params[k] for k in QUALITY_V1 if k in params})
-    raise ValueError(f"unknown quality rule {rule!r} (registered: {', '.join(QUALITY_RULES)})")
 
 
 def mde_reason(mde: Mapping[str, Any]) -> str:

@@ -63,12 +63,21 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping, Sequence
 
 from pairaudit.core.artifacts import sha256_json
 from pairaudit.core.contracts import CALIBRATION_LOG_SCHEMA, CALIBRATION_SCHEMA, PATHS, Decision, audit_dir
 from pairaudit.core.jsonlog import append_record, read_log
+from pairaudit.core.readers import (
+    DecisionDoc,
+    DivergenceDoc,
+    GateEntry,
+    LaunchReceipt,
+    Record,
+    SpeedDecisionDoc,
+    as_record,
+)
 
 SUFFIX = "-calibration"
 LOG = PATHS[CALIBRATION_LOG_SCHEMA]
@@ -133,9 +142,12 @@ def check(config: Mapping[str, Any]) -> list[str]:
 
 # -------------------------------------------------------------------- host
 
-def host_facts(control_receipt: Mapping[str, Any]) -> dict:
-    """The host a calibration is of: the control's launch receipt's machine facts (see module docstring)."""
-    m = control_receipt.get("machine") or {}
+def host_facts(control_receipt: LaunchReceipt | Mapping[str, Any]) -> dict:
+    """The host a calibration is of: the control's launch receipt's machine facts (see module docstring).
+
+    ``control_receipt``: the launch receipt, or decision.json's arm summary (which keeps its machine facts).
+    """
+    m = (control_receipt.machine if isinstance(control_receipt, LaunchReceipt) else control_receipt["machine"]) or {}
     return {"hostname": m.get("hostname"), "cpu_count": m.get("cpu_count"),
             "accelerators": list(m.get("accelerators") or [])}
 
@@ -155,18 +167,24 @@ def _max(values: Sequence[Any]) -> float | None:
     return max(nums) if nums else None
 
 
-def speed_summary(gate: Mapping[str, Any] | None, speed_doc: Mapping[str, Any] | None) -> dict | None:
-    """The speed gate on A vs A with the host's noise: in-window control spread and archive spread per cell."""
+def speed_summary(gate_entry: GateEntry | Mapping[str, Any] | None,
+                  speed_doc: SpeedDecisionDoc | Mapping[str, Any] | None) -> dict | None:
+    """The speed gate on A vs A with the host's noise: in-window control spread and archive spread per cell.
+
+    ``gate_entry``: decision.json's speed gate; ``speed_doc``: speed/decision.json (its bar and spread).
+    """
+    gate = as_record(GateEntry, gate_entry, where="gate speed")
     if gate is None:
         return None
-    doc = speed_doc or {}
+    speed = as_record(SpeedDecisionDoc, speed_doc, where="speed decision")
     cells = {}
-    for cell, sp in (doc.get("spread") or {}).items():
-        cells[cell] = {k: sp.get(k) for k in ("window_pct", "window_max_pct", "archive_pct", "archive_n",
-                                              "archive_with_window_pct", "archive_with_window_n")}
-    win_pct = (doc.get("bar") or {}).get("win_pct", gate.get("win_pct"))
-    return {"rule": gate.get("rule"), "verdict": gate.get("verdict"), "win_pct": win_pct,
-            "pooled_gain_pct": gate.get("point_gain_pct"),
+    for cell, sp in ((speed.spread if speed is not None else None) or {}).items():
+        cells[cell] = {"window_pct": sp.window_pct, "window_max_pct": sp.window_max_pct,
+                       "archive_pct": sp.archive_pct, "archive_n": sp.archive_n,
+                       "archive_with_window_pct": sp.archive_with_window_pct,
+                       "archive_with_window_n": sp.archive_with_window_n}
+    win_pct = speed.win_pct if speed is not None and speed.bar is not None else gate.win_pct
+    return {"rule": gate.rule, "verdict": gate.verdict, "win_pct": win_pct, "pooled_gain_pct": gate.point_gain_pct,
             "max_window_pct": _max([c["window_max_pct"] for c in cells.values()]),
             "max_archive_pct": _max([c["archive_with_window_pct"] for c in cells.values()]),
             "cells": cells}
@@ -183,10 +201,10 @@ def _speed_finding(speed: Mapping[str, Any], reason: str) -> str:
     return f"speed {v} on identical arms ({noise}): {reason}"
 
 
-def _finding(name: str, g: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
+def _finding(name: str, g: GateEntry, expected: Sequence[str], summary: Mapping[str, Any]) -> str:
     kind, _, ds = name.partition(":")
-    v, reason = g.get("verdict"), (g.get("reasons") or ["(no reason recorded)"])[0]
-    if kind == "speed" and summary.get("speed"):
+    v, reason = g.verdict, (g.reasons or ["(no reason recorded)"])[0]
+    if kind == "speed" and summary["speed"]:
         return _speed_finding(summary["speed"], reason)
     if kind == "quality" and ds in summary["quality"] and v in ("HOLD", "FAIL"):
         q = summary["quality"][ds]
@@ -197,12 +215,12 @@ def _finding(name: str, g: Mapping[str, Any], summary: Mapping[str, Any]) -> str
         return f"grid_tie {v} on identical arms: greedy divergences of the server against itself {div}: {reason}"
     if kind == "boundary":
         return f"boundary {v} on identical arms: the control itself: {reason}"
-    return f"{name} {v} on identical arms (expected {'/'.join(g.get('expected') or ())}): {reason}"
+    return f"{name} {v} on identical arms (expected {'/'.join(expected)}): {reason}"
 
 
 def summarize(decision: Decision, *, audit: str | None, of_audit: str | None,
-              speed_doc: Mapping[str, Any] | None = None,
-              divergence_docs: Mapping[str, Mapping[str, Any]] | None = None) -> dict:
+              speed_doc: SpeedDecisionDoc | Mapping[str, Any] | None = None,
+              divergence_docs: Mapping[str, DivergenceDoc | Mapping[str, Any]] | None = None) -> dict:
     """calibration.json (module docstring) from a calibration-mode decision and the stage artifacts it read.
 
     decision: ``decision.decide(..., calibration=True)`` with the gates' key
@@ -210,52 +228,59 @@ def summarize(decision: Decision, *, audit: str | None, of_audit: str | None,
     divergence_docs: dataset -> ``divergence/<dataset>.json`` (its
     ``divergences`` and ``items``).
     """
-    if decision.get("calibration") is not True or decision.get("identical_arms") is not True:
+    doc = as_record(DecisionDoc, decision, where="decision")
+    assert doc is not None
+    if doc.calibration is not True or doc.identical_arms is not True:
         raise ValueError("a calibration summary needs a decision made in calibration mode on identical arms")
-    ctrl = decision["arms"]["control"]
-    host = host_facts(ctrl)  # the decision's arm summary keeps the receipt's machine facts
+    ctrl = doc.arms["control"]
+    host = host_facts(ctrl.raw)  # the decision's arm summary keeps the receipt's machine facts
     gates: dict[str, dict[str, Any]] = {}
     flagged: list[str] = []
     findings: list[str] = []
-    for name, g in decision["gates"].items():
+    for name, g in doc.gates.items():
         if g is None:
             gates[name] = {"rule": None, "verdict": None, "expected": None, "flagged": False,
                            "reason": "not evaluated: its stage produced no result"}
             continue
-        expected = EXPECTED.get(g.get("rule"), ("PASS",))
-        gates[name] = {"rule": g.get("rule"), "verdict": g.get("verdict"), "expected": list(expected),
-                       "flagged": g.get("verdict") not in expected,
-                       "reason": (g.get("reasons") or ["(no reason recorded)"])[0]}
+        expected = EXPECTED[g.rule] if g.rule in EXPECTED else ("PASS",)
+        gates[name] = {"rule": g.rule, "verdict": g.verdict, "expected": list(expected),
+                       "flagged": g.verdict not in expected,
+                       "reason": (g.reasons or ["(no reason recorded)"])[0]}
         if gates[name]["flagged"]:
             flagged.append(name)
-    quality = {ds: {"n": t.get("n"), "control_only": list(t.get("control_only") or []),
-                    "candidate_only": list(t.get("candidate_only") or []),
-                    "discordant": len(t.get("control_only") or []) + len(t.get("candidate_only") or []),
-                    "mcnemar_p": t.get("mcnemar_p"), "exact_text_matches": t.get("exact_text_matches"),
-                    "verdict": t.get("verdict")}
-               for ds, t in (decision.get("datasets") or {}).items()}
+    quality = {ds: {"n": t.n, "control_only": list(t.control_only), "candidate_only": list(t.candidate_only),
+                    "discordant": len(t.control_only) + len(t.candidate_only),
+                    "mcnemar_p": t.mcnemar_p, "exact_text_matches": t.exact_text_matches, "verdict": t.verdict}
+               for ds, t in doc.datasets.items()}
+
+    def gate(name: str) -> GateEntry | None:
+        return doc.gates[name] if name in doc.gates else None
+
     greedy = {}
-    for ds, doc in (divergence_docs or {}).items():
-        det = (decision["gates"].get(f"determinism:{ds}") or {})
-        greedy[ds] = {"selected": len(doc.get("items") or []),
-                      "compared": sum(1 for d in doc.get("divergences") or [] if d.get("diverged") is not None),
-                      "diverged": [d.get("index") for d in doc.get("divergences") or [] if d.get("diverged")],
-                      "determinism": det.get("verdict"), "nondeterministic_arms": det.get("nondeterministic_arms")}
-    b = decision["gates"].get("boundary")
-    out = {"schema": CALIBRATION_SCHEMA, "audit": audit, "of_audit": of_audit, "control_spec_sha256": ctrl.get("spec_sha256"),
-           "host": host, "host_sha256": host_sha256(host), "decision": decision["decision"],
-           "headline": "", "flagged": flagged, "not_evaluated": list(decision.get("not_evaluated") or []),
+    for ds, given in (divergence_docs or {}).items():
+        div = as_record(DivergenceDoc, given, where=f"divergence {ds}")
+        assert div is not None
+        det = gate(f"determinism:{ds}")
+        greedy[ds] = {"selected": len(div.items or []),
+                      "compared": sum(1 for d in div.divergences if d.diverged is not None),
+                      "diverged": [d.index for d in div.divergences if d.diverged],
+                      "determinism": None if det is None else det.verdict,
+                      "nondeterministic_arms": None if det is None else det.nondeterministic_arms}
+    b, grid_tie, servers = gate("boundary"), gate("grid_tie"), gate("servers")
+    out: dict[str, Any] = {"schema": CALIBRATION_SCHEMA, "audit": audit, "of_audit": of_audit, "control_spec_sha256": ctrl.spec_sha256,
+           "host": host, "host_sha256": host_sha256(host), "decision": doc.decision,
+           "headline": "", "flagged": flagged, "not_evaluated": list(doc.not_evaluated),
            "findings": findings, "notes": [], "gates": gates,
-           "speed": speed_summary(decision["gates"].get("speed"), speed_doc),
+           "speed": speed_summary(gate("speed"), speed_doc),
            "quality": quality, "greedy": greedy,
-           "grid_tie": (decision["gates"].get("grid_tie") or {}).get("verdict"),
+           "grid_tie": None if grid_tie is None else grid_tie.verdict,
            "boundary": None if b is None else {
-               "verdict": b.get("verdict"), "cases": b.get("candidate_cases"),
-               "candidate_failures": b.get("candidate_failures"), "control_failures": b.get("control_failures"),
-               "identical_text_cases": b.get("identical_text_cases")},
-           "preflight": dict(decision.get("preflight") or {}),
-           "servers": (decision["gates"].get("servers") or {}).get("verdict")}
-    findings += [_finding(n, {**decision["gates"][n], "expected": gates[n]["expected"]}, out) for n in flagged]
+               "verdict": b.verdict, "cases": b.candidate_cases,
+               "candidate_failures": b.candidate_failures, "control_failures": b.control_failures,
+               "identical_text_cases": b.identical_text_cases},
+           "preflight": dict(doc.preflight),
+           "servers": None if servers is None else servers.verdict}
+    findings += [_finding(n, g, gates[n]["expected"], out) for n in flagged for g in [doc.gates[n]] if g is not None]
     sp = out["speed"]
     if sp and "speed" not in flagged and isinstance(sp["win_pct"], (int, float)):
         above = [x for x in (sp["max_window_pct"], sp["max_archive_pct"]) if x is not None and x > sp["win_pct"]]
@@ -276,9 +301,13 @@ def summarize(decision: Decision, *, audit: str | None, of_audit: str | None,
 
 # --------------------------------------------------------------- the log
 
-@dataclass(frozen=True)
-class CalibrationEntry:
-    """One line of results/calibrations.jsonl: a finished calibration, keyed by control spec and host."""
+@dataclass(frozen=True, kw_only=True)
+class CalibrationEntry(Record):
+    """One line of results/calibrations.jsonl: a finished calibration, keyed by control spec and host.
+
+    Read back (``cite``) through ``from_json``, which checks the schema id and every field.
+    """
+    SCHEMA = CALIBRATION_LOG_SCHEMA
 
     time: str | None
     audit: str | None
@@ -296,7 +325,7 @@ class CalibrationEntry:
     schema: str = CALIBRATION_LOG_SCHEMA
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "raw"}
 
 
 @dataclass(frozen=True)
@@ -327,19 +356,28 @@ def cite(records: Sequence[Mapping[str, Any]], control_spec_sha256: str | None,
     """
     if not control_spec_sha256:
         return None
-    hits = [(r.get("time") or "", n, r) for n, r in enumerate(records)
-            if r.get("schema") == CALIBRATION_LOG_SCHEMA and r.get("control_spec_sha256") == control_spec_sha256
-            and r.get("host_sha256") == host_sha]
+    # the log is shared by every calibration: a line of another schema is not one of these, and is passed over
+    entries = [CalibrationEntry.from_json(r, where=f"calibration log line {n + 1}") for n, r in enumerate(records)
+               if r.get("schema") == CALIBRATION_LOG_SCHEMA]
+    hits = [(e.time or "", n, e) for n, e in enumerate(entries)
+            if e.control_spec_sha256 == control_spec_sha256 and e.host_sha256 == host_sha]
     if not hits:
         return None
-    r = max(hits, key=lambda h: (h[0], h[1]))[2]
-    return CalibrationRef(path=str(r.get("summary_path")), sha256=str(r.get("summary_sha256")), time=r.get("time"),
-                          audit=r.get("audit"), headline=r.get("headline") or "",
-                          flagged=list(r.get("flagged") or []))
+    e = max(hits, key=lambda h: (h[0], h[1]))[2]
+    return CalibrationRef(path=str(e.summary_path), sha256=str(e.summary_sha256), time=e.time, audit=e.audit,
+                          headline=e.headline or "", flagged=list(e.flagged))
 
 
-def lookup(path: str | os.PathLike | None, control_receipt: Mapping[str, Any]) -> CalibrationRef | None:
+def lookup(path: str | os.PathLike | None,
+           control: LaunchReceipt | Mapping[str, Any]) -> CalibrationRef | None:
     """``cite`` on the log at ``path`` for the control whose launch receipt is given."""
     if not path:
         return None
-    return cite(read_log(path), control_receipt.get("spec_sha256"), host_sha256(host_facts(control_receipt)))
+    control_receipt = as_record(LaunchReceipt, control, where="launch control")
+    assert control_receipt is not None
+    return cite(read_log(path), control_receipt.spec_sha256, host_sha256(host_facts(control_receipt)))
+
+
+def calibrated_audit(config: Mapping[str, Any] | None) -> str | None:
+    """The audit a calibration config calibrates (``calibration.of``); None outside a calibration."""
+    return ((config or {}).get("calibration") or {}).get("of")

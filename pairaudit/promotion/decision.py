@@ -1,6 +1,7 @@
 """Promotion decision: the gates from every stage's stored rule result, and promotion-v1 over them.
 
-Pure functions on plain JSON-able dicts. The decision itself is
+Pure functions on the artifacts' records (``core.readers``; a JSON dict
+given instead is read through its record). The decision itself is
 ``gates.promotion_v1`` over a fixed set of gates; this module only collects
 the gates and keeps the evidence beside them. It never adjusts a score.
 
@@ -43,23 +44,49 @@ decision.json: ``contracts.Decision``.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TypeVar
 
 from pairaudit import gates
 from pairaudit.core.contracts import ARMS, DECISION_SCHEMA, Decision
+from pairaudit.core.readers import (
+    BoundaryGateDoc,
+    DecisionDoc,
+    BoundaryResult,
+    DeterminismResult,
+    GridTieResult,
+    LaunchReceipt,
+    Paired,
+    PooledResult,
+    RESULT_RECORDS,
+    Preflight,
+    QualityResult,
+    Record,
+    SpeedDecisionDoc,
+    Win2V1Result,
+    RuleResult,
+    as_record,
+)
 
-# Which registered rule each later gate must carry: a win2 result handed in
-# as "boundary" would otherwise be judged by the wrong vocabulary.
-_EXPECTED_RULE = {
-    "quality": gates.QUALITY_RULES,    # rules.quality.rule selects; quality-v2 is the default
-    "grid_tie": "grid-tie-v1",
-    "determinism": "determinism-v1",
-    "boundary": "boundary-v1",
-    "speed": ("win2-v4", "win2-v3", "win2-v2", "win2-v1"),   # speed.rule selects; win2-v4 is the default
-}
+R = TypeVar("R", bound=Record)
+
+# Which registered rules each later gate may carry (gates.REGISTERED, by the gate each decides): a win2
+# result handed in as "boundary" would otherwise be judged by the wrong vocabulary.
+_EXPECTED_RULE = {kind: gates.rules_of(kind) for kind in ("quality", "grid_tie", "determinism", "boundary", "speed")}
 
 
 # ------------------------------------------------------------------ gates
+
+def rule_result(res: RuleResult | Mapping[str, Any], where: str = "rule result") -> RuleResult:
+    """``res`` through the record of the gate its registered rule decides (``RuleResult`` for another rule)."""
+    if isinstance(res, RuleResult):
+        return res
+    common = RuleResult.from_json(res, where=where)
+    spec = gates.REGISTERED[common.rule] if common.rule in gates.REGISTERED else None
+    if spec is None:
+        return common      # preflight: the decision's own gate, not a registered rule
+    kind = "speed-pooled" if spec.decides == "speed" and spec.pooled else spec.decides
+    return RESULT_RECORDS[kind].from_json(res, where=where) if kind in RESULT_RECORDS else common
+
 
 def _check_rule(kind: str, name: str, res: Mapping[str, Any] | None) -> None:
     if res is None:
@@ -67,12 +94,12 @@ def _check_rule(kind: str, name: str, res: Mapping[str, Any] | None) -> None:
     if not isinstance(res, Mapping):
         raise ValueError(f"gate {name}: expected a rule result dict, got {type(res).__name__}")
     want = _EXPECTED_RULE[kind]
-    if res.get("rule") not in (want if isinstance(want, tuple) else (want,)):
-        raise ValueError(f"gate {name}: expected a {' or '.join(want) if isinstance(want, tuple) else want} "
-                         f"result, got rule {res.get('rule')!r}")
+    rule = rule_result(res, where=f"gate {name}").rule   # its fields checked by its rule's record
+    if rule not in want:
+        raise ValueError(f"gate {name}: expected a {' or '.join(want)} result, got rule {rule!r}")
 
 
-def check_quality(name: str, doc: Mapping[str, Any], datasets: int | None = None) -> dict:
+def check_quality(name: str, doc: Paired | Mapping[str, Any], datasets: int | None = None) -> dict:
     """The stored quality result of one paired doc, checked against its own table.
 
     The verdict is recomputed from the table with the rule and parameters the
@@ -81,33 +108,34 @@ def check_quality(name: str, doc: Mapping[str, Any], datasets: int | None = None
     datasets the decision judges; a quality-v2 result bounded for another
     family size is an error too (its claim would not hold over this audit).
     """
-    if doc.get("dataset") not in (None, name):
-        raise ValueError(f"paired doc keyed {name!r} is for dataset {doc.get('dataset')!r}")
-    q, table = doc.get("quality"), doc.get("table")
-    if not isinstance(q, Mapping) or not isinstance(table, Mapping):
-        raise ValueError(f"paired {name}: needs both 'table' and 'quality'")
-    _check_rule("quality", f"quality:{name}", q)
-    rule = q.get("rule")
-    family = int((q.get("multiplicity") or {}).get("datasets") or 1)
-    again = gates.apply_quality(str(rule), table, q.get("params") or {}, datasets=family)
+    paired = as_record(Paired, doc, where=f"paired {name}")
+    assert paired is not None
+    if paired.dataset != name:
+        raise ValueError(f"paired doc keyed {name!r} is for dataset {paired.dataset!r}")
+    q = paired.quality
+    _check_rule("quality", f"quality:{name}", q.raw)
+    table = paired.table.raw
+    family = int((q.multiplicity or {"datasets": 1})["datasets"] or 1)
+    again = gates.apply_quality(q.rule, table, q.params, datasets=family)
     # after a server failure the paired stage keeps the rule's own verdict as stage_verdict
-    stored = {**q, "verdict": q.get("stage_verdict", q.get("verdict"))} if doc.get("arm_failed") else q
-    for key in ("verdict", "control_only", "candidate_only"):
-        if stored.get(key) != again[key]:
-            raise ValueError(f"paired {name}: stored quality {key} {q.get(key)!r} disagrees with "
-                             f"{rule} recomputed from its table ({again[key]!r})")
-    out = dict(q)
-    if rule == "quality-v2" and datasets is not None and family != datasets and not doc.get("arm_failed"):
+    stored = {"verdict": q.stage_verdict if paired.arm_failed and q.stage_verdict is not None else q.verdict,
+              "control_only": q.control_only, "candidate_only": q.candidate_only}
+    for key, value in stored.items():
+        if value != again[key]:
+            raise ValueError(f"paired {name}: stored quality {key} {q.raw[key]!r} disagrees with "
+                             f"{q.rule} recomputed from its table ({again[key]!r})")
+    out = q.as_dict()
+    if q.rule == "quality-v2" and datasets is not None and family != datasets and not paired.arm_failed:
         # The claim must hold over the datasets this decision judges: bounded for another family size
         # (a paired doc made for a different dataset list), the rule is applied again at this one.
-        out = gates.apply_quality("quality-v2", table, q.get("params") or {}, datasets=datasets)
+        out = gates.apply_quality("quality-v2", table, q.params, datasets=datasets)
         out["reasons"] = list(out["reasons"]) + [
             f"the paired stage bounded this dataset for {family} dataset(s); the decision judges {datasets}, so "
             "the rule was applied again at that family size (Bonferroni)"]
-    if out.get("mde") is None:
+    if q.mde is None:
         # A paired doc made before the detectable-loss field: the same rule states it now.
         out["mde"] = again["mde"]
-        out["reasons"] = list(out.get("reasons") or []) + [gates.mde_reason(again["mde"])]
+        out["reasons"] = list(out["reasons"]) + [gates.mde_reason(again["mde"])]
     return out
 
 
@@ -154,17 +182,18 @@ def boundary_gate(res: Mapping[str, Any] | None) -> dict | None:
     missing = gates.boundary_missing_cases(res)
     if not missing:
         return dict(res)
-    out = {**res, "missing_cases": missing, "stage_verdict": res.get("verdict")}
+    b = rule_result(res, where="gate boundary")
+    out = {**res, "missing_cases": missing, "stage_verdict": b.verdict}
     why = (f"boundary-v1 not applied in full: required case(s) {missing} (max_model_len - 16 input, 16 output) "
            "were not run")
-    if res.get("verdict") == "PASS":
-        out.update(verdict="INCONCLUSIVE", reasons=[why] + list(res.get("reasons") or []))
+    if b.verdict == "PASS":
+        out.update(verdict="INCONCLUSIVE", reasons=[why] + b.reasons)
     else:
-        out["reasons"] = list(res.get("reasons") or []) + [why]
+        out["reasons"] = b.reasons + [why]
     return out
 
 
-def gates_from(paired: Mapping[str, Mapping[str, Any]], *, divergence: Mapping[str, Any] | None = None,
+def gates_from(paired: Mapping[str, Paired | Mapping[str, Any]], *, divergence: Mapping[str, Any] | None = None,
                divergence_counts: Mapping[str, Mapping[str, Any]] | None = None,
                determinism: Any = None, boundary: Mapping[str, Any] | None = None,
                speed: Mapping[str, Any] | None = None) -> dict[str, dict | None]:
@@ -194,72 +223,67 @@ def gates_from(paired: Mapping[str, Mapping[str, Any]], *, divergence: Mapping[s
     return gates
 
 
-def preflight_gates(preflight: Mapping[str, Mapping[str, Any] | None]) -> dict[str, dict | None]:
+def preflight_gates(preflight: Mapping[str, Preflight | Mapping[str, Any] | None]) -> dict[str, dict | None]:
     """``preflight:<arm>`` gates; FAIL enters as INCONCLUSIVE (see module docstring)."""
     out: dict[str, dict | None] = {}
     for arm in ARMS:
-        doc = preflight.get(arm)
+        doc = as_record(Preflight, preflight[arm] if arm in preflight else None, where=f"preflight {arm}")
         if doc is None:
             out[f"preflight:{arm}"] = None
             continue
-        v = doc.get("verdict")
+        v = doc.verdict
         if v == "PASS":
-            verdict, reasons = "PASS", [f"all {len(doc.get('probes') or [])} probes passed"]
+            verdict, reasons = "PASS", [f"all {len(doc.probes)} probes passed"]
         else:
             # Anything but an explicit PASS (FAIL, missing, garbled) is not comparable evidence.
-            failed = doc.get("failed_probe")
-            why = next((p.get("reason") for p in doc.get("probes") or []
-                        if p.get("name") == failed), None)
+            failed = doc.failed_probe
+            why = next((p.reason for p in doc.probes if p.name == failed), None)
             verdict = "INCONCLUSIVE"
             reasons = [f"{arm} preflight {v} at probe {failed!r}" + (f": {why}" if why else "")
                        + "; its evidence cannot be compared"]
         out[f"preflight:{arm}"] = {"rule": "preflight", "verdict": verdict, "stage_verdict": v,
-                                   "failed_probe": doc.get("failed_probe"), "reasons": reasons}
+                                   "failed_probe": doc.failed_probe, "reasons": reasons}
     return out
 
 
 def _key_numbers(res: Mapping[str, Any]) -> dict:
-    """The few numbers a reader needs beside a gate verdict, per rule."""
-    rule = res.get("rule")
-    if rule in gates.QUALITY_RULES:
-        keys = ("n", "control_correct", "candidate_correct", "control_only", "candidate_only",
-                "net", "mcnemar_p", "params", "mde", "loss_bound", "multiplicity", "needed")
-        return {k: res.get(k) for k in keys}
-    if rule == "grid-tie-v1":
-        return {"scope": res.get("scope"), "n_divergent": res.get("n_divergent"),
-                "selected": res.get("selected"), "compared": res.get("compared"),
-                "max_divergent": (res.get("params") or {}).get("max_divergent"),
-                "failed_clauses": res.get("failed_clauses"),
-                "unevaluated_clauses": res.get("unevaluated_clauses"),
-                "not_evaluated_datasets": res.get("not_evaluated_datasets"),
-                "counts_unrecorded_datasets": res.get("counts_unrecorded_datasets"),
-                "datasets": res.get("datasets"),
-                "probe_verdicts": {(f"{p['dataset']}:" if p.get("dataset") else "") + str(p.get("index")):
-                                   p.get("verdict") for p in res.get("probes") or []}}
-    if rule == "determinism-v1":
-        return {"nondeterministic_arms": res.get("nondeterministic_arms"),
-                "repeats": {a: v.get("repeats") for a, v in (res.get("arms") or {}).items()}}
-    if rule == "boundary-v1":
-        return {"stage_verdict": res.get("stage_verdict"), "missing_cases": res.get("missing_cases"),
-                "candidate_cases": res.get("candidate_cases"),
-                "candidate_failures": [f.get("case") for f in res.get("candidate_failures") or []],
-                "control_failures": [f.get("case") for f in res.get("control_failures") or []],
-                "identical_text_cases": res.get("identical_text_cases")}
-    if rule == "win2-v1":
-        prim = res.get("primary") or {}
-        return {"primary": (res.get("params") or {}).get("primary"), "repeats": res.get("repeats"),
+    """The few numbers a reader needs beside a gate verdict, per rule (read through the rule's record)."""
+    r = rule_result(res, where=f"gate result {res['rule'] if 'rule' in res else ''}".strip())
+    if isinstance(r, QualityResult):
+        return {"n": r.n, "control_correct": r.control_correct, "candidate_correct": r.candidate_correct,
+                "control_only": r.control_only, "candidate_only": r.candidate_only, "net": r.net,
+                "mcnemar_p": r.mcnemar_p, "params": r.params, "mde": r.mde, "loss_bound": r.loss_bound,
+                "multiplicity": r.multiplicity, "needed": r.needed}
+    if isinstance(r, GridTieResult):
+        return {"scope": r.scope, "n_divergent": r.n_divergent, "selected": r.selected, "compared": r.compared,
+                "max_divergent": r.params.get("max_divergent"), "failed_clauses": r.failed_clauses,
+                "unevaluated_clauses": r.unevaluated_clauses, "not_evaluated_datasets": r.not_evaluated_datasets,
+                "counts_unrecorded_datasets": r.counts_unrecorded_datasets, "datasets": r.datasets,
+                "probe_verdicts": {(f"{p.dataset}:" if p.dataset else "") + str(p.index): p.verdict
+                                   for p in r.probes}}
+    if isinstance(r, DeterminismResult):
+        return {"nondeterministic_arms": r.nondeterministic_arms,
+                "repeats": {a: v.get("repeats") for a, v in r.arms.items()}}
+    if isinstance(r, BoundaryResult):
+        return {"stage_verdict": r.stage_verdict, "missing_cases": r.missing_cases,
+                "candidate_cases": r.candidate_cases,
+                "candidate_failures": [f.get("case") for f in r.candidate_failures],
+                "control_failures": [f.get("case") for f in r.control_failures],
+                "identical_text_cases": r.identical_text_cases}
+    if isinstance(r, Win2V1Result):
+        prim = r.primary
+        return {"primary": r.params.get("primary"), "repeats": r.repeats,
                 "point_gain_pct": prim.get("point_gain_pct"), "t_interval": prim.get("t_interval"),
                 "win_pct": prim.get("win_pct"), "max_control_spread_pct": prim.get("max_control_spread_pct"),
-                "guard_verdicts": {g: r.get("guard_verdict") for g, r in (res.get("guards") or {}).items()}}
-    if rule in ("win2-v2", "win2-v3", "win2-v4"):
-        return {"primary": (res.get("params") or {}).get("primary"), "repeats": res.get("repeats"),
-                "starts": res.get("starts", 3),
-                "point_gain_pct": res.get("pooled_gain_pct"), "lower_bound_pct": res.get("lower_bound_pct"),
-                "half_width_pct": res.get("half_width_pct"), "win_pct": (res.get("params") or {}).get("win_pct"),
-                "noise": res.get("noise"), "rates": res.get("rates"), "needed": res.get("needed"),
-                "stage_deviations": res.get("stage_deviations")}
-    if rule == "preflight":
-        return {"stage_verdict": res.get("stage_verdict"), "failed_probe": res.get("failed_probe")}
+                "guard_verdicts": {g: v.get("guard_verdict") for g, v in r.guards.items()}}
+    if isinstance(r, PooledResult):
+        return {"primary": r.params.get("primary"), "repeats": r.repeats, "starts": r.starts,
+                "point_gain_pct": r.pooled_gain_pct, "lower_bound_pct": r.lower_bound_pct,
+                "half_width_pct": r.half_width_pct, "win_pct": r.params.get("win_pct"),
+                "noise": r.noise, "rates": r.rates, "needed": r.needed,
+                "stage_deviations": r.stage_deviations if "stage_deviations" in r.raw else None}
+    if r.rule == "preflight":
+        return {"stage_verdict": r.stage_verdict, "failed_probe": res["failed_probe"]}
     return {}
 
 
@@ -272,15 +296,17 @@ def env_diff(control_env: Mapping[str, Any], candidate_env: Mapping[str, Any]) -
             for k in names if control_env.get(k) != candidate_env.get(k)]
 
 
-def _arm_summary(rec: Mapping[str, Any], pre: Mapping[str, Any] | None) -> dict:
-    keys = ("mode", "spec_sha256", "env", "command", "command_identity", "model", "served_model_name",
-            "model_sha256", "max_model_len", "url", "speculative", "packages", "server_packages", "machine")
-    out = {k: rec.get(k) for k in keys}
+def _arm_summary(rec: LaunchReceipt, pre: Preflight | None) -> dict:
+    out = {"mode": rec.mode, "spec_sha256": rec.spec_sha256, "env": rec.env, "command": rec.command,
+           "command_identity": rec.command_identity, "model": rec.model, "served_model_name": rec.served_model_name,
+           "model_sha256": rec.model_sha256, "max_model_len": rec.max_model_len, "url": rec.url,
+           "speculative": rec.speculative, "packages": rec.packages, "server_packages": rec.server_packages,
+           "machine": rec.machine}
     # what the server itself reported at launch (/version, the /v1/models card)
-    server = rec.get("server") or {}
+    server = rec.server or {}
     out["server_version"] = server.get("version")
     out["server_model_root"] = server.get("root")
-    out["preflight"] = None if pre is None else pre.get("verdict")
+    out["preflight"] = None if pre is None else pre.verdict
     return out
 
 
@@ -291,19 +317,19 @@ def _comparability_notes(arms: Mapping[str, dict]) -> list[str]:
     for key, what in (("model", "model"), ("model_sha256", "model sha256"),
                       ("max_model_len", "max_model_len"), ("server_version", "server version (/version)"),
                       ("server_model_root", "served model root (/v1/models)")):
-        if c.get(key) != k.get(key):
-            notes.append(f"{what} differs between arms: control {c.get(key)!r}, candidate {k.get(key)!r}")
-    if c.get("spec_sha256") and c.get("spec_sha256") == k.get("spec_sha256"):
+        if c[key] != k[key]:
+            notes.append(f"{what} differs between arms: control {c[key]!r}, candidate {k[key]!r}")
+    if c["spec_sha256"] and c["spec_sha256"] == k["spec_sha256"]:
         notes.append("control and candidate have the same spec_sha256: the arms are the same server spec, "
                      "so this audit compares a configuration with itself")
-    if (c.get("machine") or {}).get("hostname") != (k.get("machine") or {}).get("hostname"):
+    if (c["machine"] or {}).get("hostname") != (k["machine"] or {}).get("hostname"):
         notes.append("the arms' launch receipts come from different hosts")
     return notes
 
 
 def identical_arms(arms: Mapping[str, Mapping[str, Any]]) -> bool:
     """Both arms are the same server spec: no change is under audit."""
-    c, k = arms["control"].get("spec_sha256"), arms["candidate"].get("spec_sha256")
+    c, k = arms["control"]["spec_sha256"], arms["candidate"]["spec_sha256"]
     return bool(c) and c == k
 
 
@@ -325,34 +351,34 @@ def decision_deviations(results: Mapping[str, Mapping[str, Any] | None], *, cali
                         "detail": "its stage did not run or is disabled: the gate was not applied, so the "
                                   "decision cannot be PROMOTE"})
             continue
-        for k, d in (res.get("deviations") or {}).items():
+        r = rule_result(res, where=f"gate {name}")
+        for k, d in r.deviations.items():
             detail = (f"used {d.get('used')!r}, registered {d.get('registered')!r}" if isinstance(d, Mapping)
                       else repr(d))
             out.append({"gate": name, "what": f"parameter {k}", "detail": detail})
-        if name.startswith("quality:") and res.get("rule") != gates.QUALITY_RULES[0]:
+        if name.startswith("quality:") and r.rule != gates.QUALITY_RULES[0]:
             out.append({"gate": name, "what": "rule",
-                        "detail": f"rules.quality.rule {res.get('rule')} instead of the default {gates.QUALITY_RULES[0]} "
+                        "detail": f"rules.quality.rule {r.rule} instead of the default {gates.QUALITY_RULES[0]} "
                                   "(quality-v1 passes any net >= 0, so a table too small to see a loss passes as if "
                                   "it had ruled one out)"})
-        if res.get("informational") is True:
+        if r.informational is True:
             out.append({"gate": name, "what": "informational",
                         "detail": f"configured informational (speed.informational: true): only a LOSS of this "
-                                  f"gate gates the decision; its verdict {res.get('verdict')} neither allowed nor "
+                                  f"gate gates the decision; its verdict {r.verdict} neither allowed nor "
                                   "blocked PROMOTE"})
-        if res.get("not_evaluated_datasets"):
+        if r.not_evaluated_datasets:
             out.append({"gate": name, "what": "datasets not evaluated",
-                        "detail": f"no record for datasets {res['not_evaluated_datasets']}"})
-        if res.get("counts_unrecorded_datasets"):
+                        "detail": f"no record for datasets {r.not_evaluated_datasets}"})
+        if r.counts_unrecorded_datasets:
             out.append({"gate": name, "what": "comparison counts not recorded",
-                        "detail": f"selected/compared counts missing for datasets {res['counts_unrecorded_datasets']}"})
+                        "detail": f"selected/compared counts missing for datasets {r.counts_unrecorded_datasets}"})
         # a stage's own loosenings (e.g. the speed bracket's accepted unverifiable clock), as it listed them
-        for d in res.get("stage_deviations") or []:
-            if isinstance(d, Mapping):
-                out.append({"gate": name, "what": str(d.get("what")), "detail": str(d.get("detail"))})
-        if res.get("missing_cases"):
+        for d in r.stage_deviations:
+            out.append({"gate": name, "what": str(d.get("what")), "detail": str(d.get("detail"))})
+        if r.missing_cases:
             out.append({"gate": name, "what": "required cases missing",
-                        "detail": f"cases {res['missing_cases']} were not run (the stage said "
-                                  f"{res.get('stage_verdict')}); counted as {res.get('verdict')}"})
+                        "detail": f"cases {r.missing_cases} were not run (the stage said "
+                                  f"{r.stage_verdict}); counted as {r.verdict}"})
     if calibration:
         out.append({"gate": "promotion", "what": "calibration",
                     "detail": "decided in A/A calibration mode: identical arms are decided by their gates (what "
@@ -363,19 +389,19 @@ def decision_deviations(results: Mapping[str, Mapping[str, Any] | None], *, cali
     return out
 
 
-def _dataset_summary(doc: Mapping[str, Any], gate: Mapping[str, Any] | None = None) -> dict:
+def _dataset_summary(doc: Paired, gate: Mapping[str, Any] | None = None) -> dict:
     """One dataset's line of decision.json: the table's counts and the quality gate as the decision applied it."""
-    t = doc["table"]
-    q = gate if gate is not None else doc["quality"]
-    mde = q.get("mde")
-    return {"format": doc.get("format"), "n": t.get("n"), "indices": t.get("indices"), "rule": q.get("rule"),
-            "loss_bound": q.get("loss_bound"), "needed": (q.get("needed") or {}).get("items"),
-            "control_correct": t.get("control_correct"), "candidate_correct": t.get("candidate_correct"),
-            "control_only": t.get("control_only"), "candidate_only": t.get("candidate_only"),
-            "net": t.get("net"), "mcnemar_p": q.get("mcnemar_p"),
-            "exact_text_matches": t.get("exact_text_matches"), "natural_finish": t.get("natural_finish"),
-            "bodies_identical": t.get("bodies_identical"), "verdict": q.get("verdict"),
-            "mde": mde, "bootstrap": doc.get("bootstrap")}
+    t = doc.table
+    q = doc.quality if gate is None else rule_result(gate, where=f"gate quality:{doc.dataset}")
+    assert isinstance(q, QualityResult)
+    return {"format": doc.format, "n": t.n, "indices": t.indices, "rule": q.rule,
+            "loss_bound": q.loss_bound, "needed": (q.needed or {}).get("items"),
+            "control_correct": t.control_correct, "candidate_correct": t.candidate_correct,
+            "control_only": t.control_only, "candidate_only": t.candidate_only,
+            "net": t.net, "mcnemar_p": q.mcnemar_p,
+            "exact_text_matches": t.exact_text_matches, "natural_finish": t.natural_finish,
+            "bodies_identical": t.bodies_identical, "verdict": q.verdict,
+            "mde": q.mde, "bootstrap": doc.bootstrap}
 
 
 def multiplicity(results: Mapping[str, Mapping[str, Any] | None]) -> dict | None:
@@ -387,27 +413,30 @@ def multiplicity(results: Mapping[str, Mapping[str, Any] | None]) -> dict | None
     FAIL clause (McNemar at alpha per dataset) is not adjusted: an audit of D
     datasets rejects a harmless change more often than alpha, never less.
     """
-    qs = {n.split(":", 1)[1]: r for n, r in results.items() if n.startswith("quality:") and r is not None
-          and r.get("rule") == "quality-v2"}
+    qs = [q for n, r in results.items() if n.startswith("quality:") and r is not None
+          for q in [rule_result(r, where=f"gate {n}")] if isinstance(q, QualityResult) and q.rule == "quality-v2"]
     if not qs:
         return None
-    m = next(iter(qs.values())).get("multiplicity") or {}
-    return {"gates": "quality", "method": m.get("method"), "datasets": m.get("datasets"),
-            "family_level": m.get("family_level"), "per_dataset_level": m.get("per_dataset_level"),
-            "statement": (f"each dataset's loss bound is at {100 * m.get('per_dataset_level', 0):.4g} % (Bonferroni "
-                          f"over {m.get('datasets')} dataset(s)), so every ruled-out loss holds together at "
-                          f"{100 * m.get('family_level', 0):.4g} %; the McNemar FAIL clause is per dataset, "
+    m = qs[0].multiplicity
+    if m is None:
+        raise ValueError(f"a quality-v2 result without its multiplicity: {qs[0].reasons[:1]}")
+    return {"gates": "quality", "method": m["method"], "datasets": m["datasets"],
+            "family_level": m["family_level"], "per_dataset_level": m["per_dataset_level"],
+            "statement": (f"each dataset's loss bound is at {100 * m['per_dataset_level']:.4g} % (Bonferroni "
+                          f"over {m['datasets']} dataset(s)), so every ruled-out loss holds together at "
+                          f"{100 * m['family_level']:.4g} %; the McNemar FAIL clause is per dataset, "
                           "unadjusted")}
 
 
-def decide(paired: Mapping[str, Mapping[str, Any]], launch: Mapping[str, Mapping[str, Any]],
-           preflight: Mapping[str, Mapping[str, Any] | None], *, calibration: bool = False,
+def decide(paired: Mapping[str, Paired | Mapping[str, Any]], launch: Mapping[str, LaunchReceipt | Mapping[str, Any]],
+           preflight: Mapping[str, Preflight | Mapping[str, Any] | None], *, calibration: bool = False,
            **later: Any) -> Decision:
     """decision.json (schema in the module docstring and ``contracts.Decision``) by promotion-v1.
 
     paired: dataset -> paired doc; launch: arm -> launch record (both arms
     required: evidence without a receipt has no server to attribute it to);
-    preflight: arm -> preflight doc (a missing arm is a None gate);
+    preflight: arm -> preflight doc (a missing arm is a None gate); each a
+    record (``core.readers``) or its JSON dict, read through the record.
     later: divergence=, divergence_counts=, determinism=, boundary=, speed=
     as for gates_from. Identical arms (same spec_sha256) are INCONCLUSIVE,
     "no change under audit", unless ``calibration`` (an A/A run, where the
@@ -421,25 +450,28 @@ def decide(paired: Mapping[str, Mapping[str, Any]], launch: Mapping[str, Mapping
         raise ValueError(f"launch receipts must be exactly {list(ARMS)}, got {sorted(launch)}")
     if not isinstance(calibration, bool):
         raise TypeError(f"calibration must be a bool, got {calibration!r}")
+    papers = {ds: _record(Paired, doc, f"paired {ds}") for ds, doc in paired.items()}
+    receipts = {a: _record(LaunchReceipt, launch[a], f"launch {a}") for a in ARMS}
+    rehearsals = {a: as_record(Preflight, preflight[a] if a in preflight else None, where=f"preflight {a}")
+                  for a in ARMS}
     servers = later.pop("servers", None)
     # named apart from the gates module, whose rules decide over them
-    results = gates_from(paired, **later)
+    results = gates_from(papers, **later)
     if servers is not None:
         results["servers"] = servers
-    results.update(preflight_gates(preflight))
-    arms = {a: _arm_summary(launch[a], preflight.get(a)) for a in ARMS}
+    results.update(preflight_gates(rehearsals))
+    arms = {a: _arm_summary(receipts[a], rehearsals[a]) for a in ARMS}
     same = identical_arms(arms)
-    prom = gates.promotion_v1(results, identical_arms=same and not calibration)
+    prom = gates.rule("promotion-v1", "promotion").apply(results, identical_arms=same and not calibration)
 
     gate_docs: dict[str, dict | None] = {}
     for name, res in results.items():
         if res is None:
             gate_docs[name] = None
             continue
-        gate_docs[name] = {"rule": res.get("rule"), "verdict": res.get("verdict"),
-                           "outcome": prom["gates"][name]["outcome"],
-                           "reasons": list(res.get("reasons") or []),
-                           "deviations": res.get("deviations") or {}, **_key_numbers(res)}
+        r = rule_result(res, where=f"gate {name}")
+        gate_docs[name] = {"rule": r.rule, "verdict": r.verdict, "outcome": prom["gates"][name]["outcome"],
+                           "reasons": list(r.reasons), "deviations": r.deviations, **_key_numbers(res)}
     return {
         "schema": DECISION_SCHEMA,
         "rule": prom["rule"],
@@ -455,53 +487,61 @@ def decide(paired: Mapping[str, Mapping[str, Any]], launch: Mapping[str, Mapping
         "gates": gate_docs,
         "not_evaluated": prom["not_evaluated"],
         "multiplicity": multiplicity(results),
-        "datasets": {ds: _dataset_summary(paired[ds], results.get(f"quality:{ds}")) for ds in sorted(paired)},
+        "datasets": {ds: _dataset_summary(papers[ds], results[f"quality:{ds}"]) for ds in sorted(papers)},
         "arms": arms,
-        "switch_diff": env_diff(arms["control"].get("env") or {}, arms["candidate"].get("env") or {}),
+        "switch_diff": env_diff(arms["control"]["env"] or {}, arms["candidate"]["env"] or {}),
         "notes": _comparability_notes(arms),
         "preflight": {a: arms[a]["preflight"] for a in ARMS},
     }
 
 
-def speed_primary(doc: Mapping[str, Any]) -> str | None:
-    return (doc.get("bar") or {}).get("primary") or ((doc.get("gate") or {}).get("params") or {}).get("primary")
+def _record(cls: type[R], doc: R | Mapping[str, Any], where: str) -> R:
+    out = as_record(cls, doc, where=where)
+    assert out is not None
+    return out
+
+
+def speed_primary(doc: SpeedDecisionDoc | Mapping[str, Any]) -> str | None:
+    speed = as_record(SpeedDecisionDoc, doc, where="speed decision")
+    return None if speed is None else speed.primary
 
 
 _BOUNDARY_SIDE = ("text", "extracted", "correct", "finish_reason", "prompt_tokens", "max_tokens", "ttft_s",
                   "input_tokens_per_s", "config_error")
 
 
-def boundary_evidence(doc: Mapping[str, Any] | None) -> list[dict] | None:
+def boundary_evidence(doc: BoundaryGateDoc | Mapping[str, Any] | None) -> list[dict] | None:
     """Every boundary case for decision.json: planted values and, per arm, answer, finish reason, TTFT."""
-    if doc is None:
+    b = as_record(BoundaryGateDoc, doc, where="boundary gate")
+    if b is None:
         return None
-    return [{"case": c.get("case"), "planted": c.get("planted"), "expected": c.get("expected"),
-             "identical_text": c.get("identical_text"),
-             **{arm: ({k: c[arm].get(k) for k in _BOUNDARY_SIDE} if isinstance(c.get(arm), Mapping) else None)
-                for arm in ARMS}}
-            for c in doc.get("cases") or [] if isinstance(c, Mapping)]
+    return [{"case": c.case, "planted": c.planted, "expected": c.expected, "identical_text": c.identical_text,
+             **{arm: (None if side is None else {k: getattr(side, k) for k in _BOUNDARY_SIDE})
+                for arm, side in (("control", c.control), ("candidate", c.candidate))}}
+            for c in b.cases]
 
 
-def speed_evidence(doc: Mapping[str, Any] | None) -> dict | None:
+def speed_evidence(doc: SpeedDecisionDoc | Mapping[str, Any] | None) -> dict | None:
     """The speed table for decision.json: per cell its verdict and the primary metric's s1/s2/s3 per repeat."""
-    if doc is None:
+    speed = as_record(SpeedDecisionDoc, doc, where="speed decision")
+    if speed is None:
         return None
-    primary = speed_primary(doc)
-    win2 = doc.get("win2") or {}
+    primary = speed.primary
+    win2 = speed.win2 or {}
     cells = {}
-    for cell, metrics in (doc.get("series") or {}).items():
-        prim = (win2.get(cell) or {}).get("primary") or {}
-        cells[cell] = {"verdict": (win2.get(cell) or {}).get("verdict"),
-                       "repeats_s1_s2_s3": (metrics or {}).get(primary),
+    for cell, metrics in (speed.series or {}).items():
+        w = win2[cell] if cell in win2 else None
+        prim = {} if w is None else w.primary
+        cells[cell] = {"verdict": None if w is None else w.verdict,
+                       "repeats_s1_s2_s3": metrics[primary] if primary in metrics else None,
                        "point_gain_pct": prim.get("point_gain_pct"), "t_interval": prim.get("t_interval"),
                        "max_control_spread_pct": prim.get("max_control_spread_pct")}
-    return {"primary": primary, "win_pct": (doc.get("bar") or {}).get("win_pct"),
-            "hosts": doc.get("hosts"), "cells": cells}
+    return {"primary": primary, "win_pct": speed.win_pct, "hosts": speed.hosts, "cells": cells}
 
 
-# The decision rules a decision.json may name, by the name it records: the
-# word it states must be what its rule makes of the gates it holds.
-DECISION_RULES = {"promotion-v1": gates.promotion_v1}
+# The decision rules a decision.json may name (gates.REGISTERED, the "promotion" gate), by the name it
+# records: the word it states must be what its rule makes of the gates it holds.
+DECISION_RULES = gates.rules_of("promotion")
 
 
 class DecisionMismatch(ValueError):
@@ -512,7 +552,7 @@ class DecisionMismatch(ValueError):
         self.stated, self.derived = stated, derived
 
 
-def rederive(decision: Mapping[str, Any]) -> dict:
+def rederive(decision: DecisionDoc | Mapping[str, Any]) -> dict:
     """What the rule ``decision`` names makes of the gates it holds.
 
     Each gate enters as it was decided: its verdict, its rule, and whether
@@ -521,30 +561,20 @@ def rederive(decision: Mapping[str, Any]) -> dict:
     the decision INCONCLUSIVE, as at decision time. Returns the rule's
     result; ``DecisionMismatch`` when the rule is not a registered one.
     """
-    rule = decision.get("rule")
-    fn = DECISION_RULES.get(str(rule))
-    if fn is None:
-        raise DecisionMismatch(f"decision rule {rule!r} is not a registered decision rule "
-                               f"({', '.join(DECISION_RULES)}): its decision cannot be checked",
-                               stated=decision.get("decision"))
-    stored = decision.get("gates")
-    if not isinstance(stored, Mapping):
-        raise DecisionMismatch("the decision holds no gates", stated=decision.get("decision"))
-    entered: dict[str, Mapping[str, Any] | None] = {}
-    for name, g in stored.items():
-        if g is None:
-            entered[name] = None
-        elif isinstance(g, Mapping):
-            entered[name] = {"verdict": g.get("verdict"), "rule": g.get("rule"),
-                             "informational": g.get("outcome") == "INFORMATIONAL",
-                             "reasons": list(g.get("reasons") or [])}
-        else:
-            raise DecisionMismatch(f"gate {name!r} is neither null nor a gate record", stated=decision.get("decision"))
-    same = decision.get("identical_arms") is True and decision.get("calibration") is not True
-    return fn(entered, identical_arms=same)
+    doc = as_record(DecisionDoc, decision, where="decision")
+    assert doc is not None
+    if doc.rule not in DECISION_RULES:
+        raise DecisionMismatch(f"decision rule {doc.rule!r} is not a registered decision rule "
+                               f"({', '.join(DECISION_RULES)}): its decision cannot be checked", stated=doc.decision)
+    entered: dict[str, Mapping[str, Any] | None] = {
+        name: None if g is None else {"verdict": g.verdict, "rule": g.rule,
+                                      "informational": g.outcome == "INFORMATIONAL", "reasons": list(g.reasons)}
+        for name, g in doc.gates.items()}
+    same = doc.identical_arms is True and doc.calibration is not True
+    return gates.rule(doc.rule, "promotion").apply(entered, identical_arms=same)
 
 
-def check_decision_word(decision: Mapping[str, Any]) -> dict:
+def check_decision_word(decision: DecisionDoc | Mapping[str, Any]) -> dict:
     """Refuse (``DecisionMismatch``) a decision word, or a gate outcome, its own gates do not give.
 
     Returns the re-derived result when the stated decision, the stated
@@ -552,17 +582,18 @@ def check_decision_word(decision: Mapping[str, Any]) -> dict:
     with what the named rule makes of the gates.
     """
     derived = rederive(decision)
-    stated = decision.get("decision")
+    doc = as_record(DecisionDoc, decision, where="decision")
+    assert doc is not None
+    stated = doc.decision
     problems = []
     if stated != derived["verdict"]:
-        problems.append(f"it states {stated} but its gates under {decision.get('rule')} give {derived['verdict']}")
-    if "gate_verdict" in decision and decision.get("gate_verdict") != derived["gate_verdict"]:
-        problems.append(f"its gate_verdict is {decision.get('gate_verdict')} but its gates give "
-                        f"{derived['gate_verdict']}")
-    for name, g in (decision.get("gates") or {}).items():
-        if isinstance(g, Mapping) and g.get("outcome") != derived["gates"][name]["outcome"]:
-            problems.append(f"gate {name} states the outcome {g.get('outcome')} but its verdict "
-                            f"{g.get('verdict')} gives {derived['gates'][name]['outcome']}")
+        problems.append(f"it states {stated} but its gates under {doc.rule} give {derived['verdict']}")
+    if "gate_verdict" in doc.raw and doc.gate_verdict != derived["gate_verdict"]:
+        problems.append(f"its gate_verdict is {doc.gate_verdict} but its gates give {derived['gate_verdict']}")
+    for name, g in doc.gates.items():
+        if g is not None and g.outcome != derived["gates"][name]["outcome"]:
+            problems.append(f"gate {name} states the outcome {g.outcome} but its verdict "
+                            f"{g.verdict} gives {derived['gates'][name]['outcome']}")
     if problems:
         raise DecisionMismatch("the decision does not follow from its gates: " + "; ".join(problems),
                                stated=stated, derived=derived["verdict"])

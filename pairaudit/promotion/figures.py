@@ -9,9 +9,9 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from pairaudit.core.artifacts import ArtifactError, check_schema
-from pairaudit.core.contracts import ARMS, SCORES_SCHEMA
-from pairaudit.promotion.decision import speed_primary
+from pairaudit.core.artifacts import ArtifactError
+from pairaudit.core.contracts import ARMS
+from pairaudit.core.readers import ArchivedStart, DivergenceDoc, Paired, ScoresHeader, SpeedDecisionDoc, as_record
 
 OUTCOME_COLORS = {"both correct": "#4c9a5b", "control only": "#d9822b",
                   "candidate only": "#3b75af", "neither": "#b0b0b0"}
@@ -31,7 +31,7 @@ def item_outcomes(table: Mapping[str, Any], correct: Mapping[str, Mapping[int, b
     figure must show the evidence the decision used.
     """
     out: dict[int, str] = {}
-    for i in table.get("indices") or []:
+    for i in table["indices"]:
         c, k = bool(correct["control"].get(i)), bool(correct["candidate"].get(i))
         out[i] = ("both correct" if c and k else "control only" if c else "candidate only" if k else "neither")
     got = {o: sorted(i for i, v in out.items() if v == o) for o in OUTCOME_COLORS}
@@ -43,7 +43,7 @@ def item_outcomes(table: Mapping[str, Any], correct: Mapping[str, Mapping[int, b
     return out
 
 
-def plot_paired(paired: Mapping[str, Mapping[str, Any]], out_png: str | os.PathLike,
+def plot_paired(paired: Mapping[str, Paired | Mapping[str, Any]], out_png: str | os.PathLike,
                 items: Mapping[str, Mapping[int, str]] | None = None) -> None:
     """Stacked bars of paired outcomes per dataset, and with ``items`` one coloured cell per item; PNG.
 
@@ -51,12 +51,13 @@ def plot_paired(paired: Mapping[str, Mapping[str, Any]], out_png: str | os.PathL
     backend or figure state is touched (Snakemake jobs and tests share a process).
     """
     names = sorted(paired)
+    docs = {ds: _paired(ds, paired[ds]) for ds in names}
     items = items or {}
     per_item = bool(items) and all(ds in items for ds in names)
     fig = _figure(max(4.0, 1.6 * len(names) + 2.0) + (6.0 if per_item else 0.0), max(4.0, 0.5 * len(names) + 2.5))
     ax = fig.add_subplot(1, 2, 1) if per_item else fig.add_subplot(1, 1, 1)
     bottoms = [0] * len(names)
-    counts = [paired_counts(paired[ds]["table"]) for ds in names]
+    counts = [paired_counts(docs[ds].table.raw) for ds in names]
     for outcome, color in OUTCOME_COLORS.items():
         vals = [c[outcome] for c in counts]
         bars = ax.bar(range(len(names)), vals, bottom=bottoms, color=color, label=outcome)
@@ -65,7 +66,7 @@ def plot_paired(paired: Mapping[str, Mapping[str, Any]], out_png: str | os.PathL
                 ax.text(b.get_x() + b.get_width() / 2, y0 + v / 2, str(v), ha="center", va="center", fontsize=8)
         bottoms = [b + v for b, v in zip(bottoms, vals)]
     ax.set_xticks(range(len(names)))
-    ax.set_xticklabels([f"{ds}\n({paired[ds]['quality'].get('verdict')})" for ds in names])
+    ax.set_xticklabels([f"{ds}\n({docs[ds].quality.verdict})" for ds in names])
     ax.set_ylabel("items")
     ax.yaxis.get_major_locator().set_params(integer=True)
     ax.set_title("Paired outcomes per dataset (control vs candidate)")
@@ -92,27 +93,40 @@ def plot_paired(paired: Mapping[str, Mapping[str, Any]], out_png: str | os.PathL
     _save(fig, out_png)
 
 
+def _paired(ds: str, doc: Paired | Mapping[str, Any]) -> Paired:
+    out = as_record(Paired, doc, where=f"paired {ds}")
+    assert out is not None
+    return out
+
+
+def _speed(doc: SpeedDecisionDoc | Mapping[str, Any]) -> SpeedDecisionDoc:
+    out = as_record(SpeedDecisionDoc, doc, where="speed decision")
+    assert out is not None
+    return out
+
+
 def _rect(xy, color, label=None):
     from matplotlib.patches import Rectangle
 
     return Rectangle(xy, 1, 1, facecolor=color, edgecolor="white", label=label)
 
 
-def load_item_outcomes(paired: Mapping[str, Mapping[str, Any]],
+def load_item_outcomes(paired: Mapping[str, Paired | Mapping[str, Any]],
                        score_paths: Sequence[str | os.PathLike]) -> dict[str, dict[int, str]]:
     """dataset -> index -> outcome from the score files the paired stage consumed (checked by hash)."""
     from pairaudit.core.artifacts import check_consumed, read_jsonl
 
     correct: dict[str, dict[str, dict[int, bool]]] = {}
     for p in score_paths:
-        header, records = read_jsonl(p)
-        check_schema(header, SCORES_SCHEMA, p)
-        ds, arm = str(header.get("dataset")), str(header.get("arm"))
+        header_doc, records = read_jsonl(p)
+        header = ScoresHeader.from_json(header_doc, where=p)
+        ds, arm = header.dataset, header.arm
         if ds not in paired or arm not in ARMS:
             raise ArtifactError(f"{p}: scores for {ds}/{arm}, which has no paired result")
-        check_consumed(paired[ds], [p], where=f"paired {ds}")
+        check_consumed(_paired(ds, paired[ds]).raw, [p], where=f"paired {ds}")
+        # a score record without a verdict is no correct answer (scoring.score_records writes it for each item)
         correct.setdefault(ds, {})[arm] = {r["index"]: bool(r.get("correct")) for r in records}
-    return {ds: item_outcomes(paired[ds]["table"], arms) for ds, arms in correct.items()
+    return {ds: item_outcomes(_paired(ds, paired[ds]).table.raw, arms) for ds, arms in correct.items()
             if set(arms) == set(ARMS)}
 
 
@@ -148,7 +162,7 @@ def _top2_margin(top: Sequence[Sequence[float]] | None) -> float | None:
     return vals[0] - vals[1] if len(vals) >= 2 else None
 
 
-def divergence_points(docs: Mapping[str, Mapping[str, Any]]) -> list[dict]:
+def divergence_points(docs: Mapping[str, DivergenceDoc | Mapping[str, Any]]) -> list[dict]:
     """One row per diverged greedy item: where it diverged and how close the top-2 were.
 
     Margins are top-1 minus top-2 log-probability of each arm's probe on the
@@ -158,31 +172,35 @@ def divergence_points(docs: Mapping[str, Mapping[str, Any]]) -> list[dict]:
     """
     rows = []
     for ds in sorted(docs):
-        doc = docs[ds]
-        probes = {arm: {p.get("index"): p for p in (doc.get("probes") or {}).get(arm) or []} for arm in ARMS}
-        gt = doc.get("grid_tie") or {}
-        gt_probes = {p.get("index"): p for p in gt.get("probes") or []}
-        for d in doc.get("divergences") or []:
-            if not d.get("diverged"):
+        doc = as_record(DivergenceDoc, docs[ds], where=f"divergence {ds}")
+        assert doc is not None
+        # a probe's top-20 is the evidence as served (ProbeResult), passed on whole
+        top20 = {arm: {p["index"]: p["top20"] for p in doc.probes[arm]} if arm in doc.probes else {}
+                 for arm in ARMS}
+        gt = doc.grid_tie
+        gt_probes = {} if gt is None else {p.index: p for p in gt.probes}
+        for d in doc.divergences:
+            if not d.diverged:
                 continue
-            i = d.get("index")
-            g = gt_probes.get(i) or {}
+            i = d.index
+            g = gt_probes[i] if i in gt_probes else None
             rows.append({
-                "dataset": ds, "index": i, "position": d.get("first_divergence"),
-                "control_len": d.get("control_len"), "candidate_len": d.get("candidate_len"),
-                "control_token_id": d.get("control_token_id"), "candidate_token_id": d.get("candidate_token_id"),
-                "control_margin": _top2_margin((probes["control"].get(i) or {}).get("top20")),
-                "candidate_margin": _top2_margin((probes["candidate"].get(i) or {}).get("top20")),
-                "step": g.get("step"), "gap_in_steps": g.get("gap_in_steps"),
-                "verdict": g.get("verdict") or gt.get("verdict"),
+                "dataset": ds, "index": i, "position": d.first_divergence,
+                "control_len": d.control_len, "candidate_len": d.candidate_len,
+                "control_token_id": d.control_token_id, "candidate_token_id": d.candidate_token_id,
+                "control_margin": _top2_margin(top20["control"][i] if i in top20["control"] else None),
+                "candidate_margin": _top2_margin(top20["candidate"][i] if i in top20["candidate"] else None),
+                "step": None if g is None else g.step, "gap_in_steps": None if g is None else g.gap_in_steps,
+                "verdict": (g.verdict if g is not None else None) or (None if gt is None else gt.verdict),
             })
     return rows
 
 
-def plot_divergence(docs: Mapping[str, Mapping[str, Any]], out_png: str | os.PathLike) -> list[dict]:
+def plot_divergence(docs: Mapping[str, DivergenceDoc | Mapping[str, Any]], out_png: str | os.PathLike) -> list[dict]:
     """Left: first-divergence position per item against its output length. Right: top-2 margins in BF16 steps."""
     rows = divergence_points(docs)
-    greedy_n = {ds: len(docs[ds].get("divergences") or []) for ds in docs}
+    greedy_n = {ds: len(doc.divergences) for ds in docs
+                for doc in [as_record(DivergenceDoc, docs[ds], where=f"divergence {ds}")] if doc is not None}
     if not rows:
         plot_not_run(out_png, "Greedy divergence",
                      "no greedy item diverged (" + ", ".join(f"{ds}: 0/{n}" for ds, n in sorted(greedy_n.items()))
@@ -225,19 +243,26 @@ def plot_divergence(docs: Mapping[str, Mapping[str, Any]], out_png: str | os.Pat
     return rows
 
 
-def plot_speed(doc: Mapping[str, Any], out_png: str | os.PathLike) -> None:
+def plot_speed(doc: SpeedDecisionDoc | Mapping[str, Any], out_png: str | os.PathLike) -> None:
     """Per cell: every start of every repeat for the primary metric, and the win bar above the control mean."""
-    primary = speed_primary(doc)
-    series = doc.get("series") or {}
-    bar = doc.get("bar") or {}
-    win_pct = float(bar.get("win_pct") or 2.0)
-    lower = primary in (bar.get("lower_is_better") or [])
-    cells = [c for c in series if primary in (series[c] or {})]
+    speed = _speed(doc)
+    primary = speed.primary
+    series = speed.series or {}
+    bar = speed.bar
+    if bar is None:
+        plot_not_run(out_png, "Speed bracket", f"the speed decision was not measured: {speed.not_run}")
+        return
+    win_pct = float(bar.win_pct)
+    lower = primary in bar.lower_is_better
+    if primary is None:
+        plot_not_run(out_png, "Speed bracket", "the speed decision names no primary metric")
+        return
+    cells = [c for c in series if primary in series[c]]
     if not cells:
         plot_not_run(out_png, "Speed bracket", f"the speed decision carries no series for its primary metric {primary!r}")
         return
     fig = _figure(max(5.0, 3.6 * len(cells)), 4.0)
-    verdicts = (doc.get("gate") or {}).get("cells") or {}
+    verdicts = {} if speed.gate is None else speed.gate.cells
     for j, cell in enumerate(cells):
         ax = fig.add_subplot(1, len(cells), j + 1)
         reps = series[cell][primary]
@@ -255,10 +280,9 @@ def plot_speed(doc: Mapping[str, Any], out_png: str | os.PathLike) -> None:
             ax.fill_between([r - 0.35, r + 0.35], [ctrl] * 2, [edge] * 2, color="#c0392b", alpha=0.15,
                             label=f"{win_pct:g} % bar over control mean" if r == 0 else None)
             ax.hlines(ctrl, r - 0.35, r + 0.35, color="#555", lw=1, label="control mean" if r == 0 else None)
-        w = (doc.get("win2") or {}).get(cell) or {}
-        prim = w.get("primary") or {}
-        gain = prim.get("point_gain_pct")
-        ax.set_title(f"{cell}: {verdicts.get(cell) or w.get('verdict') or '?'}"
+        w = (speed.win2 or {}).get(cell)
+        gain = None if w is None else w.primary.get("point_gain_pct")
+        ax.set_title(f"{cell}: {verdicts.get(cell) or (None if w is None else w.verdict) or '?'}"
                      + (f" (gain {gain:+.2f} %)" if isinstance(gain, (int, float)) else ""), fontsize=9)
         ax.set_xticks(range(len(reps)))
         ax.set_xticklabels([f"repeat {r + 1}" for r in range(len(reps))])
@@ -269,44 +293,48 @@ def plot_speed(doc: Mapping[str, Any], out_png: str | os.PathLike) -> None:
     _save(fig, out_png)
 
 
-def archive_rows(speed_doc: Mapping[str, Any], archive: Sequence[Mapping[str, Any]]) -> dict[str, list[dict]]:
+def archive_rows(speed_doc: SpeedDecisionDoc | Mapping[str, Any],
+                 archive: Sequence[Mapping[str, Any]]) -> dict[str, list[dict]]:
     """cell -> archived control starts comparable with this audit's: same cell, same config hash, a value."""
-    primary = speed_primary(speed_doc)
-    spread = speed_doc.get("spread") or {}
+    speed = _speed(speed_doc)
+    primary = speed.primary
+    spread = speed.spread or {}
+    starts = [ArchivedStart.from_json(a, where=f"control archive line {n + 1}") for n, a in enumerate(archive)]
     out = {}
-    for cell in speed_doc.get("series") or {}:
-        want = (spread.get(cell) or {}).get("config_hash")
-        out[cell] = [dict(a) for a in archive if a.get("cell") == cell
-                     and (want is None or a.get("config_hash") == want)
-                     and isinstance((a.get("metrics") or {}).get(primary), (int, float))]
+    for cell in speed.series or {}:
+        want = spread[cell].config_hash if cell in spread else None
+        out[cell] = [dict(a.raw) for a in starts if a.cell == cell
+                     and (want is None or a.config_hash == want)
+                     and primary in a.metrics and isinstance(a.metrics[primary], (int, float))]
     return out
 
 
-def plot_control_archive(speed_doc: Mapping[str, Any], archive: Sequence[Mapping[str, Any]],
+def plot_control_archive(speed_doc: SpeedDecisionDoc | Mapping[str, Any], archive: Sequence[Mapping[str, Any]],
                          out_png: str | os.PathLike) -> None:
     """Every archived control start's primary metric per cell, this audit's starts marked."""
-    primary = speed_primary(speed_doc)
-    audit = speed_doc.get("audit")
-    cells = list(speed_doc.get("series") or {})
-    by_cell = archive_rows(speed_doc, archive)
+    speed = _speed(speed_doc)
+    primary = speed.primary
+    audit = speed.audit
+    cells = list(speed.series or {})
+    by_cell = archive_rows(speed, archive)
     if not any(by_cell.values()):
         plot_not_run(out_png, "Control archive", "no archived control start carries the primary metric yet")
         return
     fig = _figure(max(5.0, 3.6 * len(cells)), 4.0)
-    spread = speed_doc.get("spread") or {}
+    spread = speed.spread or {}
     for j, cell in enumerate(cells):
         ax = fig.add_subplot(1, len(cells), j + 1)
         rows = by_cell[cell]
         xs = list(range(len(rows)))
         ys = [a["metrics"][primary] for a in rows]
-        mine = [a.get("audit") == audit for a in rows]
+        mine = [a["audit"] == audit for a in rows]
         ax.scatter([x for x, m in zip(xs, mine) if not m], [y for y, m in zip(ys, mine) if not m],
                    color="#999", label="earlier control starts")
         ax.scatter([x for x, m in zip(xs, mine) if m], [y for y, m in zip(ys, mine) if m],
                    color="#d9822b", marker="s", label=f"this audit ({audit})")
-        sp = spread.get(cell) or {}
-        arch = sp.get("archive_pct")
-        win = sp.get("win_pct") or (speed_doc.get("bar") or {}).get("win_pct")
+        sp = spread[cell] if cell in spread else None
+        arch = None if sp is None else sp.archive_pct
+        win = (None if sp is None else sp.win_pct) or speed.win_pct
         ax.set_title(f"{cell}: archive spread "
                      + (f"{arch:.2f} %" if isinstance(arch, (int, float)) else "n/a (< 2 starts)")
                      + (f" vs {win:g} % bar" if isinstance(win, (int, float)) else ""), fontsize=9)

@@ -19,33 +19,36 @@ from typing import Any, Mapping, Sequence
 from pairaudit.core.artifacts import sha256_file, sha256_json
 from pairaudit.core.contracts import LEDGER_SCHEMA, Decision
 from pairaudit.core.jsonlog import append_record
+from pairaudit.core.readers import LaunchReceipt
 
 
-def ledger_entry(decision: Decision, launch: Mapping[str, Mapping[str, Any]], *, audit: str | None,
+def ledger_entry(decision: Decision, launch: Mapping[str, LaunchReceipt], *, audit: str | None,
                  config: Any, decision_path: str) -> dict:
-    """One line of results/ledger.jsonl: what was decided, on which evidence, for which candidate."""
-    cand = launch.get("candidate") or {}
-    prov = decision.get("provenance") or {}
+    """One line of results/ledger.jsonl: what was decided, on which evidence, for which candidate.
+
+    ``decision``: the complete decision (``promotion_stage`` has added its provenance).
+    """
+    cand = launch["candidate"]
+    prov = decision["provenance"]
     return {
         "schema": LEDGER_SCHEMA,
-        "time": prov.get("created_at"),
+        "time": prov["created_at"],
         "audit": audit,
         "decision": decision["decision"],
-        "calibration": decision.get("calibration") is True,   # an A/A run (pairaudit/promotion/calibration.py)
-        "reasons": list(decision.get("reasons") or []),
-        "not_evaluated": list(decision.get("not_evaluated") or []),
+        "calibration": decision["calibration"] is True,   # an A/A run (pairaudit/promotion/calibration.py)
+        "reasons": list(decision["reasons"]),
+        "not_evaluated": list(decision["not_evaluated"]),
         "config_sha256": None if config is None else sha256_json(config),
-        "inputs": dict(prov.get("consumed") or {}),
+        "inputs": dict(prov["consumed"]),
         # The candidate's identity is its launch spec hash (command, env
         # switches, model): the same change audited again matches, whatever
         # the audit name.
-        "candidate": {"spec_sha256": cand.get("spec_sha256"), "env": cand.get("env"),
-                      "switches_sha256": sha256_json(cand.get("env") or {}), "model": cand.get("model"),
-                      "url": cand.get("url")},
-        "control_spec_sha256": (launch.get("control") or {}).get("spec_sha256"),
+        "candidate": {"spec_sha256": cand.spec_sha256, "env": cand.env,
+                      "switches_sha256": sha256_json(cand.env or {}), "model": cand.model, "url": cand.url},
+        "control_spec_sha256": launch["control"].spec_sha256,
         "decision_path": decision_path,
         "decision_sha256": sha256_file(decision_path),
-        "code_version": prov.get("code_version"),
+        "code_version": prov["code_version"],
     }
 
 

@@ -1,7 +1,9 @@
 """The report people read: Markdown, its HTML page and the Snakemake-report RST block.
 
-Pure functions on plain JSON-able dicts: the paired tables are shown as the
-paired stage made them, nothing is adjusted.
+Pure functions on the artifacts' records (``core.readers``: decision.json as
+``DecisionDoc``, the stages' artifacts as theirs; a JSON dict given instead is
+read through its record): the paired tables are shown as the paired stage made
+them, nothing is adjusted.
 
 The HTML report's items (``promotion_stage``'s optional outputs): the report
 as one HTML page (``markdown_html``), the front-page block ``summary.rst``
@@ -29,7 +31,18 @@ from pairaudit.core.contracts import (
     SPEED_DECISION_SCHEMA,
     Decision,
 )
-from pairaudit.promotion.decision import check_decision_word, speed_primary
+from pairaudit.core.readers import (
+    BoundaryGateDoc,
+    DecisionDoc,
+    GateEntry,
+    LedgerLine,
+    LossFacts,
+    Paired,
+    Preflight,
+    SpeedDecisionDoc,
+    as_record,
+)
+from pairaudit.promotion.decision import check_decision_word
 
 NOT_ADJUSTED = (
     "Nothing is adjusted. Scores are the scorer's strict verdicts: a strict-extractor miss stays a "
@@ -96,47 +109,59 @@ def _one_line(text: str, limit: int = REASON_CHARS) -> str:
     return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
 
 
-def gate_rows(decision: Decision) -> list[dict]:
+def decision_doc(decision: DecisionDoc | Mapping[str, Any]) -> DecisionDoc:
+    """decision.json as its record (``core.readers.DecisionDoc``): every reader below reads it through this."""
+    out = as_record(DecisionDoc, decision, where="decision")
+    assert out is not None
+    return out
+
+
+def _evidence_path(kind: str, ds: str) -> str | None:
+    # grid-tie judges the whole audit: its evidence is every dataset's divergence file
+    divergence = PATHS[DIVERGENCE_SCHEMA].format(dataset=ds) if ds else PATHS[DIVERGENCE_SCHEMA].partition("{")[0]
+    evidence = {"quality": PATHS[PAIRED_SCHEMA].format(dataset=ds), "grid_tie": divergence,
+                "determinism": divergence, "boundary": PATHS[BOUNDARY_GATE_SCHEMA],
+                "speed": PATHS[SPEED_DECISION_SCHEMA], "preflight": PATHS[PREFLIGHT_SCHEMA].format(arm=ds)}
+    return evidence[kind] if kind in evidence else None
+
+
+def gate_rows(decision: DecisionDoc | Mapping[str, Any]) -> list[dict]:
     """One row per gate for the front page: name, verdict, effect, first reason, evidence artifact."""
     rows = []
-    for name, g in decision["gates"].items():
+    for name, g in decision_doc(decision).gates.items():
         kind, _, ds = name.partition(":")
-        # grid-tie judges the whole audit: its evidence is every dataset's divergence file
-        divergence = PATHS[DIVERGENCE_SCHEMA].format(dataset=ds) if ds else \
-            PATHS[DIVERGENCE_SCHEMA].partition("{")[0]
-        evidence = {"quality": PATHS[PAIRED_SCHEMA].format(dataset=ds), "grid_tie": divergence,
-                    "determinism": divergence, "boundary": PATHS[BOUNDARY_GATE_SCHEMA],
-                    "speed": PATHS[SPEED_DECISION_SCHEMA], "preflight": PATHS[PREFLIGHT_SCHEMA].format(arm=ds)}.get(kind)
+        evidence = _evidence_path(kind, ds)
         if g is None:
             rows.append({"gate": name, "verdict": "not evaluated", "effect": _EFFECT["INCONCLUSIVE"],
                          "reason": "its stage produced no result", "evidence": evidence})
             continue
-        verdict = g.get("verdict") or "?"
-        if g.get("stage_verdict") not in (None, verdict):
-            verdict += f" (stage {g['stage_verdict']})"
-        rows.append({"gate": name, "verdict": verdict, "effect": _EFFECT.get(g.get("outcome"), g.get("outcome")),
+        verdict = g.verdict or "?"
+        if g.stage_verdict not in (None, verdict):
+            verdict += f" (stage {g.stage_verdict})"
+        rows.append({"gate": name, "verdict": verdict, "effect": _effect(g.outcome),
                      "reason": _one_line(_headline(g)), "evidence": evidence})
     return rows
 
 
-def _headline(g: Mapping[str, Any]) -> str:
+def _effect(outcome: str | None) -> str | None:
+    return _EFFECT[outcome] if outcome in _EFFECT else outcome
+
+
+def _headline(g: GateEntry) -> str:
     """The reason that explains the gate's verdict: for a flagged determinism gate, a flagged arm's line
     (its first line may be the other arm's clean repeats); otherwise the first reason."""
-    reasons = [str(r) for r in g.get("reasons") or []]
+    reasons = [str(r) for r in g.reasons]
     if not reasons:
         return "(no reason recorded)"
-    flagged = g.get("nondeterministic_arms") or []
-    if g.get("rule") == "determinism-v1" and flagged:
+    flagged = g.nondeterministic_arms or []
+    if g.rule == "determinism-v1" and flagged:
         return next((r for r in reasons if r.split(":", 1)[0] in flagged), reasons[0])
     return reasons[0]
 
 
-def deviations(decision: Decision) -> list[dict]:
-    """decision.json's ``deviations`` ({gate, what, detail}) when present; absent or malformed -> []."""
-    devs = decision.get("deviations")
-    if not isinstance(devs, list):
-        return []
-    return [dict(d) for d in devs if isinstance(d, Mapping)]
+def deviations(decision: DecisionDoc | Mapping[str, Any]) -> list[dict]:
+    """decision.json's ``deviations`` ({gate, what, detail})."""
+    return [{"gate": d.gate, "what": d.what, "detail": d.detail} for d in decision_doc(decision).deviations]
 
 
 def loss_text(q: Mapping[str, Any]) -> str:
@@ -146,38 +171,40 @@ def loss_text(q: Mapping[str, Any]) -> str:
     which loss it ruled out, or which it could not and the items that would;
     quality-v1 rules nothing out, so its detectable loss is shown instead.
     """
-    bound = q.get("loss_bound")
-    if isinstance(bound, Mapping) and bound.get("upper_pct") is not None:
-        level = f"{100 * float(bound.get('level') or 0):.4g} %"
-        if bound.get("ruled_out"):
-            return f"loss >= {bound['upper_pct']:.1f} points ruled out at {level}"
-        needed = q.get("needed")
-        items = needed.get("items") if isinstance(needed, Mapping) else needed
+    facts = LossFacts.from_json(q, where="quality result")
+    bound, needed, mde = facts.loss_bound, facts.needed, facts.mde
+    if bound is not None and bound.upper_pct is not None:
+        level = f"{100 * float(bound.level or 0):.4g} %"
+        if bound.ruled_out:
+            return f"loss >= {bound.upper_pct:.1f} points ruled out at {level}"
+        items = needed["items"] if isinstance(needed, Mapping) else needed
         more = f"; about {items} items would" if items else ""
-        return (f"cannot rule out a loss of {bound['upper_pct']:.1f} points at {level} (margin "
-                f"{bound.get('margin_pct'):g}){more}")
-    mde = q.get("mde") or {}
-    if not mde:
+        return (f"cannot rule out a loss of {bound.upper_pct:.1f} points at {level} (margin "
+                f"{bound.margin_pct:g}){more}")
+    if mde is None or not mde.raw:
         return "n/a"
-    if mde.get("net_loss") is None:
+    if mde.net_loss is None:
         return "no loss ruled out; the table cannot show one"
-    return f"no loss ruled out; detectable >= {mde['net_loss']} items ({100 * mde['rate']:.1f} %)"
+    return f"no loss ruled out; detectable >= {mde.net_loss} items ({100 * (mde.rate or 0):.1f} %)"
 
 
-def multiplicity_line(decision: Mapping[str, Any]) -> str | None:
+def multiplicity_line(decision: DecisionDoc | Mapping[str, Any]) -> str | None:
     """decision.json's multiplicity statement, or None when no quality-v2 gate decided."""
-    m = decision.get("multiplicity")
-    return str(m.get("statement")) if isinstance(m, Mapping) and m.get("statement") else None
+    m = decision_doc(decision).multiplicity
+    return str(m["statement"]) if m and "statement" in m and m["statement"] else None
 
 
-def _banner(decision: Decision) -> list[str]:
-    deciding = decision.get("deciding_gates") or []
+def _also_short(doc: DecisionDoc) -> list[str]:
     # Gates that also fall short of PROMOTE but are outranked by the decision:
     # a reader must see them too (fixing the deciding gate does not clear them).
-    others = [f"{n} ({'not evaluated' if g is None else g['outcome']})" for n, g in decision["gates"].items()
-              if n not in deciding and (g is None or g["outcome"] != "PROMOTE")]
-    line = (f"> **{decision['decision']}** — deciding gates: {', '.join(deciding) or 'none'}. "
-            f"Rule {decision['rule']}: PROMOTE only if every gate passes; precedence REJECT > HOLD > "
+    return [f"{n} ({'not evaluated' if g is None else g.outcome})" for n, g in doc.gates.items()
+            if n not in doc.deciding_gates and (g is None or g.outcome != "PROMOTE")]
+
+
+def _banner(doc: DecisionDoc) -> list[str]:
+    others = _also_short(doc)
+    line = (f"> **{doc.decision}** — deciding gates: {', '.join(doc.deciding_gates) or 'none'}. "
+            f"Rule {doc.rule}: PROMOTE only if every gate passes; precedence REJECT > HOLD > "
             f"INCONCLUSIVE > PROMOTE.")
     out = [line]
     if others:
@@ -185,38 +212,37 @@ def _banner(decision: Decision) -> list[str]:
     return out
 
 
-def _deviations_box(decision: Decision) -> list[str]:
-    devs = deviations(decision)
-    if not devs:
+def _deviations_box(doc: DecisionDoc) -> list[str]:
+    if not doc.deviations:
         return []
     out = ["> **Deviations** from the registered procedure (they do not change a score; read them before the "
            "verdict):", ">", "> " + _row(["Gate", "what", "detail"]), "> " + _row(["---"] * 3)]
-    out += ["> " + _row([_cell(d.get("gate", "")), _cell(d.get("what", "")), _cell(d.get("detail", ""))])
-            for d in devs]
+    out += ["> " + _row([_cell(d.gate), _cell(d.what), _cell(d.detail)]) for d in doc.deviations]
     return out
 
 
-def calibration_line(decision: Decision, summary: Mapping[str, Any] | None = None) -> str:
+def calibration_line(decision: DecisionDoc | Mapping[str, Any], summary: Mapping[str, Any] | None = None) -> str:
     """The front page's calibration line: the calibration this decision cites, or that there is none.
 
     ``summary``: this decision's own calibration summary (a calibration run),
     whose headline comes first; the cited one is then the previous one.
     """
-    ctrl = decision["arms"]["control"]
-    host = (ctrl.get("machine") or {}).get("hostname")
-    ref = decision.get("calibration_ref")
+    doc = decision_doc(decision)
+    ctrl = doc.arms["control"]
+    host = (ctrl.machine or {}).get("hostname")
+    ref = doc.calibration_ref
     which = "previous calibration" if summary is not None else "latest calibration"
     if ref:
-        cited = (f"The {which} of this control on this host: {ref.get('headline')} ({ref.get('time')}, "
-                 f"{_code(ref.get('path'))}, sha256 {_code(str(ref.get('sha256'))[:12])}); it does not change "
+        cited = (f"The {which} of this control on this host: {ref.headline} ({ref.time}, "
+                 f"{_code(ref.path)}, sha256 {_code(str(ref.sha256)[:12])}); it does not change "
                  "the decision.")
     else:
         cited = (f"No {'earlier ' if summary is not None else ''}calibration of this control on this host "
-                 f"(control spec {_code(str(ctrl.get('spec_sha256'))[:12])}, host {_code(host)})"
+                 f"(control spec {_code(str(ctrl.spec_sha256)[:12])}, host {_code(host)})"
                  + ("." if summary is not None else ": `snakemake --cores 4 calibrate` runs one."))
     if summary is None:
         return cited
-    return f"This decision is the A/A calibration of audit {_code(summary.get('of_audit'))}: {summary['headline']}. " + cited
+    return f"This decision is the A/A calibration of audit {_code(summary['of_audit'])}: {summary['headline']}. " + cited
 
 
 def calibration_markdown(summary: Mapping[str, Any] | None) -> list[str]:
@@ -224,53 +250,53 @@ def calibration_markdown(summary: Mapping[str, Any] | None) -> list[str]:
     if summary is None:
         return []
     out = ["## A/A calibration", "", f"**{_cell(summary['headline'])}.** Control and candidate are the same server "
-           f"spec ({_code(str(summary.get('control_spec_sha256'))[:12])}) on host {_code(summary['host'].get('hostname'))}: "
+           f"spec ({_code(str(summary['control_spec_sha256'])[:12])}) on host {_code(summary['host']['hostname'])}: "
            "every gate that flags something here is a false alarm of this host and this control.", ""]
-    out += [f"- {_cell(f)}" for f in summary.get("findings") or []]
-    out += [f"- note: {_cell(n)}" for n in summary.get("notes") or []]
+    out += [f"- {_cell(f)}" for f in summary["findings"]]
+    out += [f"- note: {_cell(n)}" for n in summary["notes"]]
     out += ["", _row(["Gate", "verdict", "expected on A vs A", "flagged", "reason"]), _row(["---"] * 5)]
     for name, g in summary["gates"].items():
         out.append(_row([_cell(name), _cell(g["verdict"] or "not evaluated"), _cell("/".join(g["expected"] or []) or "-"),
                          "**yes**" if g["flagged"] else "no", _cell(_one_line(g["reason"]))]))
-    sp = summary.get("speed")
+    sp = summary["speed"]
     if sp:
-        out += ["", f"Speed ({sp.get('rule')}, bar {sp.get('win_pct')} %): {sp.get('verdict')}, pooled gain "
-                f"{_num(sp.get('pooled_gain_pct'), 2)} %.", "",
+        out += ["", f"Speed ({sp['rule']}, bar {sp['win_pct']} %): {sp['verdict']}, pooled gain "
+                f"{_num(sp['pooled_gain_pct'], 2)} %.", "",
                 _row(["cell", "in-window control spread per repeat %", "max %", "archive spread before %",
                       "archive starts", "archive spread with this window %"]), _row(["---"] * 6)]
         for cell, c in sp["cells"].items():
-            w = c.get("window_pct")
+            w = c["window_pct"]
             out.append(_row([_cell(cell), ", ".join(_num(x, 1) for x in (w if isinstance(w, list) else [w])),
-                             _num(c.get("window_max_pct"), 1), _num(c.get("archive_pct"), 1),
-                             _cell(c.get("archive_n")), _num(c.get("archive_with_window_pct"), 1)]))
+                             _num(c["window_max_pct"], 1), _num(c["archive_pct"], 1),
+                             _cell(c["archive_n"]), _num(c["archive_with_window_pct"], 1)]))
     out += ["", _row(["Dataset", "n", "control-only", "candidate-only", "McNemar p", "exact text matches",
                       "quality"]), _row(["---"] * 7)]
     for ds, q in summary["quality"].items():
         out.append(_row([_cell(ds), _cell(q["n"]), _idx(q["control_only"]), _idx(q["candidate_only"]),
                          _p(q["mcnemar_p"]), _cell(q["exact_text_matches"]), _cell(q["verdict"])]))
-    if summary.get("greedy"):
+    if summary["greedy"]:
         out += ["", _row(["Dataset", "greedy selected", "compared", "diverged (server against itself)",
                           "determinism-v1"]), _row(["---"] * 5)]
         for ds, g in summary["greedy"].items():
             out.append(_row([_cell(ds), _cell(g["selected"]), _cell(g["compared"]), _idx(g["diverged"]),
                              _cell(g["determinism"])]))
-    b = summary.get("boundary")
+    b = summary["boundary"]
     out += ["", "Boundary: " + ("not run" if b is None else
-                                f"{b['verdict']} over cases {_cell(b.get('cases'))}; control failures "
-                                f"{_cell([f.get('case') if isinstance(f, Mapping) else f for f in b.get('control_failures') or []])}")
+                                f"{b['verdict']} over cases {_cell(b['cases'])}; control failures "
+                                f"{_cell([f['case'] if isinstance(f, Mapping) else f for f in b['control_failures'] or []])}")
             + ". Preflight: " + ", ".join(f"{a} {v}" for a, v in summary["preflight"].items())
-            + f". Servers: {summary.get('servers')}."]
+            + f". Servers: {summary['servers']}."]
     return out
 
 
-def _gates_table(decision: Decision) -> list[str]:
+def _gates_table(decision: DecisionDoc) -> list[str]:
     out = ["## Gates", "", _row(["Gate", "verdict", "effect on the decision", "reason", "evidence"]),
            _row(["---"] * 5)]
     for r in gate_rows(decision):
         link = f"[details](#{slug(_gate_heading(r['gate']))})"
         ev = link + (f" · {_code(r['evidence'])}" if r["evidence"] else "")
         out.append(_row([_cell(r["gate"]), _cell(r["verdict"]), r["effect"], _cell(r["reason"]), ev]))
-    ne = decision.get("not_evaluated") or []
+    ne = decision.not_evaluated
     out += ["", (f"Not evaluated: {', '.join(ne)} (incomplete evidence: the decision cannot be PROMOTE)."
                  if ne else "Every gate was evaluated.")]
     return out
@@ -280,34 +306,32 @@ def _change_lines(change: Mapping[str, Any] | None) -> list[str]:
     """The change form's named change and its switches (nothing for a config that states two arms)."""
     if not change:
         return []
-    what = f" ({change['description']})" if change.get("description") else ""
+    what = f" ({change['description']})" if change["description"] else ""
     out = ["", f"### The change: {_code(change['name'])}{what}", "",
            "The control is the server with every switch at its rollback value, the candidate with every switch "
            "on; the arms differ in nothing else.", "",
            _row(["Switch", "kind", "control (rollback)", "candidate (on)"]), _row(["---"] * 4)]
-    for s in change.get("switches") or []:
-        out.append(_row([_code(s["name"]), s["kind"] + (", speculative" if s.get("speculative") else ""),
+    for s in change["switches"]:
+        out.append(_row([_code(s["name"]), s["kind"] + (", speculative" if s["speculative"] else ""),
                          _code(s["rollback"]), _code(s["on"])]))
-    if not change.get("receipts_agree", True):
-        out += ["", "**The launch receipts do not show this change:** "
-                + "; ".join(change.get("receipt_problems") or [])]
+    if not change["receipts_agree"]:
+        out += ["", "**The launch receipts do not show this change:** " + "; ".join(change["receipt_problems"])]
     return out
 
 
-def _arms_section(decision: Decision) -> list[str]:
-    arms = decision["arms"]
-    c, k = arms["control"], arms["candidate"]
+def _arms_section(decision: DecisionDoc) -> list[str]:
+    c, k = decision.arms["control"], decision.arms["candidate"]
     out = ["## Arms", "", _row(["", "control (OFF)", "candidate (ON)"]), _row(["---"] * 3)]
     for label, key in (("mode", "mode"), ("model", "model"), ("served model name", "served_model_name"),
                        ("model sha256", "model_sha256"), ("max_model_len", "max_model_len"),
                        ("speculative", "speculative"), ("spec sha256", "spec_sha256"),
                        ("preflight", "preflight")):
-        out.append(_row([label, _cell(c.get(key)), _cell(k.get(key))]))
-    out.append(_row(["command", _code(_cmd(c.get("command")) if c.get("mode") != "attach" else c.get("url")),
-                     _code(_cmd(k.get("command")) if k.get("mode") != "attach" else k.get("url"))]))
-    out += _change_lines(decision.get("change"))
+        out.append(_row([label, _cell(getattr(c, key)), _cell(getattr(k, key))]))
+    out.append(_row(["command", _code(_cmd(c.command) if c.mode != "attach" else c.url),
+                     _code(_cmd(k.command) if k.mode != "attach" else k.url)]))
+    out += _change_lines(decision.change)
     out += ["", "### Environment switches that differ", ""]
-    diff = decision.get("switch_diff") or []
+    diff = decision.switch_diff
     if not diff:
         out.append("None: both arms set the same environment switches.")
     else:
@@ -317,60 +341,66 @@ def _arms_section(decision: Decision) -> list[str]:
             out.append(_row([_code(d["name"]),
                              unset if d["control"] is None else _code(d["control"]),
                              unset if d["candidate"] is None else _code(d["candidate"])]))
-    same = sorted(set(c.get("env") or {}) & set(k.get("env") or {}) - {d["name"] for d in diff})
+    c_env, k_env = c.env or {}, k.env or {}
+    same = sorted(set(c_env) & set(k_env) - {d["name"] for d in diff})
     if same:
-        out += ["", "Set identically in both arms: " + ", ".join(f"{_code(s)}={_code(c['env'][s])}" for s in same)]
-    for note in decision.get("notes") or []:
+        out += ["", "Set identically in both arms: " + ", ".join(f"{_code(s)}={_code(c_env[s])}" for s in same)]
+    for note in decision.notes:
         out += ["", f"**Note:** {note}"]
     return out
 
 
-def _preflight_section(preflight: Mapping[str, Mapping[str, Any] | None]) -> list[str]:
+def _preflight_section(preflight: Mapping[str, Preflight | Mapping[str, Any] | None]) -> list[str]:
     out = ["## Preflight", "", _row(["Arm", "verdict", "failed probe", "probes passed", "reason"]),
            _row(["---"] * 5)]
     for arm in ARMS:
-        doc = preflight.get(arm)
+        doc = as_record(Preflight, preflight[arm] if arm in preflight else None, where=f"preflight {arm}")
         if doc is None:
             out.append(_row([arm, "not run", "", "", ""]))
             continue
-        probes = doc.get("probes") or []
-        failed = doc.get("failed_probe")
-        why = next((p.get("reason") for p in probes if p.get("name") == failed), "") if failed else ""
-        out.append(_row([arm, doc.get("verdict"), _cell(failed or ""),
-                         f"{sum(bool(p.get('pass')) for p in probes)}/{len(probes)}", _cell(why or "")]))
+        probes, failed = doc.probes, doc.failed_probe
+        why = next((p.reason for p in probes if p.name == failed), "") if failed else ""
+        out.append(_row([arm, doc.verdict, _cell(failed or ""),
+                         f"{sum(p.passed for p in probes)}/{len(probes)}", _cell(why or "")]))
     return out
 
 
-def _paired_section(paired: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def _papers(paired: Mapping[str, Paired | Mapping[str, Any]]) -> dict[str, Paired]:
+    return {ds: p for ds in sorted(paired) for p in [as_record(Paired, paired[ds], where=f"paired {ds}")]
+            if p is not None}
+
+
+def _paired_section(paired: Mapping[str, Paired | Mapping[str, Any]]) -> list[str]:
     head = ["Dataset", "control", "candidate", "control-only correct", "candidate-only correct",
             "McNemar p", "natural finish (control, candidate)", "exact text matches", "quality", "loss"]
     out = ["## Paired results", "", _row(head), _row(["---"] * len(head))]
     tot = {"n": 0, "c": 0, "k": 0, "co": 0, "ko": 0, "x": 0, "fc": 0, "fk": 0}
-    for ds in sorted(paired):
-        t, q = paired[ds]["table"], paired[ds]["quality"]
-        n = t["n"]
-        nf = t.get("natural_finish") or {}
-        out.append(_row([_cell(ds), f"{t['control_correct']}/{n}", f"{t['candidate_correct']}/{n}",
-                         _idx(t["control_only"]), _idx(t["candidate_only"]), _p(q.get("mcnemar_p")),
-                         f"{nf.get('control')}/{n}, {nf.get('candidate')}/{n}",
-                         f"{t.get('exact_text_matches')}/{n}", f"{q.get('rule')} {q.get('verdict')}",
-                         _cell(loss_text(q))]))
-        for key, v in (("n", n), ("c", t["control_correct"]), ("k", t["candidate_correct"]),
-                       ("co", len(t["control_only"])), ("ko", len(t["candidate_only"])),
-                       ("x", t.get("exact_text_matches") or 0), ("fc", nf.get("control") or 0),
-                       ("fk", nf.get("candidate") or 0)):
+    papers = _papers(paired)
+    for ds, doc in papers.items():
+        t, q = doc.table, doc.quality
+        n = t.n
+        nf = {arm: t.natural_finish[arm] if arm in t.natural_finish else None for arm in ARMS}
+        out.append(_row([_cell(ds), f"{t.control_correct}/{n}", f"{t.candidate_correct}/{n}",
+                         _idx(t.control_only), _idx(t.candidate_only), _p(q.mcnemar_p),
+                         f"{nf['control']}/{n}, {nf['candidate']}/{n}",
+                         f"{t.exact_text_matches}/{n}", f"{q.rule} {q.verdict}",
+                         _cell(loss_text(q.raw))]))
+        for key, v in (("n", n), ("c", t.control_correct), ("k", t.candidate_correct),
+                       ("co", len(t.control_only)), ("ko", len(t.candidate_only)),
+                       ("x", t.exact_text_matches or 0), ("fc", nf["control"] or 0),
+                       ("fk", nf["candidate"] or 0)):
             tot[key] += v
     if len(paired) > 1:
         # Counts only: a pooled McNemar p over datasets is not a registered rule.
         out.append(_row(["**Total**", f"{tot['c']}/{tot['n']}", f"{tot['k']}/{tot['n']}", tot["co"], tot["ko"],
                          "", f"{tot['fc']}/{tot['n']}, {tot['fk']}/{tot['n']}", f"{tot['x']}/{tot['n']}", "", ""]))
     out.append("")
-    bad = [ds for ds in sorted(paired) if not paired[ds]["table"].get("bodies_identical")]
+    bad = [ds for ds, doc in papers.items() if not doc.table.bodies_identical]
     out.append("All paired request bodies match." if not bad else
                "Request bodies differ between arms for: " + ", ".join(bad) + " (the quality rule is INVALID there).")
     out.append("")
-    for ds in sorted(paired):
-        b = paired[ds].get("bootstrap")
+    for ds, doc in papers.items():
+        b = doc.bootstrap
         if b:
             out.append(f"- {ds}: paired bootstrap of accuracy(candidate) - accuracy(control) = {b['diff']:+.4f}, "
                        f"{int(b['level'] * 100)} % interval [{b['lo']:+.4f}, {b['hi']:+.4f}] "
@@ -378,50 +408,49 @@ def _paired_section(paired: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def _indices_section(paired: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def _indices_section(paired: Mapping[str, Paired | Mapping[str, Any]]) -> list[str]:
     out = ["## Item indices", ""]
-    for ds in sorted(paired):
-        t = paired[ds]["table"]
-        out.append(f"### {ds} ({paired[ds].get('format')}, n={t['n']})")
+    for ds, doc in _papers(paired).items():
+        t = doc.table
+        out.append(f"### {ds} ({doc.format}, n={t.n})")
         out.append("")
-        out.append(f"- items: {', '.join(map(str, t.get('indices') or [])) or 'none'}")
-        out.append(f"- control-only correct: {_idx(t['control_only'])}")
-        out.append(f"- candidate-only correct: {_idx(t['candidate_only'])}")
-        out.append(f"- exact text matches: {_idx(t.get('exact_text_match_indices'))}")
-        out.append(f"- request body mismatches: {_idx(t.get('body_mismatch_indices'))}")
-        for key, what in (("unnatural_finish_indices", "did not finish naturally"),
-                          ("unanswered_indices", "unanswered"), ("error_indices", "transport/HTTP error")):
-            per = t.get(key) or {}
+        out.append(f"- items: {', '.join(map(str, t.indices)) or 'none'}")
+        out.append(f"- control-only correct: {_idx(t.control_only)}")
+        out.append(f"- candidate-only correct: {_idx(t.candidate_only)}")
+        out.append(f"- exact text matches: {_idx(t.exact_text_match_indices)}")
+        out.append(f"- request body mismatches: {_idx(t.body_mismatch_indices)}")
+        for per, what in ((t.unnatural_finish_indices, "did not finish naturally"),
+                          (t.unanswered_indices, "unanswered"), (t.error_indices, "transport/HTTP error")):
             for arm in ARMS:
-                if per.get(arm):
+                if arm in per and per[arm]:
                     out.append(f"- {arm} {what}: {_idx(per[arm])}")
         out.append("")
     return out
 
 
-def _gate_details(decision: Decision) -> list[str]:
+def _gate_details(decision: DecisionDoc) -> list[str]:
     """Every reason of every gate, one heading each (the front page's evidence links land here)."""
     out = ["## Gate details", ""]
-    for name, g in decision["gates"].items():
+    for name, g in decision.gates.items():
         out += [f"### {_gate_heading(name)}", ""]
         if g is None:
             out += ["Not evaluated: its stage produced no result. A gate that was not evaluated counts as "
                     "incomplete evidence: the decision cannot be PROMOTE.", ""]
             continue
-        out.append(f"Rule {g['rule']}, verdict **{g['verdict']}**"
-                   + (f" (stage {g['stage_verdict']})" if g.get("stage_verdict") not in (None, g["verdict"]) else "")
-                   + f"; effect on the decision: {_EFFECT.get(g['outcome'], g['outcome'])}.")
+        out.append(f"Rule {g.rule}, verdict **{g.verdict}**"
+                   + (f" (stage {g.stage_verdict})" if g.stage_verdict not in (None, g.verdict) else "")
+                   + f"; effect on the decision: {_effect(g.outcome)}.")
         out.append("")
-        out += [f"- {_cell(r)}" for r in g["reasons"]] or ["- (no reasons recorded)"]
-        for k, d in (g.get("deviations") or {}).items():
-            out.append(f"- deviation: {k} = {d.get('used')!r} (registered {d.get('registered')!r})")
+        out += [f"- {_cell(r)}" for r in g.reasons] or ["- (no reasons recorded)"]
+        for k, d in g.deviations.items():   # gates.common.registered_params: {registered, used}
+            out.append(f"- deviation: {k} = {d['used']!r} (registered {d['registered']!r})")
         out.append("")
     return out
 
 
-def render_markdown(decision: Decision, paired: Mapping[str, Mapping[str, Any]],
-                    launch: Mapping[str, Mapping[str, Any]],
-                    preflight: Mapping[str, Mapping[str, Any] | None],
+def render_markdown(decision: Decision, paired: Mapping[str, Paired | Mapping[str, Any]],
+                    launch: Mapping[str, Any],
+                    preflight: Mapping[str, Preflight | Mapping[str, Any] | None],
                     calibration_summary: Mapping[str, Any] | None = None) -> str:
     """The report people read: a front page read at a glance, then the details.
 
@@ -438,29 +467,30 @@ def render_markdown(decision: Decision, paired: Mapping[str, Mapping[str, Any]],
     """
     del launch  # see docstring
     check_decision_word(decision)  # a decision word its own gates do not give is never rendered
-    out = [f"# pairaudit decision: {decision['decision']}", ""] + _banner(decision) + [""]
-    box = _deviations_box(decision)
+    doc = decision_doc(decision)
+    out = [f"# pairaudit decision: {doc.decision}", ""] + _banner(doc) + [""]
+    box = _deviations_box(doc)
     if box:
         out += box + [""]
-    out += [f"**Calibration:** {calibration_line(decision, calibration_summary)}", ""]
-    out += _gates_table(decision) + [""]
+    out += [f"**Calibration:** {calibration_line(doc, calibration_summary)}", ""]
+    out += _gates_table(doc) + [""]
     out += _paired_section(paired) + [""]
-    if multiplicity_line(decision):
-        out += [f"**Over the datasets:** {_cell(multiplicity_line(decision))}.", ""]
+    if multiplicity_line(doc):
+        out += [f"**Over the datasets:** {_cell(multiplicity_line(doc))}.", ""]
     out += ["## Details", "",
             "Below: [arms and switches](#arms), [preflight](#preflight), [item indices](#item-indices), "
             "[every reason of every gate](#gate-details), [what is not adjusted](#what-is-not-adjusted), "
             "then the boundary cases, the speed bracket and earlier decisions.", ""]
-    out += _arms_section(decision) + [""]
+    out += _arms_section(doc) + [""]
     out += _preflight_section(preflight) + [""]
     out += _indices_section(paired)
-    out += _gate_details(decision)
+    out += _gate_details(doc)
     out += ["## What is not adjusted", "", NOT_ADJUSTED, ""]
-    prov = decision.get("provenance")
-    if prov:
+    prov = doc.provenance
+    if prov:   # artifacts.provenance: consumed, code_version, created_at
         out += ["## Inputs", "", _row(["path", "sha256"]), _row(["---"] * 2)]
-        out += [_row([_code(p), _code(h)]) for p, h in sorted((prov.get("consumed") or {}).items())]
-        out += ["", f"Code version {_code(prov.get('code_version'))}, created {prov.get('created_at')}.", ""]
+        out += [_row([_code(p), _code(h)]) for p, h in sorted(prov["consumed"].items())]
+        out += ["", f"Code version {_code(prov['code_version'])}, created {prov['created_at']}.", ""]
     return "\n".join(out)
 
 
@@ -478,45 +508,48 @@ def code_judging_markdown(counts: Mapping[str, Mapping[str, Mapping[str, int]]])
                       "inside the sandbox is one the program could forge (docs/sandbox.md).", ""]
 
 
-def boundary_markdown(doc: Mapping[str, Any] | None) -> list[str]:
+def boundary_markdown(doc: BoundaryGateDoc | Mapping[str, Any] | None) -> list[str]:
     """Boundary cases side by side (control | candidate), from the boundary gate artifact.
 
     Reads ``cases: [{"case", "expected", "identical_text", "control": side,
-    "candidate": side}]`` as pairaudit/boundary/cases.py documents it.
+    "candidate": side}]`` as pairaudit/boundary/cases.py documents it, through
+    ``readers.BoundaryGateDoc``.
     """
     out = ["## Long-context boundary (boundary-v1)", ""]
     if doc is None:
         return out + ["Not run: the boundary stage has not produced `boundary/gate.json` for this audit, so the "
                       "boundary gate is not evaluated (the decision cannot be PROMOTE)."]
-    gate = doc.get("gate") or {}
-    out += [f"Verdict: **{gate.get('verdict')}**", ""] + [f"- {_cell(r)}" for r in gate.get("reasons") or []]
-    mml = doc.get("max_model_len") or {}
+    b = as_record(BoundaryGateDoc, doc, where="boundary gate")
+    assert b is not None
+    gate = b.gate
+    out += [f"Verdict: **{None if gate is None else gate.verdict}**", ""]
+    out += [f"- {_cell(r)}" for r in ([] if gate is None else gate.reasons)]
+    mml = b.max_model_len
     if mml:
-        out += ["", "max_model_len: " + ", ".join(f"{arm} {mml.get(arm)}" for arm in ARMS)]
-    cases = [c for c in doc.get("cases") or [] if isinstance(c, Mapping)]
+        out += ["", "max_model_len: " + ", ".join(f"{arm} {mml[arm] if arm in mml else None}" for arm in ARMS)]
+    cases = b.cases
     if cases:
-        def side(c: Mapping, arm: str) -> list[str]:
-            s = c.get(arm)
-            if not isinstance(s, Mapping):
+        def side(c: Any, arm: str) -> list[str]:
+            s = getattr(c, arm)
+            if s is None:
                 return ["not run", "", "", "", ""]
-            text = s.get("text") or s.get("config_error") or s.get("error") or "(no text)"
-            return [_code(str(text)[:120]), _cell(s.get("correct")), _cell(s.get("finish_reason")),
-                    _cell(f"{s.get('prompt_tokens')} + {s.get('max_tokens')}"), _num(s.get("ttft_s"))]
+            text = s.text or s.config_error or s.error or "(no text)"
+            return [_code(str(text)[:120]), _cell(s.correct), _cell(s.finish_reason),
+                    _cell(f"{s.prompt_tokens} + {s.max_tokens}"), _num(s.ttft_s)]
 
         head = ["case", "expected"] + [f"{arm} {f}" for arm in ARMS
                                        for f in ("answer", "correct", "finish", "tokens in + out", "TTFT s")]
         head += ["same text"]
         out += ["", _row(head), _row(["---"] * len(head))]
         for c in cases:
-            out.append(_row([_cell(c.get("case")), _code(c.get("expected"))] + side(c, "control")
-                            + side(c, "candidate") + [_cell(c.get("identical_text"))]))
-    longs = [(arm, fl) for arm, fl in (doc.get("first_long") or {}).items()
-             if isinstance(fl, Mapping) and fl.get("ttft_s") is not None]
+            out.append(_row([_cell(c.case), _code(c.expected)] + side(c, "control")
+                            + side(c, "candidate") + [_cell(c.identical_text)]))
+    longs = [(arm, fl) for arm, fl in b.first_long.items() if fl is not None and fl.ttft_s is not None]
     if longs:
         out.append("")
     for arm, fl in longs:
-        out.append(f"- {arm}: first long request ({fl.get('case')}, {fl.get('prompt_tokens')} tokens) "
-                   f"TTFT {fl['ttft_s']:.3f} s, {fl.get('input_tokens_per_s') or 0:.1f} input tokens/s")
+        out.append(f"- {arm}: first long request ({fl.case}, {fl.prompt_tokens} tokens) "
+                   f"TTFT {fl.ttft_s:.3f} s, {fl.input_tokens_per_s or 0:.1f} input tokens/s")
     return out
 
 
@@ -524,15 +557,15 @@ def _num(v: Any, digits: int = 3) -> str:
     return "n/a" if not isinstance(v, (int, float)) or isinstance(v, bool) else f"{v:.{digits}f}"
 
 
-def _speed_repeat_rows(doc: Mapping[str, Any], primary: str) -> list[str]:
+def _speed_repeat_rows(doc: SpeedDecisionDoc, primary: str) -> list[str]:
     """Per cell and repeat: every start's primary metric (controls at odd starts), the control mean, the ratio."""
-    series = doc.get("series") or {}
-    n = max((len(trio) for m in series.values() for trio in (m or {}).get(primary) or []), default=3)
+    series = {cell: m[primary] if primary in m else [] for cell, m in (doc.series or {}).items()}
+    n = max((len(trio) for reps in series.values() for trio in reps), default=3)
     heads = [f"s{k + 1} {'control' if k % 2 == 0 else 'candidate'} {primary}" for k in range(n)]
     out = [_row(["cell", "repeat", *heads, "control mean", "candidate / control", "control spread / control"]),
            _row(["---"] * (n + 5))]
-    for cell, metrics in series.items():
-        for r, vals in enumerate((metrics or {}).get(primary) or [], start=1):
+    for cell, reps in series.items():
+        for r, vals in enumerate(reps, start=1):
             vals = (list(vals) + [None] * n)[:n]
             nums = all(isinstance(v, (int, float)) for v in vals)
             ctrl = sum(vals[0::2]) / len(vals[0::2]) if nums else None
@@ -544,54 +577,54 @@ def _speed_repeat_rows(doc: Mapping[str, Any], primary: str) -> list[str]:
     return out
 
 
-def _speed_bench_rows(doc: Mapping[str, Any]) -> list[str]:
+def _speed_bench_rows(doc: SpeedDecisionDoc) -> list[str]:
     """`vllm bench serve`'s summary per cell and start (medians; ITL is per streamed chunk, not per token)."""
     head = ["cell", "start", "completed", "failed", "output tok/s", "median TTFT ms", "median TPOT ms",
             "median ITL ms", "p99 ITL ms", "median E2EL ms"]
     out = [_row(head), _row(["---"] * len(head))]
-    for cell, starts in (doc.get("bench_serve") or {}).items():
-        for start, b in (starts or {}).items():
-            if not isinstance(b, Mapping):
+    for cell, starts in doc.bench_serve.items():
+        for start, b in starts.items():
+            if b is None:
                 continue
-            med = lambda k, q="median": (b.get(k) or {}).get(q)  # noqa: E731
-            out.append(_row([_cell(cell), _cell(start), _cell(b.get("completed")), _cell(b.get("failed")),
-                             _num(b.get("output_throughput"), 2), _num(med("ttft_ms"), 1), _num(med("tpot_ms"), 1),
-                             _num(med("itl_ms"), 2), _num(med("itl_ms", "p99"), 1), _num(med("e2el_ms"), 0)]))
+            out.append(_row([_cell(cell), _cell(start), _cell(b.completed), _cell(b.failed),
+                             _num(b.output_throughput, 2), _num(b.ttft_ms.median, 1), _num(b.tpot_ms.median, 1),
+                             _num(b.itl_ms.median, 2), _num(b.itl_ms.p99, 1), _num(b.e2el_ms.median, 0)]))
     return out
 
 
-def speed_markdown(doc: Mapping[str, Any] | None) -> list[str]:
+def speed_markdown(doc: SpeedDecisionDoc | Mapping[str, Any] | None) -> list[str]:
     out = ["## Speed (win2-v1)", ""]
-    if doc is None:
+    speed = as_record(SpeedDecisionDoc, doc, where="speed decision")
+    if speed is None:
         return out + ["Not run: the speed stage has not produced `speed/decision.json` for this audit, so the "
                       "speed gate is not evaluated (the decision cannot be PROMOTE)."]
-    gate = doc.get("gate") or {}
-    out[0] = f"## Speed ({gate.get('rule') or 'win2-v1'})"
-    out += [f"Verdict: **{gate.get('verdict')}**" + (" (informational: only a LOSS gates)"
-                                                      if gate.get("informational") else ""), ""]
-    out += [f"- {_cell(r)}" for r in gate.get("reasons") or []]
-    spread = doc.get("spread") or {}
+    gate = speed.gate
+    out[0] = f"## Speed ({(None if gate is None else gate.rule) or 'win2-v1'})"
+    out += [f"Verdict: **{None if gate is None else gate.verdict}**" + (" (informational: only a LOSS gates)"
+                                                                         if gate and gate.informational else ""), ""]
+    out += [f"- {_cell(r)}" for r in ([] if gate is None else gate.reasons)]
+    spread = speed.spread or {}
     if spread:
         out += ["", _row(["cell", "in-window control spread (max %)", "archive spread before this window %",
                           "archive starts", "win bar %"]), _row(["---"] * 5)]
         for cell, sp in spread.items():
-            w = sp.get("window_pct")
+            w = sp.window_pct
             vals = [v for v in (w if isinstance(w, list) else [w]) if isinstance(v, (int, float))]
             # A repeat without a value (no rounds measured) has no spread: not zero, just absent.
-            wmax = sp.get("window_max_pct", max(vals) if vals else None)
-            out.append(_row([_cell(cell), _num(wmax, 1), _num(sp.get("archive_pct"), 1),
-                             _cell(sp.get("archive_n")), _cell(sp.get("win_pct"))]))
-    primary = speed_primary(doc)
-    if primary and doc.get("series"):
-        seq = (f"{gate.get('rule')} compares the mean of the candidate starts with the mean of the control "
-               "starts (alternating C, T, C ...), over all repeats and deciding cells")
+            wmax = sp.window_max_pct if "window_max_pct" in sp.raw else (max(vals) if vals else None)
+            out.append(_row([_cell(cell), _num(wmax, 1), _num(sp.archive_pct, 1),
+                             _cell(sp.archive_n), _cell(sp.win_pct)]))
+    primary = speed.primary
+    if primary and speed.series:
+        seq = (f"{None if gate is None else gate.rule} compares the mean of the candidate starts with the mean of "
+               "the control starts (alternating C, T, C ...), over all repeats and deciding cells")
         how = {"win2-v4": seq, "win2-v3": seq,
                "win2-v2": "win2-v2 compares s2 with s1 and s3 over all repeats and deciding cells"}.get(
-            str(gate.get("rule")), "win2-v1 pairs s2 with the mean of s1 and s3")
+            str(None if gate is None else gate.rule), "win2-v1 pairs s2 with the mean of s1 and s3")
         out += ["", f"Primary metric `{primary}` per repeat ({how}):", ""]
-        out += _speed_repeat_rows(doc, primary)
-    if doc.get("bench_serve"):
-        out += ["", "Client timings per start, as `vllm bench serve` reports them:", ""] + _speed_bench_rows(doc)
+        out += _speed_repeat_rows(speed, primary)
+    if speed.bench_serve:
+        out += ["", "Client timings per start, as `vllm bench serve` reports them:", ""] + _speed_bench_rows(speed)
     return out
 
 
@@ -602,9 +635,9 @@ def ledger_markdown(earlier: Sequence[Mapping[str, Any]], spec: str | None) -> l
     out += [f"{len(earlier)} earlier decision(s) for candidate spec {_code(spec)} — a sweep repeated until the score "
             "looked better shows up here:", "",
             _row(["time", "audit", "decision", "config sha256", "not evaluated"]), _row(["---"] * 5)]
-    for e in earlier:
-        out.append(_row([_cell(e.get("time")), _cell(e.get("audit")), e.get("decision"),
-                         _code(str(e.get("config_sha256"))[:12]), _cell(", ".join(e.get("not_evaluated") or []))]))
+    for e in (LedgerLine.from_json(x, where="ledger line") for x in earlier):
+        out.append(_row([_cell(e.time), _cell(e.audit), e.decision, _code(str(e.config_sha256)[:12]),
+                         _cell(", ".join(e.not_evaluated))]))
     return out
 
 
@@ -693,46 +726,45 @@ def summary_rst(decision: Decision, earlier: Sequence[Mapping[str, Any]],
     evidence) and the paired table per dataset; the full report is item 1.
     """
     check_decision_word(decision)  # as render_markdown: never a word the gates do not give
-    deciding = decision.get("deciding_gates") or []
-    out = [f".. admonition:: Decision: {decision['decision']}", "   :class: pairaudit-decision", "",
-           f"   Deciding gates: {_rst_esc(', '.join(deciding) or 'none')}. Rule {decision['rule']}: PROMOTE only "
+    doc = decision_doc(decision)
+    deciding = doc.deciding_gates
+    out = [f".. admonition:: Decision: {doc.decision}", "   :class: pairaudit-decision", "",
+           f"   Deciding gates: {_rst_esc(', '.join(deciding) or 'none')}. Rule {doc.rule}: PROMOTE only "
            f"if every gate passes; precedence REJECT > HOLD > INCONCLUSIVE > PROMOTE.", ""]
-    others = [f"{n} ({'not evaluated' if g is None else g['outcome']})" for n, g in decision["gates"].items()
-              if n not in deciding and (g is None or g["outcome"] != "PROMOTE")]
+    others = _also_short(doc)
     if others:
         out += ["   Also short of PROMOTE: " + _rst_esc(", ".join(others)) + ".", ""]
-    devs = deviations(decision)
-    if devs:
+    if doc.deviations:
         out += [".. warning:: **Deviations** from the registered procedure:", ""]
-        out += [f"   - {_rst_esc(d.get('gate', ''))}: {_rst_esc(d.get('what', ''))} — {_rst_esc(d.get('detail', ''))}"
-                for d in devs]
+        out += [f"   - {_rst_esc(d.gate)}: {_rst_esc(d.what)} — {_rst_esc(d.detail)}" for d in doc.deviations]
         out.append("")
     # backquotes are literals in the Markdown line, not reST references
-    out += [f"**Calibration:** {_rst_esc(calibration_line(decision, calibration_summary).replace('`', ''))}", ""]
+    out += [f"**Calibration:** {_rst_esc(calibration_line(doc, calibration_summary).replace('`', ''))}", ""]
     rows = []
-    for r in gate_rows(decision):
-        cat = _RST_CATEGORY.get(r["gate"].partition(":")[0])
+    for r in gate_rows(doc):
+        kind = r["gate"].partition(":")[0]
+        cat = _RST_CATEGORY[kind] if kind in _RST_CATEGORY else None
         rows.append([_rst_esc(r["gate"]), _rst_esc(r["verdict"]), _rst_esc(r["effect"]), _rst_esc(r["reason"]),
                      f"`{cat}`_" if cat else ""])
     out += ["**Gates**", ""] + _rst_table(["Gate", "verdict", "effect on the decision", "reason", "evidence"], rows,
                                           widths=(14, 10, 10, 50, 16))
     ds_rows = []
-    for ds, t in (decision.get("datasets") or {}).items():
-        n = t.get("n")
-        nf = t.get("natural_finish") or {}
-        ds_rows.append([_rst_esc(ds), f"{t.get('control_correct')}/{n}", f"{t.get('candidate_correct')}/{n}",
-                        _rst_esc(_idx(t.get("control_only"))), _rst_esc(_idx(t.get("candidate_only"))),
-                        _p(t.get("mcnemar_p")), f"{nf.get('control')}/{n}, {nf.get('candidate')}/{n}",
-                        _rst_esc(t.get("verdict")), _rst_esc(loss_text(t))])
+    for ds, t in doc.datasets.items():
+        n = t.n
+        nf = {arm: t.natural_finish[arm] if arm in t.natural_finish else None for arm in ARMS}
+        ds_rows.append([_rst_esc(ds), f"{t.control_correct}/{n}", f"{t.candidate_correct}/{n}",
+                        _rst_esc(_idx(t.control_only)), _rst_esc(_idx(t.candidate_only)),
+                        _p(t.mcnemar_p), f"{nf['control']}/{n}, {nf['candidate']}/{n}",
+                        _rst_esc(t.verdict), _rst_esc(loss_text(t.raw))])
     if ds_rows:
         out += ["**Paired results**", ""] + _rst_table(
             ["Dataset", "control", "candidate", "control-only correct", "candidate-only correct", "McNemar p",
              "natural finish (control, candidate)", "quality", "loss"], ds_rows)
-        if multiplicity_line(decision):
-            out += [_rst_esc(str(multiplicity_line(decision))), ""]
-    ne = decision.get("not_evaluated") or []
+        if multiplicity_line(doc):
+            out += [_rst_esc(str(multiplicity_line(doc))), ""]
+    ne = doc.not_evaluated
     out += ["Not evaluated (the decision cannot be PROMOTE): " + (_rst_esc(", ".join(ne)) if ne else "none") + "."]
     out += ["", f"Earlier decisions for this candidate in the ledger: {len(earlier)}"
-            + (" (" + _rst_esc(", ".join(f"{e.get('audit')}: {e.get('decision')}" for e in earlier)) + ")"
+            + (" (" + _rst_esc(", ".join(f"{e['audit']}: {e['decision']}" for e in earlier)) + ")"
                if earlier else "") + ". Every reason of every gate: `1. Decision`_.", ""]
     return "\n".join(out)

@@ -8,10 +8,11 @@ manifest.json (``manifest``)::
 
     {"schema": "pairaudit.manifest/v1", "artifacts": [{"path", "sha256", "bytes"}, ...]}  # sorted by path
 
-Later-stage artifacts read by ``promotion_stage(later=...)`` (one place to
-change: ``LATER_SCHEMAS``; the speed decision's other fields are documented
-in ``pairaudit/speed/``, and the figures read ``series``, ``bar``,
-``win2``, ``spread`` and ``archive.path`` from it)::
+Every input is read through its record in :mod:`pairaudit.core.readers`
+(``Paired``, ``LaunchReceipt``, ``Preflight``, ``ScoresHeader``, the later
+stages' ``LATER_RECORDS``, the control archive's ``ArchivedStart``), whose ``from_json`` checks the schema id and the fields
+and names the file and field it refuses; the promotion reads no other phase's
+dict. Later-stage artifacts read by ``promotion_stage(later=...)``::
 
     later = {"divergence": [path, ...], "boundary": path, "speed": path}   # any key may be absent
     divergence: {"schema": "pairaudit.divergence/v1", "dataset": str, "items": [index, ...],
@@ -25,32 +26,33 @@ in ``pairaudit/speed/``, and the figures read ``series``, ``bar``,
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TypeVar
 
+from pairaudit import gates
 from pairaudit.core.artifacts import (
     ArtifactError,
     _atomic_write,
-    check_schema,
     provenance,
     read_json,
+    read_jsonl,
     sha256_file,
     write_json,
 )
-from pairaudit.core.contracts import (
-    ARMS,
-    BOUNDARY_GATE_SCHEMA,
-    DIVERGENCE_SCHEMA,
-    LAUNCH_SCHEMA,
-    MANIFEST_SCHEMA,
-    PAIRED_SCHEMA,
-    PHASE_SCHEMA,
-    PREFLIGHT_SCHEMA,
-    SPEED_DECISION_SCHEMA,
-)
+from pairaudit.core.contracts import ARMS, MANIFEST_SCHEMA
 from pairaudit.core.jsonlog import read_log
+from pairaudit.core.readers import (
+    AnswersPhase,
+    BoundaryGateDoc,
+    DivergenceDoc,
+    LaunchReceipt,
+    Paired,
+    Preflight,
+    Record,
+    SpeedDecisionDoc,
+)
 from pairaudit.diagnostics import greedy
-from pairaudit.gates import server_failure
 from pairaudit.plans.change import decision_record as change_record
 from pairaudit.promotion import calibration as calib
 from pairaudit.promotion.decision import boundary_evidence, decide, speed_evidence
@@ -75,12 +77,15 @@ from pairaudit.promotion.render import (
 )
 from pairaudit.quality.split import judged_counts
 
-LATER_SCHEMAS = {
-    "divergence": DIVERGENCE_SCHEMA,
-    "boundary": BOUNDARY_GATE_SCHEMA,
-    "speed": SPEED_DECISION_SCHEMA,
-    "answers": PHASE_SCHEMA,
+# Each later stage's artifact, read through its record (its schema id, its fields).
+LATER_RECORDS: dict[str, type[Record]] = {
+    "divergence": DivergenceDoc,
+    "boundary": BoundaryGateDoc,
+    "speed": SpeedDecisionDoc,
+    "answers": AnswersPhase,
 }
+
+R = TypeVar("R", bound=Record)
 
 
 def manifest(paths: Sequence[str | os.PathLike]) -> dict:
@@ -90,13 +95,13 @@ def manifest(paths: Sequence[str | os.PathLike]) -> dict:
     return {"schema": MANIFEST_SCHEMA, "artifacts": arts}
 
 
-def _load_keyed(paths: Sequence[str | os.PathLike], schema: str, key: str) -> dict[str, dict]:
-    """Read artifacts, check their schema, key them by a field; a duplicate key is an error."""
-    out: dict[str, dict] = {}
+def _load_keyed(paths: Sequence[str | os.PathLike], record: type[R], key: str) -> dict[str, R]:
+    """Read artifacts through their record, key them by a field; a duplicate key is an error."""
+    out: dict[str, R] = {}
     for p in paths:
-        doc = check_schema(read_json(p), schema, p)
-        k = doc.get(key)
-        if not isinstance(k, str) or not k:
+        doc = record.read(p)
+        k = getattr(doc, key)
+        if not k:
             raise ArtifactError(f"{p}: no {key!r}")
         if k in out:
             raise ArtifactError(f"{p}: a second artifact for {key} {k!r}")
@@ -104,46 +109,66 @@ def _load_keyed(paths: Sequence[str | os.PathLike], schema: str, key: str) -> di
     return out
 
 
-def _load_later(later: Mapping[str, Any] | None) -> tuple[dict, list[str], dict]:
-    """Later-stage artifacts -> decide() keywords, the paths read, and the documents themselves."""
+@dataclass
+class LaterDocs:
+    """The later stages' records as read (a stage that did not run, or a bracket not measured: None)."""
+    divergence: dict[str, DivergenceDoc] | None = None
+    boundary: BoundaryGateDoc | None = None
+    speed: SpeedDecisionDoc | None = None          # a measured bracket only: one not measured has nothing to draw
+    answers: dict[str, AnswersPhase] | None = None
+
+
+def _load_later(later: Mapping[str, Any] | None) -> tuple[dict, list[str], LaterDocs]:
+    """Later-stage artifacts -> decide() keywords, the paths read, and the records themselves."""
     later = dict(later or {})
-    unknown = set(later) - set(LATER_SCHEMAS)
+    unknown = set(later) - set(LATER_RECORDS)
     if unknown:
-        raise ValueError(f"unknown later stages {sorted(unknown)} (known: {sorted(LATER_SCHEMAS)})")
+        raise ValueError(f"unknown later stages {sorted(unknown)} (known: {sorted(LATER_RECORDS)})")
     kw: dict[str, Any] = {}
     paths: list[str] = []
-    docs: dict[str, Any] = {}
+    docs = LaterDocs()
     if later.get("divergence"):
-        docs["divergence"] = _load_keyed(later["divergence"], LATER_SCHEMAS["divergence"], "dataset")
-        kw["divergence"] = {ds: d.get("grid_tie") for ds, d in docs["divergence"].items()}
+        divs: dict[str, DivergenceDoc] = _load_keyed(later["divergence"], DivergenceDoc, "dataset")
+        docs.divergence = divs
+        kw["divergence"] = {ds: None if d.grid_tie is None else d.grid_tie.as_dict() for ds, d in divs.items()}
         # The artifact's own items and divergence records say what was compared.
-        kw["divergence_counts"] = {ds: greedy.comparison_counts(d["items"], d["divergences"])
-                                   for ds, d in docs["divergence"].items()
-                                   if isinstance(d.get("items"), list) and isinstance(d.get("divergences"), list)}
+        kw["divergence_counts"] = {ds: greedy.comparison_counts(d.raw["items"], d.raw["divergences"])
+                                   for ds, d in divs.items() if d.items is not None}
         # Determinism is evaluated per dataset inside the divergence stage.
-        kw["determinism"] = {ds: d.get("determinism") for ds, d in docs["divergence"].items()}
+        kw["determinism"] = {ds: None if d.determinism is None else d.determinism.as_dict() for ds, d in divs.items()}
         paths += [str(p) for p in later["divergence"]]
     bracket_failure = None
-    for stage in ("boundary", "speed"):
-        if later.get(stage):
-            p = later[stage]
-            docs[stage] = check_schema(read_json(p), LATER_SCHEMAS[stage], p)
-            kw[stage] = docs[stage].get("gate")
-            paths.append(str(p))
-            if stage == "speed":
-                bracket_failure = docs[stage].get("failure")
-            if docs[stage].get("not_run"):  # its gate says why; there is nothing to draw
-                del docs[stage]
+    if later.get("boundary"):
+        boundary = BoundaryGateDoc.read(later["boundary"])
+        kw["boundary"] = None if boundary.gate is None else boundary.gate.as_dict()
+        docs.boundary = boundary
+        paths.append(str(later["boundary"]))
+    if later.get("speed"):
+        speed = SpeedDecisionDoc.read(later["speed"])
+        kw["speed"] = None if speed.gate is None else speed.gate.as_dict()
+        bracket_failure = speed.failure
+        if not speed.not_run:  # a bracket not measured: its gate says why; there is nothing to draw
+            docs.speed = speed
+        paths.append(str(later["speed"]))
     if later.get("answers"):
         # each arm's answers phase: a server that failed under the audit is evidence (gates/server_failure.py);
         # so is one that failed under the speed bracket, where its answers phase did not
-        docs["answers"] = _load_keyed(later["answers"], LATER_SCHEMAS["answers"], "arm")
-        per_arm = {arm: (docs["answers"].get(arm) or {}).get("failure") for arm in ARMS}
-        if bracket_failure and per_arm.get(bracket_failure.get("arm")) is None:
+        answers: dict[str, AnswersPhase] = _load_keyed(later["answers"], AnswersPhase, "arm")
+        docs.answers = answers
+        per_arm = {arm: answers[arm].failure if arm in answers else None for arm in ARMS}
+        if bracket_failure and per_arm.get(bracket_failure["arm"]) is None:
             per_arm[bracket_failure["arm"]] = bracket_failure
-        kw["servers"] = server_failure.server_failure_v1(per_arm)
+        kw["servers"] = gates.rule("server-failure-v1", "servers").apply(per_arm)
         paths += [str(p) for p in later["answers"]]
     return kw, paths, docs
+
+
+def _every_input(paths: Sequence[str | os.PathLike], later: Mapping[str, Any] | None) -> list[str]:
+    """``paths`` and every later stage's path(s): a stage gives one path or a list of them."""
+    out = [str(p) for p in paths]
+    for given in (later or {}).values():
+        out += [str(given)] if isinstance(given, (str, os.PathLike)) else [str(p) for p in given or ()]
+    return out
 
 
 def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Sequence[str | os.PathLike],
@@ -177,13 +202,17 @@ def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Seq
     """
     if calibration and not out_calibration:
         raise ValueError("a calibration decision needs out_calibration for its summary")
-    paired = _load_keyed(paired_paths, PAIRED_SCHEMA, "dataset")
-    launch = _load_keyed(launch_paths, LAUNCH_SCHEMA, "arm")
-    preflight = _load_keyed(preflight_paths, PREFLIGHT_SCHEMA, "arm")
+    # Every input's self-hash first (read_json / read_jsonl refuse an edited file by name): an edit
+    # anywhere is named as an edit, before any input is read as its record and refused for a field.
+    for p in _every_input([*paired_paths, *launch_paths, *preflight_paths, *score_paths], later):
+        (read_jsonl if str(p).endswith(".jsonl") else read_json)(p)
+    paired = _load_keyed(paired_paths, Paired, "dataset")
+    launch = _load_keyed(launch_paths, LaunchReceipt, "arm")
+    preflight = _load_keyed(preflight_paths, Preflight, "arm")
     later_kw, later_paths, later_docs = _load_later(later)
     archive: list[dict] = []
-    speed = later_docs.get("speed")
-    archive_path = ((speed or {}).get("archive") or {}).get("path")
+    speed = later_docs.speed
+    archive_path = None if speed is None or speed.archive is None else speed.archive.path
     if archive_path and Path(archive_path).exists():
         archive = read_log(archive_path)
         later_paths.append(str(archive_path))  # hashed as read now: other audits keep appending to it
@@ -194,11 +223,11 @@ def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Seq
     decision = decide(paired, launch, preflight, calibration=calibration, **later_kw)
     # The change form's name and switches (None for a config that states two arms), checked
     # against what the launch receipts show; a disagreement is a note, never a gate.
-    decision["change"] = change_record(config, launch)
+    decision["change"] = change_record(config, {arm: rec.raw for arm, rec in launch.items()})
     if decision["change"] and not decision["change"]["receipts_agree"]:
         decision["notes"].append(f"the config's change {decision['change']['name']!r} does not match the launch "
                                  "receipts: " + "; ".join(decision["change"]["receipt_problems"]))
-    decision["evidence"] = {"boundary_cases": boundary_evidence(later_docs.get("boundary")),
+    decision["evidence"] = {"boundary_cases": boundary_evidence(later_docs.boundary),
                             "speed": speed_evidence(speed)}
     decision["provenance"] = provenance(inputs, params={"rule": "promotion-v1", "calibration": calibration,
                                                         "datasets": sorted(paired), "arms": list(ARMS)})
@@ -207,16 +236,16 @@ def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Seq
     summary = None
     if calibration:
         summary = calib.summarize(decision, audit=audit,
-                                  of_audit=((config or {}).get("calibration") or {}).get("of"),
-                                  speed_doc=speed, divergence_docs=later_docs.get("divergence"))
-    spec = (launch.get("candidate") or {}).get("spec_sha256")
+                                  of_audit=calib.calibrated_audit(config),
+                                  speed_doc=speed, divergence_docs=later_docs.divergence)
+    spec = launch["candidate"].spec_sha256
     earlier = earlier_decisions(read_log(ledger_path), spec) if ledger_path else []
 
     outputs = [str(out_decision), str(out_report), str(out_plot)]
     plot_paired(paired, out_plot, items)
     if out_divergence_plot:
-        if later_docs.get("divergence"):
-            plot_divergence(later_docs["divergence"], out_divergence_plot)
+        if later_docs.divergence:
+            plot_divergence(later_docs.divergence, out_divergence_plot)
         else:
             plot_not_run(out_divergence_plot, "Greedy divergence", "the divergence stage produced no artifact")
         outputs.append(str(out_divergence_plot))
@@ -240,7 +269,7 @@ def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Seq
     md = render_markdown(decision, paired, launch, preflight, calibration_summary=summary)
     md += "\n" + "\n".join(calibration_markdown(summary) + ([""] if summary else [])
                            + code_judging_markdown(judged)
-                           + boundary_markdown(later_docs.get("boundary")) + [""] + speed_markdown(speed) + [""]
+                           + boundary_markdown(later_docs.boundary) + [""] + speed_markdown(speed) + [""]
                            + ledger_markdown(earlier, spec)) + "\n"
     _atomic_write(Path(out_report), md)
     title = f"pairaudit decision ({audit or 'audit'}): {decision['decision']}"
@@ -248,7 +277,7 @@ def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Seq
         _atomic_write(Path(out_html), markdown_html(md, title=title, verdict=decision["decision"]))
         outputs.append(str(out_html))
     if out_boundary:
-        _atomic_write(Path(out_boundary), markdown_html("\n".join(boundary_markdown(later_docs.get("boundary"))),
+        _atomic_write(Path(out_boundary), markdown_html("\n".join(boundary_markdown(later_docs.boundary)),
                                                         title="Boundary cases"))
         outputs.append(str(out_boundary))
     if out_summary:
@@ -260,7 +289,7 @@ def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Seq
                                                 decision_path=str(out_decision)))
     if summary is not None and calibrations_path and out_calibration is not None:
         calib.append(calibrations_path, calib.CalibrationEntry(
-            time=decision["provenance"].get("created_at"), audit=audit, of_audit=summary["of_audit"],
+            time=decision["provenance"]["created_at"], audit=audit, of_audit=summary["of_audit"],
             control_spec_sha256=summary["control_spec_sha256"], host=summary["host"],
             host_sha256=summary["host_sha256"], decision=summary["decision"], headline=summary["headline"],
             flagged=summary["flagged"], summary_path=str(out_calibration), summary_sha256=sha256_file(out_calibration),

@@ -23,7 +23,8 @@ from pairaudit import gates
 from pairaudit.speed.clock import clock_findings
 from pairaudit.speed.metrics import LOWER_IS_BETTER, START_ROLES, series_for
 
-RULES = ("win2-v4", "win2-v3", "win2-v2", "win2-v1")
+# the registered speed rules, the default first (speed.rule selects): a view of gates.REGISTERED, not a table
+RULES = gates.rules_of("speed")
 _WHY_NOT = {
     "win2-v3": "win2-v3 tests at alpha / looks at every look and gives every loss test an equal share, so it "
                "needs more starts to decide at the same false WIN/LOSS rates",
@@ -66,8 +67,10 @@ def _rule_deviations(rule: str, res: Mapping[str, Any]) -> list[dict]:
     return devs
 
 
-def _decide_v1(series: Mapping[str, Mapping], cfg: Mapping[str, Any], clock: Mapping[str, Any],
-               archive_pct: Mapping[str, float | None], incon: list[str]) -> tuple[dict, dict]:
+def _decide_per_cell(spec: gates.Rule, series: Mapping[str, Mapping], cfg: Mapping[str, Any],
+                     clock: Mapping[str, Any], archive_pct: Mapping[str, float | None],
+                     incon: list[str]) -> tuple[dict, dict]:
+    """A rule that decides each cell on its own (win2-v1); the gate combines the deciding cells' verdicts."""
     metrics = [cfg["primary"], *cfg["guards"], *cfg["reported"]]
     caps = [json.dumps(c, sort_keys=True) for c in clock["caps"]]
     win2 = {}
@@ -75,14 +78,13 @@ def _decide_v1(series: Mapping[str, Mapping], cfg: Mapping[str, Any], clock: Map
         name, s = c["name"], series[c["name"]]
         missing = sorted({m for m, reps in s.items() for tr in reps for x in tr if x is None})
         if missing:
-            win2[name] = {"rule": "win2-v1", "verdict": "INCONCLUSIVE", "params": {}, "deviations": {},
+            win2[name] = {"rule": spec.name, "verdict": "INCONCLUSIVE", "params": {}, "deviations": {},
                           "reasons": [f"metric(s) {missing} have no value in some repeat (0 rounds or 0 "
                                       "decode seconds): nothing to compare"]}
             continue
-        res = gates.win2_v1(s, primary=cfg["primary"], guards=cfg["guards"], reported=cfg["reported"],
-                            win_pct=cfg["win_pct"], clock_caps=caps,
-                            lower_is_better=[m for m in metrics if m in LOWER_IS_BETTER],
-                            throttled=bool(clock.get("slowdowns")), archive_spread_pct=archive_pct.get(name))
+        res = spec.apply(s, cfg, primary=cfg["primary"], guards=cfg["guards"], reported=cfg["reported"],
+                         clock_caps=caps, lower_is_better=[m for m in metrics if m in LOWER_IS_BETTER],
+                         throttled=bool(clock.get("slowdowns")), archive_spread_pct=archive_pct.get(name))
         # win2-v1 itself sees cap mismatches and that a GPU slowed down; which slowdown, for how
         # many microseconds, and the rest of the clock findings are the stage's.
         if incon:
@@ -96,20 +98,15 @@ def _decide_v1(series: Mapping[str, Mapping], cfg: Mapping[str, Any], clock: Map
     return win2, gate
 
 
-def _rule_v2(series: Mapping[str, Mapping], cfg: Mapping[str, Any], usable: Sequence[str],
-             deciding: Sequence[str], lib: Sequence[str], evidence: Mapping[str, Any] | None) -> dict:
-    return gates.win2_v2({n: series[n] for n in usable}, decide=deciding, primary=cfg["primary"],
-                         guards=cfg["guards"], reported=cfg["reported"], lower_is_better=lib,
-                         win_pct=cfg["win_pct"], start_noise_pct=cfg["start_noise_pct"])
-
-
-def _rule_sequential(rule: str, series: Mapping[str, Mapping], cfg: Mapping[str, Any], usable: Sequence[str],
-                     deciding: Sequence[str], lib: Sequence[str], evidence: Mapping[str, Any] | None) -> dict:
-    fn = gates.win2_v4 if rule == "win2-v4" else gates.win2_v3
-    res = fn({n: series[n] for n in usable}, decide=deciding, primary=cfg["primary"],
-             guards=cfg["guards"], reported=cfg["reported"], lower_is_better=lib,
-             max_starts=cfg["max_starts"], evidence=evidence, win_pct=cfg["win_pct"],
-             start_noise_pct=cfg["start_noise_pct"])
+def _rule_pooled(spec: gates.Rule, series: Mapping[str, Mapping], cfg: Mapping[str, Any], usable: Sequence[str],
+                 deciding: Sequence[str], lib: Sequence[str], evidence: Mapping[str, Any] | None) -> dict:
+    """A pooled rule over the usable cells; with the host's evidence, its error rates at this noise (win2-v4,
+    win2-v3)."""
+    res = spec.apply({n: series[n] for n in usable}, cfg, decide=deciding, primary=cfg["primary"],
+                     guards=cfg["guards"], reported=cfg["reported"], lower_is_better=lib,
+                     max_starts=cfg["max_starts"], evidence=evidence)
+    if "evidence" not in spec.takes:
+        return res   # win2-v2 states its own rates
     spend = {k: res["params"][k] for k in ("spending", "loss_pooled_share") if k in res["params"]}
     nz = res["noise"]
     zero = [g for g in cfg["guards"] if all(v == 0 for c in deciding for tr in series[c][g] for v in tr)]
@@ -118,7 +115,7 @@ def _rule_sequential(rule: str, series: Mapping[str, Mapping], cfg: Mapping[str,
         max_starts=cfg["max_starts"], guards=cfg["guards"], zero_guards=zero, win_pct=cfg["win_pct"],
         start_noise_pct=cfg["start_noise_pct"], evidence_df=int(nz["evidence_df"] or 0), **spend)
     res["reasons"].append(
-        f"{rule} at this noise (start to start {nz['start_sd_used_pct']:.2f} %, per repeat "
+        f"{spec.name} at this noise (start to start {nz['start_sd_used_pct']:.2f} %, per repeat "
         f"{nz['rep_sd_pct']:.2f} %, up to {cfg['max_starts']} starts): false WIN {100 * r['false_win']:.1f} %, "
         f"false LOSS {100 * r['false_loss']:.1f} %, WIN for a +{r['power_gain_pct']:g} % change "
         f"{100 * r['power']:.1f} %, LOSS for a -{r['power_gain_pct']:g} % one {100 * r['power_loss']:.1f} % "
@@ -126,19 +123,10 @@ def _rule_sequential(rule: str, series: Mapping[str, Mapping], cfg: Mapping[str,
     return res
 
 
-# what the gate carries of a pooled rule's result (win2-v2, win2-v3, win2-v4), beside its verdict and reasons
-_POOLED_KEYS = {"win2-v2": ("noise", "rates", "needed", "pooled_gain_pct", "half_width_pct", "lower_bound_pct",
-                            "loss_tests", "repeats", "reported"),
-                "win2-v3": ("noise", "rates", "needed", "pooled_gain_pct", "half_width_pct", "lower_bound_pct",
-                            "loss_tests", "repeats", "reported", "more_starts", "starts", "arms", "looks",
-                            "alpha_per_look")}
-_POOLED_KEYS["win2-v4"] = _POOLED_KEYS["win2-v3"]
-
-
-def _decide_pooled(rule: str, series: Mapping[str, Mapping], cfg: Mapping[str, Any], clock: Mapping[str, Any],
+def _decide_pooled(spec: gates.Rule, series: Mapping[str, Mapping], cfg: Mapping[str, Any], clock: Mapping[str, Any],
                    archive_pct: Mapping[str, float | None], incon: list[str],
                    evidence: Mapping[str, Any] | None = None) -> tuple[dict, dict]:
-    """win2-v2, win2-v3 or win2-v4: one verdict over every deciding cell at once, the stage's findings before it."""
+    """win2-v2 or win2-v3: one verdict over every deciding cell at once, the stage's findings before it."""
     metrics = [cfg["primary"], *cfg["guards"], *cfg["reported"]]
     deciding = [c["name"] for c in cfg["cells"] if c["decide"]]
     missing = {name: sorted({m for m, reps in series[name].items() for tr in reps for x in tr if x is None})
@@ -147,14 +135,12 @@ def _decide_pooled(rule: str, series: Mapping[str, Mapping], cfg: Mapping[str, A
     blocked = [n for n in deciding if missing[n]]
     res: dict[str, Any]
     if blocked or not usable:
-        res = {"rule": rule, "verdict": "INCONCLUSIVE", "params": {}, "deviations": {}, "cells": {},
+        res = {"rule": spec.name, "verdict": "INCONCLUSIVE", "params": {}, "deviations": {}, "cells": {},
                "noise": None, "rates": None, "more_starts": False,
                "reasons": [f"{n}: metric(s) {missing[n]} have no value in some repeat (0 rounds or 0 decode "
                            "seconds): nothing to compare" for n in blocked]}
     else:
-        lib = [m for m in metrics if m in LOWER_IS_BETTER]
-        res = (_rule_sequential(rule, series, cfg, usable, deciding, lib, evidence)
-               if rule in gates.SEQUENTIAL_RULES else _rule_v2(series, cfg, usable, deciding, lib, evidence))
+        res = _rule_pooled(spec, series, cfg, usable, deciding, [m for m in metrics if m in LOWER_IS_BETTER], evidence)
     if clock["mismatch"]:
         incon = [f"starts differ in clock cap facts {clock['mismatch']}", *incon]
     if incon:
@@ -167,14 +153,14 @@ def _decide_pooled(rule: str, series: Mapping[str, Mapping], cfg: Mapping[str, A
             per_cell[n] = {"decides": n in deciding, "verdict": "INCONCLUSIVE",
                            "reasons": [f"metric(s) {missing[n]} have no value in some repeat"]}
         per_cell[n]["archive_spread_pct"] = archive_pct.get(n)
-    win2 = {n: {"rule": rule, **per_cell[n]} for n in series}
+    win2 = {n: {"rule": spec.name, **per_cell[n]} for n in series}
     reasons = list(res["reasons"])
     if cfg["informational"]:
         reasons.append("speed is informational (config speed.informational): only a LOSS gates the decision")
-    gate = {"rule": rule, "verdict": res["verdict"], "reasons": reasons, "params": res.get("params", {}),
+    gate = {"rule": spec.name, "verdict": res["verdict"], "reasons": reasons, "params": res.get("params", {}),
             "deviations": res.get("deviations", {}), "informational": bool(cfg["informational"]),
             "decision_cells": deciding, "cells": {n: win2[n].get("verdict") for n in win2},
-            "clock_check": clock.get("verdict"), **{k: res.get(k) for k in _POOLED_KEYS[rule]}}
+            "clock_check": clock.get("verdict"), **{k: res.get(k) for k in spec.carries}}
     return win2, gate
 
 
@@ -189,18 +175,17 @@ def decide(results: Mapping[str, Mapping[str, Any]], cfg: Mapping[str, Any], clo
     parameters off their registered values.
     """
     metrics = [cfg["primary"], *cfg["guards"], *cfg["reported"]]
-    rule = cfg.get("rule", RULES[0])
+    spec = gates.rule(cfg.get("rule", RULES[0]), "speed")
     names = list(starts) if starts is not None else [st for st, _, _ in START_ROLES]
     series = {c["name"]: series_for({st: results[st][c["name"]] for st in names}, metrics, names)
               for c in cfg["cells"]}
     incon, devs = clock_findings(clock, cfg)
-    if rule in _POOLED_KEYS:
-        win2, gate = _decide_pooled(rule, series, cfg, clock, archive_pct or {}, incon, evidence)
+    if spec.pooled:
+        win2, gate = _decide_pooled(spec, series, cfg, clock, archive_pct or {}, incon, evidence)
     else:
-        win2, gate = _decide_v1(series, cfg, clock, archive_pct or {}, incon)
-    rule_res = gate if rule in _POOLED_KEYS else next((w for w in win2.values() if w.get("deviations")),
-                                                                 {})
-    gate["stage_deviations"] = devs + _rule_deviations(rule, rule_res)
+        win2, gate = _decide_per_cell(spec, series, cfg, clock, archive_pct or {}, incon)
+    rule_res = gate if spec.pooled else next((w for w in win2.values() if w.get("deviations")), {})
+    gate["stage_deviations"] = devs + _rule_deviations(spec.name, rule_res)
     for d in devs:
         gate["reasons"].append(f"deviation: {d['detail']}")
     return win2, series, gate
