@@ -25,6 +25,9 @@
 #                                    offline into $STASH/venv-vllm, which sees the host's torch; the import
 #                                    checked.  The later commands use it ($PAIRAUDIT_VLLM_PYTHON).
 #   bench/gpu/h200.sh vllm-join DIR  check and join the staged parts into DIR only (what vllm-install does first)
+#   bench/gpu/h200.sh vllm-bench [ARGS]
+#                                    the reference server against vLLM on this GPU, one run
+#                                    (bench/gpu/vllm_vs_ref.py ARGS), JSON into $OUT/vllm-vs-ref.json
 #
 # The carried wheels must include the tested transformers (constraints.txt):
 # the model conversion refuses a transformers that misreads the GGUF's
@@ -41,6 +44,8 @@ VPARTS=$STASH/vllm-parts VWHEELS=$STASH/vllm-wheels VVENV=$STASH/venv-vllm
 MANIFEST=vllm-parts.sha256
 # the vLLM venv once installed: what {vllm_python} names in a config (config/examples/vllm-gpu.yaml)
 [ -x "$VVENV/bin/python" ] && export PAIRAUDIT_VLLM_PYTHON=${PAIRAUDIT_VLLM_PYTHON:-$VVENV/bin/python}
+# vLLM's compile cache, shared by every start of both arms (entries keyed by each config's hash), kept in the stash
+export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-$STASH/vllm-cache}
 # Every staged part checks against the manifest and none is missing; then the parts are joined into $1.
 vllm_join() {
     local into=$1
@@ -174,5 +179,12 @@ vllm-install)
         || exit 4
     echo "vllm_install_s $((SECONDS - t0))" | tee -a "$OUT/timings.txt"
     echo "PAIRAUDIT_VLLM_PYTHON=$VVENV/bin/python (this script sets it for its later commands)" ;;
-*) sed -n 2,28p "$0"; exit 2 ;;
+vllm-bench)
+    shift
+    t0=$SECONDS
+    python3 bench/gpu/vllm_vs_ref.py --out "$OUT/vllm-vs-ref.json" "$@" 2> "$OUT/vllm-vs-ref.log"
+    rc=$?
+    echo "vllm_bench rc=$rc wall_s $((SECONDS - t0))" | tee -a "$OUT/timings.txt"
+    tail -5 "$OUT/vllm-vs-ref.log" ;;
+*) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2 ;;
 esac
