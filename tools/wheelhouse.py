@@ -26,6 +26,17 @@ absent) and nothing else.  Run as ``python tools/wheelhouse.py COMMAND``:
     requires it, and for a foreign platform pip would fetch a multi-GB CUDA
     build.  The embedded model's package goes to ``DIR/model`` without its
     dependencies; ``DIR/README.txt`` lists every file and why it is there.
+``download-vllm DIR --have FILE``
+    Real vLLM for a GPU host that keeps its own CUDA torch: the newest
+    release whose declared torch, torchvision and torchaudio requirements
+    the host's versions meet (read from the index's metadata, cached), and
+    whatever of its closure the host lacks, resolved by pip's own resolver
+    with the host's packages posing as installed; torch and its companions
+    are never downloaded.  Writes ``DIR/vllm-version.txt`` and
+    ``DIR/README.txt``, and checks that ``vllm==X`` resolves offline from
+    ``DIR`` and the host's packages.
+``check-vllm DIR --have FILE``
+    That offline check alone (on a copy carried and joined again, say).
 ``torch-report``
     One line: which torch this Python runs (version, CUDA or CPU build, where).
 """

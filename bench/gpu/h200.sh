@@ -157,7 +157,9 @@ vllm-stage)
             { echo "vllm-stage: ${f##*/} arrived damaged; stage it again" >&2; rm -f "$VPARTS/${f##*/}"; exit 3; }
     done
     have=$(cd "$VPARTS" && ls vllm.tar.part-* | wc -l)
-    echo "staged ${d##*/}: $have of $(wc -l < "$VPARTS/$MANIFEST") parts in $VPARTS" ;;
+    # the wheelhouse was made for a glibc (its --platform, manylinux_2_35 by default): the host's, to compare
+    echo "staged ${d##*/}: $have of $(wc -l < "$VPARTS/$MANIFEST") parts in $VPARTS;" \
+         "host glibc $(getconf GNU_LIBC_VERSION 2>/dev/null | cut -d' ' -f2)" ;;
 vllm-join)
     vllm_join "${2:?vllm-join DIR}" ;;
 vllm-install)
