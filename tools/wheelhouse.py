@@ -580,7 +580,8 @@ def fetch_spares(w: Walk, pins: dict[str, Requirement], downloader: Downloader) 
 def write_readme(dest: Path, w: Walk, *, python, platform, have_file, no_torch, extras,
                  title: str = "pairaudit wheelhouse, made by ./install.sh --wheelhouse",
                  install: str = "./install.sh --offline THIS_FOLDER",
-                 needed: str = "the project's runtime closure, less what the host has") -> None:
+                 needed: str = "the project's runtime closure, less what the host has",
+                 left: str = "torch left to the host (--no-torch)") -> None:
     def mb(n: int) -> str:
         return f"{n / 1e6:.1f} MB"
 
@@ -599,7 +600,7 @@ def write_readme(dest: Path, w: Walk, *, python, platform, have_file, no_torch, 
         title,
         f"made: {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
         f"target: CPython {py}, platform {platform or 'of the machine that made it'}"
-        + (", torch left to the host (--no-torch)" if no_torch else "")
+        + (f", {left}" if no_torch else "")
         + (f", with the extras {','.join(extras)}" if extras else ""),
         f"host packages taken as given: {have_file if have_file else 'none (the wheelhouse is complete)'}",
         "",
@@ -882,7 +883,8 @@ def build_vllm(dest: Path, *, python: str, platform: str, have_file: Path, cache
                  title=f"vLLM {choice.version} wheelhouse for a GPU host, made by ./install.sh --wheelhouse DIR --vllm",
                  install="bench/gpu/h200.sh vllm-split THIS_FOLDER, then vllm-stage per part and vllm-install "
                          "(docs/vllm.md)",
-                 needed=f"vLLM {choice.version}'s closure, less what the host has")
+                 needed=f"vLLM {choice.version}'s closure, less what the host has",
+                 left="the host's own torch, torchvision and torchaudio kept (never downloaded)")
     with (dest / "README.txt").open("a") as f:
         f.write(f"\nwhy vLLM {choice.version}: the newest release whose requirements the host's "
                 + ", ".join(f"{k} {v}" for k, v in choice.host.items()) + " meet\n")
