@@ -36,7 +36,8 @@ set -uo pipefail
 STASH=${PAIRAUDIT_STASH:-/root/pairaudit-stash}
 SITE=$STASH/site
 OUT=${OUT:-/tmp/out}
-mkdir -p "$STASH" "$OUT"
+# (vllm-split runs on the connected machine: no stash there)
+[ "${1:-}" = vllm-split ] || mkdir -p "$STASH" "$OUT"
 REPO=$PWD
 export PYTHONPATH=$REPO:$SITE${PYTHONPATH:+:$PYTHONPATH} PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1
 export PAIRAUDIT_CACHE=$STASH/cache

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="both servers' dtype (default: bfloat16 on CUDA, float32 on a CPU)")
     ap.add_argument("--tokens", type=int, default=256, help="forced tokens per decode stream")
     ap.add_argument("--streams", type=int, default=5, help="decode streams at concurrency 1 (median reported)")
-    ap.add_argument("--items", type=int, default=480, help="GSM8K-like items at concurrency 16")
+    ap.add_argument("--items", type=int, default=320, help="GSM8K-like items at concurrency 16")
     ap.add_argument("--max-tokens", type=int, default=160, help="max_tokens per item (the audit's sampled phase)")
     ap.add_argument("--threads", type=int, default=0, help="the reference server's torch CPU threads (0: default)")
     ap.add_argument("--only", choices=("both", "ref", "vllm"), default="both")
