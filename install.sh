@@ -21,6 +21,14 @@
 #       --no-torch        ... leaving torch to the target host
 #       --have FILE       ... leaving out what the target has (pip freeze there)
 #       --extras LIST     ... with these extras too (test, slurm)
+#   --wheelhouse DIR --vllm --have FILE [--python X.Y] [--platform TAG]
+#                         download real vLLM for a GPU host with its own CUDA
+#                         torch (FILE: pip freeze there): the newest release whose
+#                         declared torch, torchvision and torchaudio the host's
+#                         meet, and what of its closure the host lacks (default
+#                         target: CPython 3.12, manylinux_2_35_x86_64); torch
+#                         is never downloaded.  bench/gpu/h200.sh carries and
+#                         installs it (docs/vllm.md)
 #   --offline DIR         install from a wheelhouse, with no network
 #   --which               say which Python and torch it would use, and stop
 # docs/install.md says more.
@@ -50,7 +58,7 @@ fi
     "$(pwd -P)/.venv" | "$(pwd -P)/.venv-vllm") unset VIRTUAL_ENV ;;
 esac
 VLLM=0 TORCH=auto WHEELHOUSE= OFFLINE= WHICH=0 WH_ARGS=()
-usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; }
 bad() { echo "install.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -74,9 +82,18 @@ while [ $# -gt 0 ]; do
     shift
 done
 if [ -n "$WHEELHOUSE" ]; then
-    [ -z "$OFFLINE" ] && [ "$VLLM" = 0 ] && [ "$TORCH" = auto ] ||
-        bad "--wheelhouse only downloads: it takes no --offline, --vllm, --use-host-torch or --cpu-torch"
-    exec "$PY" pairaudit/core/wheelhouse.py download "$WHEELHOUSE" "${WH_ARGS[@]}"
+    [ -z "$OFFLINE" ] && [ "$TORCH" = auto ] ||
+        bad "--wheelhouse only downloads: it takes no --offline, --use-host-torch or --cpu-torch"
+    if [ "$VLLM" = 1 ]; then
+        # vLLM for a GPU host: its torch decides the release, so the host's package list is required.
+        for a in "${WH_ARGS[@]}"; do
+            case "$a" in --no-torch|--extras) bad "--wheelhouse --vllm takes --have, --python and --platform only"                 "(torch is never downloaded for vLLM: the host's is kept)" ;; esac
+        done
+        [[ " ${WH_ARGS[*]} " == *" --have "* ]] ||
+            bad "--wheelhouse --vllm needs --have FILE (python3 -m pip freeze of the GPU host: its torch picks the release)"
+        exec "$PY" tools/wheelhouse.py download-vllm "$WHEELHOUSE" "${WH_ARGS[@]}"
+    fi
+    exec "$PY" tools/wheelhouse.py download "$WHEELHOUSE" "${WH_ARGS[@]}"
 fi
 [ ${#WH_ARGS[@]} -eq 0 ] || bad "${WH_ARGS[0]} goes with --wheelhouse"
 if [ -n "$OFFLINE" ]; then
@@ -176,7 +193,7 @@ else
         "$PY" -m venv --without-pip .venv
     fi
     SITE=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-    [ "$TORCH" = cpu ] || "$PY" pairaudit/core/wheelhouse.py host-pth "$SITE"
+    [ "$TORCH" = cpu ] || "$PY" tools/wheelhouse.py host-pth "$SITE"
 fi
 
 PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
@@ -194,7 +211,7 @@ if [ "$TORCH" = cpu ]; then
 else
     # The tested pins, less those of packages the host holds within the
     # project's ranges; torch pinned to the host's build.
-    .venv/bin/python pairaudit/core/wheelhouse.py pins --extras "$EXTRAS" >.venv/pairaudit-host-pins.txt || exit 2
+    .venv/bin/python tools/wheelhouse.py pins --extras "$EXTRAS" >.venv/pairaudit-host-pins.txt || exit 2
     # Built in .venv, not in an isolated environment: the .pth would put the
     # host's setuptools (of any age) ahead of the isolated one there.
     "${PIP[@]}" -c .venv/pairaudit-host-pins.txt 'setuptools>=77'
@@ -214,7 +231,7 @@ pathlib.Path(sysconfig.get_paths()["purelib"], "pairaudit-snakemake-plugins.pth"
 EOF
 .venv/bin/python -m pairaudit.serving.modelstore >/dev/null
 echo "pairaudit installed in $(pwd)/.venv"
-.venv/bin/python pairaudit/core/wheelhouse.py torch-report
+.venv/bin/python tools/wheelhouse.py torch-report
 
 [ "$VLLM" = 1 ] || exit 0
 

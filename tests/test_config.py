@@ -128,7 +128,7 @@ OFFLINE_EXAMPLES = ("vllm-cpu.yaml", "vllm-cpu-fp16.yaml")
 
 
 # Examples sized for a GPU generate their own suites, larger than the default's.
-GENERATED_EXAMPLES = ("gpu-refserver.yaml",)
+GENERATED_EXAMPLES = ("gpu-refserver.yaml", "vllm-gpu.yaml")
 
 
 # The planted-defect examples (fault-*.yaml) run the embedded default's own suites instead.
@@ -604,3 +604,36 @@ def test_the_schemas_default_shared_logs_are_where_the_contracts_put_them():
     props = load(SCHEMA)["properties"]
     assert props["speed"]["properties"]["archive"]["default"] == contracts.PATHS[contracts.CONTROL_ARCHIVE_SCHEMA]
     assert props["calibration"]["properties"]["log"]["default"] == contracts.PATHS[contracts.CALIBRATION_LOG_SCHEMA]
+
+
+def test_the_vllm_gpu_example_changes_only_the_kv_cache_dtype_and_is_sized_by_pairaudit_size(monkeypatch):
+    """config/examples/vllm-gpu.yaml: two vLLM arms on GPU 0, bfloat16, the one switch --kv-cache-dtype."""
+    from pairaudit import configcheck
+    from pairaudit.core.stats import MDE_POWER
+    from pairaudit.quality.sizing import margin_items
+
+    monkeypatch.setenv("PAIRAUDIT_VLLM_PYTHON", sys.executable)  # any interpreter: nothing is started
+    cfg = load(CONFIG_DIR / "examples" / "vllm-gpu.yaml")
+    specs = {a: resolve_spec(a, cfg["arms"][a]) for a in ARMS}
+    cmds = {a: list(specs[a].command_identity) for a in ARMS}
+    for a in ARMS:
+        assert cmds[a][:3] == ["{vllm_python}", "-m", "vllm.entrypoints.openai.api_server"]
+        assert cmds[a][cmds[a].index("--model") + 1] == "{model_dir}"
+        assert cmds[a][cmds[a].index("--dtype") + 1] == "bfloat16"
+        assert "--enforce-eager" not in cmds[a]  # CUDA graphs on, in both arms
+        assert specs[a].env["CUDA_VISIBLE_DEVICES"] == "0" and specs[a].gpus == 1
+        assert "VLLM_CACHE_ROOT" not in specs[a].env  # a fact of the host, not of the server's identity
+    kv = {a: cmds[a][cmds[a].index("--kv-cache-dtype") + 1] for a in ARMS}
+    assert kv == {"control": "auto", "candidate": "fp8"}
+    strip = [x for x in cmds["control"] if x not in ("--kv-cache-dtype", "auto")]
+    assert strip == [x for x in cmds["candidate"] if x not in ("--kv-cache-dtype", "fp8")]
+    assert specs["control"].env == specs["candidate"].env
+    assert cfg["speed"]["accept_unverifiable_clock"] is False
+    # `pairaudit size --margin 5 --discordance 0.3 --datasets 2`, as its comment says
+    quality = cfg["rules"]["quality"]
+    assert quality["rule"] == "quality-v2" and len(cfg["datasets"]) == 2
+    items = margin_items(quality["margin_pct"], 0.3, quality["level"], len(cfg["datasets"]), MDE_POWER)["items"]
+    assert [d["select"]["count"] for d in cfg["datasets"]] == [items, items]
+    result = configcheck.CheckResult()
+    configcheck.check_arms(cfg, result)
+    assert result.problems == [] and not [n for n in result.notes if "emulation" in n], result

@@ -33,10 +33,12 @@ from pathlib import Path
 
 import pytest
 
-from pairaudit.core import wheelhouse as wh
 from pairaudit.serving.modelstore import EMBEDDED_GGUF_SHA256
 
 REPO = Path(__file__).resolve().parents[1]
+# install.sh runs the wheelhouse tool by path, before the project is installed: it is no package module.
+sys.path.insert(0, str(REPO / "tools"))
+import wheelhouse as wh  # noqa: E402
 
 # What a CUDA image's Python typically already holds; the host stand-in gets
 # these (and their dependencies) from the project's venv.
@@ -196,6 +198,8 @@ def test_platform_tags_markers_and_input_errors(tmp_path):
     (["--wheelhouse", "/tmp/x", "--offline", "/tmp"], "--wheelhouse only downloads"),
     (["--no-torch"], "--no-torch goes with --wheelhouse"),
     (["--python"], "--python needs a value"),
+    (["--wheelhouse", "/tmp/x", "--vllm"], "--wheelhouse --vllm needs --have FILE"),
+    (["--wheelhouse", "/tmp/x", "--vllm", "--have", "h.txt", "--no-torch"], "takes --have, --python and --platform"),
 ])
 def test_install_refuses_option_mistakes_before_installing(tmp_path, args, words):
     out = subprocess.run(["bash", str(REPO / "install.sh"), *args], capture_output=True, text=True, timeout=60,
@@ -352,3 +356,143 @@ def test_wheelhouse_then_offline_install_keeps_the_hosts_torch(tmp_path):
                            cwd=repo, env=env)
     assert model.returncode == 0, model.stderr[-2000:]
     assert json.loads(model.stdout)["weights_sha256"] == EMBEDDED_GGUF_SHA256
+
+
+# --- vLLM for a GPU host: the release follows the host's torch ------------------------------------
+
+ABI3 = "cp38-abi3-manylinux_2_28_x86_64"
+HOST = {"torch": "2.11.0+cu130", "torchvision": "0.26.0", "torchaudio": "2.11.0"}
+
+
+def vllm_releases(pool: Path) -> None:
+    """Releases pinning the torch they were built for, as vLLM's do; a pre-release that would fit is skipped."""
+    make_wheel(pool, "vllm", "0.30.0", ["torch==2.13.0", "torchvision==0.28.0"], tag=ABI3)
+    make_wheel(pool, "vllm", "0.27.0", ["torch==2.12.0", "torchaudio==2.12.0"], tag=ABI3)
+    make_wheel(pool, "vllm", "0.31.0rc1", ["torch==2.11.0"], tag=ABI3)
+    make_wheel(pool, "vllm", "0.26.0", ["torch==2.11.0", "torchvision==0.26.0", "torchaudio==2.11.0", "lib>=1",
+                                        "transformers>=5.5", "setuptools<81", "ffi==0.1.0", "quack>=0.4",
+                                        "zen==1.0; extra == 'zen'"], tag=ABI3)
+    make_wheel(pool, "vllm", "0.25.0", ["torch==2.10.0"], tag=ABI3)
+    make_wheel(pool, "vllm", "0.24.0", ["torch==2.11.0"], tag=ABI3)  # never reached: the scan stops at 0.25.0
+
+
+def test_the_vllm_release_is_the_newest_whose_torch_the_host_has(pool, tmp_path):
+    vllm_releases(pool)
+    env = wh.marker_environment("3.12", "manylinux_2_28_x86_64")
+    cache = tmp_path / "releases.json"
+    index = wh.ReleaseIndex("vllm", "3.12", "manylinux_2_28_x86_64", cache)
+    have = {k: wh.Version(v) for k, v in HOST.items()}
+    choice = wh.choose_vllm(index, have, env)
+    assert str(choice.version) == "0.26.0"
+    assert choice.passed_over == ["vllm 0.30.0: torch==2.13.0, torchvision==0.28.0",
+                                  "vllm 0.27.0: torch==2.12.0, torchaudio==2.12.0"]
+    assert index.asked == 3  # 0.31.0rc1 is a pre-release; nothing older than the match is read
+    again = wh.ReleaseIndex("vllm", "3.12", "manylinux_2_28_x86_64", cache)
+    assert str(wh.choose_vllm(again, have, env).version) == "0.26.0" and again.asked == 0  # from the cache
+    # a host one torch behind: 0.25.0 pins an older torch than 2.11's neighbours, so the scan ends there
+    old = {**have, "torch": wh.Version("2.10.1")}
+    with pytest.raises(wh.WheelhouseError, match=r"(?s)no vllm release .*torch 2.10.1.*vllm 0.25.0: torch==2.10.0"):
+        wh.choose_vllm(again, old, env)
+    # torchvision counts as much as torch: the host's 0.25.0 rules 0.26.0 out
+    with pytest.raises(wh.WheelhouseError, match=r"vllm 0.26.0: torchvision==0.26.0"):
+        wh.choose_vllm(again, {**have, "torchvision": wh.Version("0.25.0")}, env)
+    with pytest.raises(wh.WheelhouseError, match="names no torch version"):
+        wh.choose_vllm(again, {"numpy": wh.Version("2.5.2")}, env)
+    # a release asked for by name is checked, not trusted
+    with pytest.raises(wh.WheelhouseError, match=r"vllm 0.27.0: torch==2.12.0"):
+        wh.choose_vllm(again, have, env, only=wh.Version("0.27.0"))
+
+
+def recent_pip_into(pool: Path) -> None:
+    """The closure is resolved by a recent pip run from its wheel: that one wheel comes from the index (or pip's cache)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PIP_NO_INDEX", "PIP_FIND_LINKS", "PIP_CONFIG_FILE")}
+    out = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                          "-d", str(pool), "pip>=25"], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+
+
+def test_a_vllm_wheelhouse_carries_what_the_host_lacks_and_resolves_offline(pool, tmp_path):
+    vllm_releases(pool)
+    recent_pip_into(pool)
+    # the newest quack needs a newer ffi than vLLM pins: only a resolver that backtracks finds quack 0.5
+    make_wheel(pool, "quack", "0.6.0", ["ffi>=0.2"])
+    make_wheel(pool, "quack", "0.5.0", ["ffi>=0.1"])
+    make_wheel(pool, "ffi", "0.1.0")
+    make_wheel(pool, "ffi", "0.2.0")
+    for name, v in [("lib", "1.0"), ("lib", "2.0"), ("transformers", "5.20.0"), ("setuptools", "80.9.0"),
+                    ("setuptools", "81.0.0"), ("torch", "2.11.0")]:
+        make_wheel(pool, name, v)
+    have_file = tmp_path / "have.txt"
+    have_file.write_text("".join(f"{k}=={v}\n" for k, v in HOST.items()) + "transformers==5.17.0\n"
+                         "setuptools==81.0.0\n")
+    dest = tmp_path / "gpu-vllm"
+    w, choice, resolved = wh.build_vllm(dest, python="3.12", platform="manylinux_2_28_x86_64", have_file=have_file,
+                                        cache=tmp_path / "releases.json")
+    assert str(choice.version) == "0.26.0"
+    # the host's torch family and transformers are kept; its setuptools 81 is too new for vLLM, so 80.9 rides along
+    assert sorted(p.name for p in dest.glob("*.whl")) == [
+        "ffi-0.1.0-py3-none-any.whl", "lib-2.0-py3-none-any.whl", "quack-0.5.0-py3-none-any.whl",
+        "setuptools-80.9.0-py3-none-any.whl", f"vllm-0.26.0-{ABI3}.whl"]
+    assert (dest / "vllm-version.txt").read_text() == "0.26.0\n"
+    assert resolved == {"wheelhouse": ["ffi==0.1.0", "lib==2.0", "quack==0.5.0", "setuptools==80.9.0",
+                                       "vllm==0.26.0"],
+                        "host": ["torch==2.11.0+cu130", "torchaudio==2.11.0", "torchvision==0.26.0",
+                                 "transformers==5.17.0"], "unused": []}
+    readme = (dest / "README.txt").read_text()
+    assert "why vLLM 0.26.0" in readme and "passed over: vllm 0.30.0: torch==2.13.0" in readme
+    # pip's own resolver, offline, names what a wheelhouse lacks
+    (dest / "lib-2.0-py3-none-any.whl").unlink()
+    with pytest.raises(wh.WheelhouseError, match=r"(?s)does not resolve.*lib"):
+        wh.resolve_offline(dest, wh.read_have(have_file), set(w.chosen), "3.12", "manylinux_2_28_x86_64",
+                           "vllm==0.26.0")
+    # a host list without torchaudio cannot keep the host's build of it
+    have_file.write_text("torch==2.11.0\ntorchvision==0.26.0\n")
+    with pytest.raises(wh.WheelhouseError, match="no version of torchaudio"):
+        wh.build_vllm(dest, python="3.12", platform="manylinux_2_28_x86_64", have_file=have_file, cache=None)
+
+
+def test_vllm_parts_are_split_staged_hash_checked_and_joined(tmp_path):
+    """bench/gpu/h200.sh's carrying of the vLLM wheelhouse, with 1 MiB parts: a damaged part never gets through."""
+    house = tmp_path / "gpu-vllm"
+    house.mkdir()
+    (house / "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl").write_bytes(os.urandom(2_500_000))
+    (house / "lib-2.0-py3-none-any.whl").write_bytes(os.urandom(1000))
+    (house / "vllm-version.txt").write_text("0.26.0\n")
+    env = {**os.environ, "PAIRAUDIT_STASH": str(tmp_path / "stash"), "OUT": str(tmp_path / "out"),
+           "VLLM_PART_MIB": "1"}
+
+    def h200(*args):
+        return subprocess.run(["bash", str(REPO / "bench/gpu/h200.sh"), *args], capture_output=True, text=True,
+                              timeout=60, cwd=REPO, env=env)
+
+    parts = tmp_path / "parts"
+    out = h200("vllm-split", str(house), str(parts))
+    assert out.returncode == 0 and "3 parts of at most 1 MiB" in out.stdout, (out.stdout, out.stderr)
+    folders = sorted(parts.glob("part-*"))
+    assert [f.name for f in folders] == ["part-00", "part-01", "part-02"]
+    assert all((f / "vllm-parts.sha256").is_file() and f.stat().st_size for f in folders)
+    for i, folder in enumerate(folders[:2]):
+        out = h200("vllm-stage", str(folder))
+        assert out.returncode == 0 and f"{i + 1} of 3 parts" in out.stdout, (out.stdout, out.stderr)
+    out = h200("vllm-join", str(tmp_path / "joined"))
+    assert out.returncode == 3 and "missing or differs" in out.stderr  # part-02 not staged yet
+    # damaged in transit: refused on arrival, and nothing of it stays staged
+    bad = tmp_path / "bad"
+    shutil.copytree(folders[2], bad)
+    (piece,) = bad.glob("vllm.tar.part-*")
+    data = piece.read_bytes()
+    piece.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
+    out = h200("vllm-stage", str(bad))
+    assert out.returncode == 3 and "arrived damaged" in out.stderr
+    assert not (tmp_path / "stash/vllm-parts" / piece.name).exists()
+    assert h200("vllm-stage", str(folders[2])).returncode == 0
+    # damaged after staging: the join checks every part again
+    staged = tmp_path / "stash/vllm-parts/vllm.tar.part-01"
+    good = staged.read_bytes()
+    staged.write_bytes(b"x" + good[1:])
+    assert h200("vllm-join", str(tmp_path / "joined")).returncode == 3
+    staged.write_bytes(good)
+    out = h200("vllm-join", str(tmp_path / "joined"))
+    assert out.returncode == 0 and "joined 3 parts: 2 wheels, vLLM 0.26.0" in out.stdout, (out.stdout, out.stderr)
+    for f in house.iterdir():
+        assert (tmp_path / "joined" / f.name).read_bytes() == f.read_bytes()

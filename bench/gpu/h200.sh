@@ -13,6 +13,23 @@
 #                                    PROOF_BUDGET_S stops starting runs after that many seconds)
 #   bench/gpu/h200.sh poll [SECS]    wait up to SECS (default 540) for the proof, then tar it into $OUT
 #
+# Real vLLM for the host, carried the same way (docs/vllm.md); the first two on the connected machine:
+#   ./install.sh --wheelhouse /work/gpu-vllm --vllm --have have.txt    the wheelhouse (have.txt: pip freeze there)
+#   bench/gpu/h200.sh vllm-split WHEELHOUSE [PARTS]
+#                                    tar + split into parts of at most $VLLM_PART_MIB MiB (default 60), one
+#                                    folder each (PARTS/part-NN, default .stage/vllm, ignored by git), each
+#                                    with the manifest of every part's sha256
+#   bench/gpu/h200.sh vllm-stage PARTS/part-NN
+#                                    on the host, one call per part, the folder named in the call's carry:
+#                                    copied out of the checkout, its hash checked on arrival
+#   bench/gpu/h200.sh vllm-install   on the host: every part's hash checked, joined, unpacked; vLLM installed
+#                                    offline into $STASH/venv-vllm, which sees the host's torch; the import
+#                                    checked.  The later commands use it ($PAIRAUDIT_VLLM_PYTHON).
+#   bench/gpu/h200.sh vllm-join DIR  check and join the staged parts into DIR only (what vllm-install does first)
+#   bench/gpu/h200.sh vllm-bench [ARGS]
+#                                    the reference server against vLLM on this GPU, one run
+#                                    (bench/gpu/vllm_vs_ref.py ARGS), JSON into $OUT/vllm-vs-ref.json
+#
 # The carried wheels must include the tested transformers (constraints.txt):
 # the model conversion refuses a transformers that misreads the GGUF's
 # end-of-turn token (5.17, on the image this was first run on, does).
@@ -20,10 +37,28 @@ set -uo pipefail
 STASH=${PAIRAUDIT_STASH:-/root/pairaudit-stash}
 SITE=$STASH/site
 OUT=${OUT:-/tmp/out}
-mkdir -p "$STASH" "$OUT"
+# (vllm-split runs on the connected machine: no stash there)
+[ "${1:-}" = vllm-split ] || mkdir -p "$STASH" "$OUT"
 REPO=$PWD
 export PYTHONPATH=$REPO:$SITE${PYTHONPATH:+:$PYTHONPATH} PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1
 export PAIRAUDIT_CACHE=$STASH/cache
+VPARTS=$STASH/vllm-parts VWHEELS=$STASH/vllm-wheels VVENV=$STASH/venv-vllm
+MANIFEST=vllm-parts.sha256
+# the vLLM venv once installed: what {vllm_python} names in a config (config/examples/vllm-gpu.yaml)
+[ -x "$VVENV/bin/python" ] && export PAIRAUDIT_VLLM_PYTHON=${PAIRAUDIT_VLLM_PYTHON:-$VVENV/bin/python}
+# vLLM's compile cache, shared by every start of both arms (entries keyed by each config's hash), kept in the stash
+export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-$STASH/vllm-cache}
+# Every staged part checks against the manifest and none is missing; then the parts are joined into $1.
+vllm_join() {
+    local into=$1
+    [ -f "$VPARTS/$MANIFEST" ] || { echo "vllm-join: no part staged yet ($VPARTS/$MANIFEST is absent)" >&2; return 3; }
+    (cd "$VPARTS" && sha256sum --quiet --strict -c "$MANIFEST") ||
+        { echo "vllm-join: a part is missing or differs from the manifest; stage it again" >&2; return 3; }
+    rm -rf "$into" && mkdir -p "$into"
+    (cd "$VPARTS" && cat $(awk '{print $2}' "$MANIFEST")) | tar xf - -C "$into" || return 3
+    echo "joined $(wc -l < "$VPARTS/$MANIFEST") parts: $(ls "$into"/*.whl | wc -l) wheels," \
+         "vLLM $(cat "$into/vllm-version.txt"), $(du -sm "$into" | cut -f1) MiB in $into"
+}
 case "${1:-}" in
 stash)
     shift
@@ -104,5 +139,59 @@ poll)
     nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu --format=csv,noheader \
         >> "$OUT/nvsmi.txt" 2>&1
     [ -e "$P/DONE" ] && echo PROOF-DONE || echo PROOF-RUNNING ;;
-*) sed -n 2,12p "$0"; exit 2 ;;
+vllm-split)
+    wh=${2:?vllm-split WHEELHOUSE [PARTS]} parts=${3:-.stage/vllm} mib=${VLLM_PART_MIB:-60}
+    [ -f "$wh/vllm-version.txt" ] || { echo "vllm-split: $wh is not a vLLM wheelhouse (./install.sh --wheelhouse DIR --vllm)" >&2; exit 2; }
+    rm -rf "$parts" && mkdir -p "$parts"
+    # wheels are zip files already: the tarball is not compressed again
+    tar cf - -C "$wh" . | split -b "${mib}M" -d -a 2 - "$parts/vllm.tar.part-" || exit 3
+    (cd "$parts" && sha256sum vllm.tar.part-* > "$MANIFEST")
+    for f in "$parts"/vllm.tar.part-*; do
+        d=$parts/part-${f##*part-}
+        mkdir "$d" && mv "$f" "$d/" && cp "$parts/$MANIFEST" "$d/"
+    done
+    n=$(wc -l < "$parts/$MANIFEST")
+    echo "vLLM $(cat "$wh/vllm-version.txt"): $n parts of at most $mib MiB in $parts ($(du -sm "$parts" | cut -f1) MiB);" \
+         "stage each with: bench/gpu/h200.sh vllm-stage $parts/part-NN (carry: $parts/part-NN)" ;;
+vllm-stage)
+    d=${2:?vllm-stage PARTS/part-NN}
+    mkdir -p "$VPARTS"
+    cp "$d"/vllm.tar.part-* "$VPARTS/" && cp "$d/$MANIFEST" "$VPARTS/" || exit 3
+    for f in "$d"/vllm.tar.part-*; do
+        (cd "$VPARTS" && grep " ${f##*/}\$" "$MANIFEST" | sha256sum --quiet --strict -c -) ||
+            { echo "vllm-stage: ${f##*/} arrived damaged; stage it again" >&2; rm -f "$VPARTS/${f##*/}"; exit 3; }
+    done
+    have=$(cd "$VPARTS" && ls vllm.tar.part-* | wc -l)
+    # the wheelhouse was made for a glibc (its --platform, manylinux_2_35 by default): the host's, to compare
+    echo "staged ${d##*/}: $have of $(wc -l < "$VPARTS/$MANIFEST") parts in $VPARTS;" \
+         "host glibc $(getconf GNU_LIBC_VERSION 2>/dev/null | cut -d' ' -f2)" ;;
+vllm-join)
+    vllm_join "${2:?vllm-join DIR}" ;;
+vllm-install)
+    t0=$SECONDS
+    vllm_join "$VWHEELS" || exit 3
+    version=$(cat "$VWHEELS/vllm-version.txt")
+    # The project's stashed packages (PYTHONPATH) must not stand in for the vLLM venv's own.
+    unset PYTHONPATH
+    if [ ! -x "$VVENV/bin/python" ]; then
+        # A Python without ensurepip still makes one: the host's pip serves it through the .pth below.
+        python3 -m venv "$VVENV" 2>/dev/null || { rm -rf "$VVENV"; python3 -m venv --without-pip "$VVENV"; } || exit 3
+        # The venv sees the host's site directories after its own: its CUDA torch, torchvision, torchaudio.
+        python3 tools/wheelhouse.py host-pth "$("$VVENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || exit 3
+    fi
+    "$VVENV/bin/python" -m pip install -q --disable-pip-version-check --no-index --find-links "$VWHEELS" \
+        "vllm==$version" 2>&1 | tail -20
+    [ "${PIPESTATUS[0]}" = 0 ] || { echo "vllm-install: pip failed" >&2; exit 4; }
+    "$VVENV/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, torch.version.cuda)" \
+        || exit 4
+    echo "vllm_install_s $((SECONDS - t0))" | tee -a "$OUT/timings.txt"
+    echo "PAIRAUDIT_VLLM_PYTHON=$VVENV/bin/python (this script sets it for its later commands)" ;;
+vllm-bench)
+    shift
+    t0=$SECONDS
+    python3 bench/gpu/vllm_vs_ref.py --out "$OUT/vllm-vs-ref.json" "$@" 2> "$OUT/vllm-vs-ref.log"
+    rc=$?
+    echo "vllm_bench rc=$rc wall_s $((SECONDS - t0))" | tee -a "$OUT/timings.txt"
+    tail -5 "$OUT/vllm-vs-ref.log" ;;
+*) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 2 ;;
 esac

