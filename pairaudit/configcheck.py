@@ -80,6 +80,8 @@ from pairaudit.core.settings import (
 from pairaudit.datasets import formats as datasets
 from pairaudit.plans import change
 from pairaudit.promotion import calibration
+from pairaudit.quality import sizing
+from pairaudit.quality.sizing import SelectedCount
 from pairaudit.refserver import switches as ref_switches
 from pairaudit.serving import gpupool, launch
 from pairaudit.serving.armspec import ArmSpec
@@ -99,6 +101,8 @@ class CheckResult:
     notes: list[str] = field(default_factory=list)
     # name -> dataset document, for the entries whose rows were at hand
     documents: dict[str, dict] = field(default_factory=dict)
+    # each entry's selected item count where the load knows it (the document's, else an integer select.count)
+    selected: list[SelectedCount] = field(default_factory=list)
     # each section resolved once, here; ``settings`` is set only when nothing is wrong
     datasets: list[DatasetSettings] = field(default_factory=list)
     speed: SpeedSettings | None = None
@@ -233,6 +237,11 @@ def check_datasets(config: Mapping[str, Any], result: CheckResult, *, base_dir: 
         elif isinstance(name, str):  # a document is built only for an entry with a name
             result.documents[name] = doc
         result.datasets.append(datasets.resolve_entry(entry, doc, where=where, base_dir=base_dir))
+        count = entry["select"].get("count")
+        n = (len(doc["indices"]) if doc is not None
+             else count if isinstance(count, int) and not isinstance(count, bool) else None)
+        if n is not None:
+            result.selected.append(SelectedCount(where=where, name=entry["name"], n=n))
 
 
 # ---------------------------------------------------------------- lengths
@@ -402,11 +411,17 @@ def check_config(config: Mapping[str, Any], *, base_dir: str | os.PathLike,
     resolve_sections(config, result)
     specs = check_arms(config, result)
     check_datasets(config, result, base_dir=base, cache_dir=Path(cache_dir) if cache_dir else base / ".cache")
-    from .quality import sizing  # rules.quality.detect_loss_pct: a note per dataset too small to see that loss
-
-    result.notes += sizing.detect_loss_notes(config, result.documents, base_dir=base)
-    # quality-v2: a note per dataset too small to rule out rules.quality.margin_pct at the expected discordance
-    result.notes += sizing.margin_notes(config, result.documents, base_dir=base)
+    if result.rules is not None:
+        # rules.quality.detect_loss_pct: a note per dataset too small to see that loss
+        audit = config.get("audit")
+        log = defaults.filled(config.get("calibration"), "calibration")["log"]
+        result.notes += sizing.detect_loss_notes(result.rules.quality, result.selected, audit=audit,
+                                                 calibration_log=log, base_dir=base)
+        # quality-v2: a note per dataset too small to rule out rules.quality.margin_pct at the expected discordance
+        entries = [e for e in config.get("datasets") or [] if isinstance(e, dict)]
+        family = sum(1 for e in entries if isinstance(e.get("name"), str))  # quality-v2's Bonferroni family
+        result.notes += sizing.margin_notes(result.rules.quality, result.selected, datasets=family, audit=audit,
+                                            base_dir=base)
     check_lengths(config, specs, result)
     check_speed(config, specs, result)
     check_boundary(config, specs, result)
