@@ -37,7 +37,8 @@ configfile: "config/config.yaml"
 # every check below see them (pairaudit/plans/change.py).
 derive_at_load(config)
 validate(config, "config/schema.yaml")
-check_at_load(config, workflow)  # everything else checkable before a job runs
+# everything else checkable before a job runs; each section resolved once, for the rules
+SETTINGS = check_at_load(config, workflow).settings
 
 
 report: "report/workflow.rst"

@@ -74,10 +74,10 @@ def main(argv=None) -> int:
             # the other arm stays the config's control exactly, so its starts meet the host's evidence
             arm = cfg["arms"][args.plant_in]
             arm["env"] = {**(arm.get("env") or {}), "PAIRAUDIT_REF_STEP_DELAY_US": str(args.plant_delay_us)}
-    scfg = speed.resolve_config(cfg.get("speed"))
+    scfg = speed.resolve(cfg.get("speed"))
     out = Path(args.out or tempfile.mkdtemp(prefix="speed-bracket-"))
     out.mkdir(parents=True, exist_ok=True)
-    archive = Path(args.archive) if args.archive else REPO / scfg["archive"]
+    archive = Path(args.archive) if args.archive else REPO / scfg.archive
     lp, pp, sp = {}, {}, {}
     for arm in ("control", "candidate"):
         # the spec file the arm_spec rule writes, and the receipt of its answers phase
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
         pp[arm] = str(out / f"preflight-{arm}.json")
         artifacts.write_json(pp[arm], {"schema": "pairaudit.preflight/v1", "verdict": "PASS", "bench": True})
     t0 = time.monotonic()
-    doc = speed_stage.speed_stage(launch_paths=lp, preflight_paths=pp, spec_paths=sp, speed_cfg=cfg.get("speed"),
+    doc = speed_stage.speed_stage(launch_paths=lp, preflight_paths=pp, spec_paths=sp, speed=scfg,
                             audit=args.audit, out_path=str(out / "decision.json"),
                             streams_path=str(out / "streams.jsonl"), archive_path=str(archive),
                             server_logs={s: str(out / f"server-{s}.log") for s in ("s1", "s2", "s3")})

@@ -23,7 +23,7 @@ The schema covers shapes and enums; this covers what needs code or files:
   the embedded model (or a local model directory) on the reference server,
   else bounded by the prompt's UTF-8 bytes (a note, not an error: a byte
   bound cannot prove a prompt too long);
-* the speed cells (:func:`pairaudit.speed.bracket.resolve_config`, unique names) and
+* the speed cells (:func:`pairaudit.speed.bracket.resolve`, unique names) and
   the boundary cases (:func:`pairaudit.boundary.cases.settings` / ``case_plan``);
 * with ``rules.quality.detect_loss_pct`` set, a note for each dataset whose
   selected count cannot see that net loss (:func:`pairaudit.quality.sizing.detect_loss_notes`);
@@ -36,6 +36,12 @@ The schema covers shapes and enums; this covers what needs code or files:
 * every artifact already under ``results/<audit>/`` still has the content its
   writer recorded (:func:`pairaudit.core.artifacts.verify_tree`), so an edited
   file is refused by name even when Snakemake would rerun nothing.
+
+Each section is resolved here once, into its frozen record
+(:mod:`pairaudit.core.settings`): speed, boundary, greedy, rules and every
+dataset entry with its selected item indices.  ``check_at_load`` returns them
+as ``CheckResult.settings``, and the rules hand each job its section's record;
+no job resolves, defaults or selects again.
 
 Every message names the key path, the value and what is allowed.  Nothing
 here starts a server, loads a model or touches the network.
@@ -60,11 +66,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from pairaudit.core import artifacts
+from pairaudit.core import artifacts, defaults
 from pairaudit.core.contracts import ARMS, DECISION_SCHEMA, MANIFEST_SCHEMA, PATHS, audit_dir
+from pairaudit.core.settings import (
+    AuditSettings,
+    BoundarySettings,
+    DatasetSettings,
+    GreedySettings,
+    RulesSettings,
+    SettingsError,
+    SpeedSettings,
+)
 from pairaudit.datasets import formats as datasets
 from pairaudit.plans import change
 from pairaudit.promotion import calibration
+from pairaudit.quality import sizing
+from pairaudit.quality.sizing import SelectedCount
 from pairaudit.refserver import switches as ref_switches
 from pairaudit.serving import armspec, gpupool
 from pairaudit.serving.armspec import ArmSpec
@@ -84,6 +101,15 @@ class CheckResult:
     notes: list[str] = field(default_factory=list)
     # name -> dataset document, for the entries whose rows were at hand
     documents: dict[str, dict] = field(default_factory=dict)
+    # each entry's selected item count where the load knows it (the document's, else an integer select.count)
+    selected: list[SelectedCount] = field(default_factory=list)
+    # each section resolved once, here; ``settings`` is set only when nothing is wrong
+    datasets: list[DatasetSettings] = field(default_factory=list)
+    speed: SpeedSettings | None = None
+    boundary: BoundarySettings | None = None
+    greedy: GreedySettings | None = None
+    rules: RulesSettings | None = None
+    settings: AuditSettings | None = None
 
     def raise_if_problems(self) -> None:
         if self.problems:
@@ -210,6 +236,12 @@ def check_datasets(config: Mapping[str, Any], result: CheckResult, *, base_dir: 
                                 f"prompt lengths are checked when the dataset stage downloads it")
         elif isinstance(name, str):  # a document is built only for an entry with a name
             result.documents[name] = doc
+        result.datasets.append(datasets.resolve_entry(entry, doc, where=where, base_dir=base_dir))
+        count = entry["select"].get("count")
+        n = (len(doc["indices"]) if doc is not None
+             else count if isinstance(count, int) and not isinstance(count, bool) else None)
+        if n is not None:
+            result.selected.append(SelectedCount(where=where, name=entry["name"], n=n))
 
 
 # ---------------------------------------------------------------- lengths
@@ -258,9 +290,8 @@ def byte_bound(messages: list[dict]) -> int:
 def check_lengths(config: Mapping[str, Any], specs: Mapping[str, ArmSpec], result: CheckResult) -> None:
     sampling = config.get("sampling") or {}
     asked = [("sampling.max_tokens", sampling.get("max_tokens"))]
-    greedy_max = (config.get("greedy") or {}).get("max_tokens")
-    if greedy_max is not None:
-        asked.append(("greedy.max_tokens", greedy_max))
+    if result.greedy is not None:
+        asked.append(("greedy.max_tokens", result.greedy.max_tokens))
     budgets: list[tuple[str, int]] = [(k, v) for k, v in asked if isinstance(v, int) and not isinstance(v, bool)]
     kwargs = sampling.get("chat_template_kwargs") or {}
     names = [d.get("name") for d in config.get("datasets") or [] if isinstance(d, dict)]
@@ -312,31 +343,34 @@ def check_lengths(config: Mapping[str, Any], specs: Mapping[str, ArmSpec], resul
 # ------------------------------------------------------------ later stages
 
 def check_speed(config: Mapping[str, Any], specs: Mapping[str, ArmSpec], result: CheckResult) -> None:
-    cfg = config.get("speed")
-    if cfg is None or not cfg.get("enabled", True):
+    """The speed section resolved (``result.speed``; left None when disabled) and its cells against each arm."""
+    cfg = defaults.filled(config.get("speed"), "speed")
+    if not cfg.get("enabled", True):
         return
     from pairaudit.speed import bracket as speed
 
     try:
-        resolved = speed.resolve_config(cfg)
+        resolved = speed.resolve(cfg)
     except speed.SpeedConfigError as exc:
         result.problems.append(str(exc))
         return
-    for i, cell in enumerate(resolved["cells"]):
-        if cell["prompt"] == "short":  # at most its sentence, whatever input_len says
+    result.speed = resolved
+    for i, cell in enumerate(resolved.cells):
+        if cell.prompt == "short":  # at most its sentence, whatever input_len says
             continue
         for arm, spec in specs.items():
             mml = spec.max_model_len
-            if mml and cell["input_len"] + resolved["output_len"] > mml:
+            if mml and cell.input_len + resolved.output_len > mml:
                 result.problems.append(
-                    f"speed.cells[{i}].input_len: {cell['input_len']} + speed.output_len {resolved['output_len']} "
+                    f"speed.cells[{i}].input_len: {cell.input_len} + speed.output_len {resolved.output_len} "
                     f"exceeds arms.{arm}.max_model_len {mml} (allowed: input_len at most "
-                    f"{mml - resolved['output_len']})")
+                    f"{mml - resolved.output_len})")
 
 
 def check_boundary(config: Mapping[str, Any], specs: Mapping[str, ArmSpec], result: CheckResult) -> None:
-    cfg = config.get("boundary")
-    if cfg is not None and not cfg.get("enabled", True):
+    """The boundary section resolved (``result.boundary``; left None when disabled) and its cases per arm."""
+    cfg = defaults.filled(config.get("boundary"), "boundary")
+    if not cfg.get("enabled", True):
         return
     from pairaudit.boundary import cases as boundary
 
@@ -345,8 +379,26 @@ def check_boundary(config: Mapping[str, Any], specs: Mapping[str, ArmSpec], resu
         for spec in specs.values():
             if spec.max_model_len:
                 boundary.case_plan(resolved, spec.max_model_len)
-    except armspec.ConfigError as exc:
+        result.boundary = BoundarySettings.from_json(resolved)
+    except (armspec.ConfigError, SettingsError) as exc:
         result.problems.append(str(exc))
+
+
+def resolve_sections(config: Mapping[str, Any], result: CheckResult) -> None:
+    """The sections that need no code beyond the schema's shapes: greedy and rules, into their records."""
+    try:
+        result.greedy = GreedySettings.from_json(defaults.filled(config.get("greedy"), "greedy"))
+        result.rules = RulesSettings.from_json(defaults.filled(config.get("rules"), "rules"))
+    except SettingsError as exc:  # only a config the schema has not seen can get here
+        result.problems.append(str(exc))
+
+
+def audit_settings(config: Mapping[str, Any], result: CheckResult) -> AuditSettings | None:
+    """Every section's record, once every check passed (else None: the problems say why)."""
+    if result.problems or result.greedy is None or result.rules is None:
+        return None
+    return AuditSettings(speed=result.speed, boundary=result.boundary, greedy=result.greedy, rules=result.rules,
+                         datasets=tuple(result.datasets))
 
 
 # ----------------------------------------------------------------- entries
@@ -356,13 +408,20 @@ def check_config(config: Mapping[str, Any], *, base_dir: str | os.PathLike,
     """Every load-time check of an already schema-validated config; problems collected, never raised."""
     base = Path(base_dir)
     result = CheckResult()
+    resolve_sections(config, result)
     specs = check_arms(config, result)
     check_datasets(config, result, base_dir=base, cache_dir=Path(cache_dir) if cache_dir else base / ".cache")
-    from .quality import sizing  # rules.quality.detect_loss_pct: a note per dataset too small to see that loss
-
-    result.notes += sizing.detect_loss_notes(config, result.documents, base_dir=base)
-    # quality-v2: a note per dataset too small to rule out rules.quality.margin_pct at the expected discordance
-    result.notes += sizing.margin_notes(config, result.documents, base_dir=base)
+    if result.rules is not None:
+        # rules.quality.detect_loss_pct: a note per dataset too small to see that loss
+        audit = config.get("audit")
+        log = defaults.filled(config.get("calibration"), "calibration")["log"]
+        result.notes += sizing.detect_loss_notes(result.rules.quality, result.selected, audit=audit,
+                                                 calibration_log=log, base_dir=base)
+        # quality-v2: a note per dataset too small to rule out rules.quality.margin_pct at the expected discordance
+        entries = [e for e in config.get("datasets") or [] if isinstance(e, dict)]
+        family = sum(1 for e in entries if isinstance(e.get("name"), str))  # quality-v2's Bonferroni family
+        result.notes += sizing.margin_notes(result.rules.quality, result.selected, datasets=family, audit=audit,
+                                            base_dir=base)
     check_lengths(config, specs, result)
     check_speed(config, specs, result)
     check_boundary(config, specs, result)
@@ -373,6 +432,7 @@ def check_config(config: Mapping[str, Any], *, base_dir: str | os.PathLike,
     if "change" in config and any(p.startswith("arms.") for p in result.problems):
         result.notes.append("arms.control and arms.candidate are derived from server + change (control: every "
                             "switch at its rollback value, candidate: every switch on); fix the key there")
+    result.settings = audit_settings(config, result)
     return result
 
 
@@ -426,13 +486,15 @@ def server_slots(workflow) -> int | None:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-_LOADED: dict[int, bool] = {}
+# id(workflow) -> the settings its main Snakefile resolved (its calibration module's are the same)
+_LOADED: dict[int, AuditSettings | None] = {}
 
 
 def check_at_load(config: dict, workflow) -> CheckResult:
     """The Snakefile's one call: check the config and the audit's artifacts, fail naming every problem.
 
-    Also hands the invocation's ``server_slots``, audit name and ``gpus``
+    Its ``settings`` are every section of the config resolved once (:mod:`pairaudit.core.settings`):
+    what the rules hand their jobs.  Also hands the invocation's ``server_slots``, audit name and ``gpus``
     section to the jobs (environment variables their ``launch.Server`` reads
     for the machine-wide server slots, :mod:`pairaudit.serving.slots`, and
     the GPU pool, :mod:`pairaudit.serving.gpupool`).
@@ -442,16 +504,17 @@ def check_at_load(config: dict, workflow) -> CheckResult:
     # Snakefile loaded again as its calibration module. (Snakemake's own
     # ``workflow.modifier.is_module`` is True in the main Snakefile too once it
     # declares a module, so it cannot tell them apart.)
-    module = _LOADED.get(id(workflow), False)
-    _LOADED[id(workflow)] = True
+    module = id(workflow) in _LOADED
     if module and calibration.is_calibration(config):
         # The Snakefile's calibration module: its config is the audit's, checked a moment ago
         # by the main Snakefile, with the candidate a copy of the control; checking it again
-        # would only double the load time.
-        result = CheckResult(problems=calibration.check(config))
+        # would only double the load time.  Its sections are the audit's (only the arms and
+        # the audit name differ), so are their records.
+        result = CheckResult(problems=calibration.check(config), settings=_LOADED[id(workflow)])
     else:
         # The schema validation filled defaults in; check a copy so nothing here can change the config.
         result = check_config(copy.deepcopy(config), base_dir=base)
+        _LOADED[id(workflow)] = result.settings
     if isinstance(config.get("audit"), str):
         # relative to the working directory, as the rules' outputs are
         result.problems += check_results(audit_dir(config["audit"]))

@@ -48,7 +48,7 @@ if BOUNDARY_ON:
         conda:
             "../envs/serving.yaml"
         params:
-            boundary=config["boundary"],
+            boundary=SETTINGS.boundary.to_json(),
             code=code("boundary_plan"),
         script:
             "../scripts/boundary_plan.py"

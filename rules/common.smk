@@ -5,14 +5,15 @@ from pathlib import Path
 from pairaudit.promotion import calibration
 from pairaudit.core import contracts
 from pairaudit.core.codehash import code_hash
-from pairaudit.datasets.formats import source_fingerprint
 from pairaudit.core.lifecycle import relay_interrupts
 
 # A SIGINT to snakemake alone would let its running jobs carry on; they watch for this.
 relay_interrupts()
 
 ARMS = ["control", "candidate"]
-DATASETS = {d["name"]: d for d in config["datasets"]}
+# Each config section as the load check resolved it, once (SETTINGS, the Snakefile's;
+# pairaudit/core/settings.py): the rules hand each job its section's record as JSON.
+DATASETS = {d.name: d for d in SETTINGS.datasets}
 BASE = Path(workflow.basedir)
 CACHE = str(Path(workflow.basedir) / ".cache")
 
@@ -59,8 +60,8 @@ def server_log(name):
 BISECT = artifact(contracts.BISECT_SCHEMA)
 
 
-BOUNDARY_ON = config["boundary"]["enabled"]
-SPEED_ON = config["speed"]["enabled"]
+BOUNDARY_ON = SETTINGS.boundary is not None
+SPEED_ON = SETTINGS.speed is not None
 # An A/A calibration (the Snakefile's calibration module): decided by its gates, summarized, logged.
 CALIBRATION = calibration.is_calibration(config)
 CALIBRATIONS = calibration.log_path(config)
@@ -121,16 +122,9 @@ def arm_partition(wildcards):
 BOTH_ARMS_PARTITION = slurm_partition(BOTH_ARMS_GPUS)
 
 
-def dataset_config(wildcards):
-    return DATASETS[wildcards.dataset]
-
-
-def dataset_where(wildcards):
-    return f"datasets[{list(DATASETS).index(wildcards.dataset)}]"
-
-
-def dataset_source_sha256(wildcards):
-    return source_fingerprint(DATASETS[wildcards.dataset]["source"], base_dir=BASE)
+def dataset_settings(wildcards):
+    """The dataset's record (its entry, selected indices and source fingerprint) as JSON."""
+    return DATASETS[wildcards.dataset].to_json()
 
 
 def answers_inputs(wildcards):

@@ -32,7 +32,7 @@ rule diagnostics:
         slurm_partition=BOTH_ARMS_PARTITION,
     params:
         datasets=list(DATASETS),
-        greedy=config["greedy"],
+        greedy=SETTINGS.greedy.to_json(),
         chat_template_kwargs=config["sampling"].get("chat_template_kwargs", {}),
         journal_dir=JOURNAL,
         starts_log=STARTS_LOG,
@@ -40,7 +40,7 @@ rule diagnostics:
         server_logs={a: server_log(f"diagnostics-{a}") for a in ARMS},
         greedy_paths=greedy_paths(),
         divergence_paths=divergence_paths(),
-        max_divergent=config["rules"]["grid_tie"]["max_divergent"],
+        max_divergent=SETTINGS.rules.grid_tie.max_divergent,
         code=code("diagnostics"),
     script:
         "../scripts/diagnostics.py"

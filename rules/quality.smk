@@ -9,9 +9,7 @@ rule dataset:
     conda:
         "../envs/scoring.yaml"
     params:
-        cfg=dataset_config,
-        where=dataset_where,
-        source_sha256=dataset_source_sha256,
+        dataset=dataset_settings,
         cache_dir=CACHE,
         base_dir=str(BASE),
         code=code("dataset"),
@@ -47,9 +45,9 @@ rule paired:
     conda:
         "../envs/analysis.yaml"
     params:
-        quality=config["rules"]["quality"],
+        quality=SETTINGS.rules.quality.to_json(),
         # quality-v2 bounds each dataset at 1 - (1 - level) / datasets, so the audit's claim holds over all
-        datasets=len(config["datasets"]),
+        datasets=len(DATASETS),
         code=code("paired"),
     script:
         "../scripts/paired.py"

@@ -5,9 +5,7 @@
 # outside the audit directory, so a rerun adds to the day-to-day spread.  The
 # receipts and rehearsals are `ancient`: the answers phase rewrites them when it
 # reruns for a dataset, and the bracket depends only on the arms (a parameter)
-# and its own settings.
-
-SPEED_CFG = config["speed"]
+# and its own settings (the speed record, resolved at load).
 
 
 # `speed: {enabled: false}` leaves the rule out: the decision then lists the
@@ -35,7 +33,7 @@ if SPEED_ON:
             gpu=BOTH_ARMS_GPUS,
             slurm_partition=BOTH_ARMS_PARTITION,
         params:
-            speed=SPEED_CFG,
+            speed=SETTINGS.speed.to_json(),
             audit=config["audit"],
             starts_log=STARTS_LOG,
             # params, not logs: see rule answers
@@ -44,9 +42,9 @@ if SPEED_ON:
                 f"s{k + 1}": server_log(
                     f"speed-s{k + 1}-{'control' if k % 2 == 0 else 'candidate'}"
                 )
-                for k in range(SPEED_CFG.get("max_starts", 3))
+                for k in range(SETTINGS.speed.max_starts)
             },
-            archive=SPEED_CFG["archive"],
+            archive=SETTINGS.speed.archive,
             code=code("speed"),
         script:
             "../scripts/speed.py"

@@ -4,7 +4,8 @@ import sys
 
 sys.path.insert(0, f"{snakemake.scriptdir}/..")  # noqa: F821
 from pairaudit.core.jobs import run_job  # noqa: E402
+from pairaudit.core.settings import BoundarySettings  # noqa: E402
 from pairaudit.plans.stage import boundary_plan_stage  # noqa: E402
 
-run_job(snakemake.log[0], boundary_plan_stage, cfg=snakemake.params.boundary,  # noqa: F821
+run_job(snakemake.log[0], boundary_plan_stage, boundary=BoundarySettings.from_json(snakemake.params.boundary),  # noqa: F821
         out_path=snakemake.output[0])  # noqa: F821

@@ -4,6 +4,7 @@ import sys
 
 sys.path.insert(0, f"{snakemake.scriptdir}/..")  # noqa: F821
 from pairaudit.core.jobs import run_job  # noqa: E402
+from pairaudit.core.settings import GreedySettings  # noqa: E402
 from pairaudit.diagnostics.stage import diagnostics_phase  # noqa: E402
 
 inp, out, params, log = snakemake.input, snakemake.output, snakemake.params, snakemake.log  # noqa: F821
@@ -12,7 +13,7 @@ run_job(log[0], diagnostics_phase, dataset_paths=dict(zip(names, inp.datasets)),
         paired_paths=dict(zip(names, inp.paired)),
         receipt_paths={"control": inp.receipt_control, "candidate": inp.receipt_candidate},
         preflight_paths={"control": inp.preflight_control, "candidate": inp.preflight_candidate},
-        spec_paths={"control": inp.spec_control, "candidate": inp.spec_candidate}, greedy_cfg=params.greedy,
+        spec_paths={"control": inp.spec_control, "candidate": inp.spec_candidate}, greedy=GreedySettings.from_json(params.greedy),
         chat_template_kwargs=params.chat_template_kwargs,
         journal_dir=params.journal_dir,
         greedy_paths=params.greedy_paths, divergence_paths=params.divergence_paths,

@@ -20,6 +20,7 @@ from pairaudit.answers import stage as answers_stage
 from pairaudit.boundary import cases as boundary
 from pairaudit.boundary import stage as boundary_stage
 from pairaudit.core import artifacts, contracts
+from pairaudit.core.settings import BoundarySettings
 from pairaudit.plans import stage as plan_stage
 from pairaudit.refserver.tokenizer import ChatTokenizer
 from pairaudit.serving import armspec, launch
@@ -189,7 +190,7 @@ def run_arm(tmp_path, arm, url, cfg=CFG):
     arm_cfg = {"mode": "attach", "url": url, "model": MODEL, "max_model_len": MML}
     spec_path, plan_path = tmp_path / f"specs/{arm}.json", tmp_path / "boundary/plan.json"
     plan_stage.arm_spec_stage(arm=arm, arm_cfg=arm_cfg, out_path=str(spec_path))
-    plan_stage.boundary_plan_stage(cfg=cfg, out_path=str(plan_path))
+    plan_stage.boundary_plan_stage(boundary=BoundarySettings.from_json(boundary.settings(cfg)), out_path=str(plan_path))
     spec = armspec.read_spec(spec_path, arm=arm)
     launch_path = tmp_path / f"launch-{arm}.json"
     rec = launch.receipt(spec)

@@ -12,6 +12,7 @@ import pytest
 
 from pairaudit import gates
 from pairaudit.core import artifacts
+from pairaudit.core.settings import GreedySettings
 from pairaudit.core.jsonlog import read_log
 from pairaudit.datasets import formats as datasets
 from pairaudit.diagnostics import greedy as g
@@ -60,7 +61,7 @@ def _run(tmp_path, url_by_arm, *, fresh=True, greedy=GREEDY):
     out = tmp_path / "divergence.json"
     phase = diagnostics_stage.diagnostics_phase(
         dataset_paths={"algebra": dataset_path}, paired_paths={"algebra": paired_path}, receipt_paths=launch_paths,
-        preflight_paths={a: preflight_path for a in spec_paths}, spec_paths=spec_paths, greedy_cfg=greedy,
+        preflight_paths={a: preflight_path for a in spec_paths}, spec_paths=spec_paths, greedy=GreedySettings.from_json(greedy), max_divergent=3,
         chat_template_kwargs={}, journal_dir=str(tmp_path / "journal"), greedy_paths=greedy_paths,
         divergence_paths={"algebra": str(out)}, server_logs={a: str(tmp_path / f"{a}.log") for a in spec_paths},
         starts_log=str(tmp_path / "starts.jsonl"), phase_path=str(tmp_path / "phase.json"))

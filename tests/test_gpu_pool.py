@@ -470,6 +470,7 @@ def test_the_speed_bracket_runs_its_three_starts_on_the_same_gpus_and_reads_thei
     three of them and hold them, and s2 could not have the same two ids.
     """
     from pairaudit.plans import stage as plan_stage
+    from pairaudit.speed import bracket as speed_bracket
     from pairaudit.speed import stage as speed_stage
 
     smi = FakeSmi(tmp_path / "smi", gpus=[{"index": str(i), "uuid": u} for i, u in enumerate(UUIDS)])
@@ -493,7 +494,7 @@ def test_the_speed_bracket_runs_its_three_starts_on_the_same_gpus_and_reads_thei
 
     def bracket():
         out["doc"] = speed_stage.speed_stage(
-            launch_paths=lp, preflight_paths=pp, spec_paths=sp, speed_cfg=cfg, audit="pool",
+            launch_paths=lp, preflight_paths=pp, spec_paths=sp, speed=speed_bracket.resolve(cfg), audit="pool",
             out_path=str(tmp_path / "decision.json"), streams_path=str(tmp_path / "streams.jsonl"),
             archive_path=str(tmp_path / "archive.jsonl"),
             server_logs={s: str(tmp_path / f"{s}.log") for s in ("s1", "s2", "s3")}, starts_log=str(starts_log))

@@ -19,6 +19,7 @@ from pairaudit.core.jsonlog import read_log
 from pairaudit.gates import server_failure
 from pairaudit.plans import stage as plan_stage
 from pairaudit.serving import failures
+from pairaudit.speed import bracket as speed_bracket
 from pairaudit.speed import stage as speed_stage
 
 SAMPLING = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0, "base_seed": 1000, "max_tokens": 16,
@@ -135,7 +136,7 @@ def _speed_bracket(tmp_path: Path, candidate_cfg: dict) -> tuple[dict, Path]:
            "repeats": 2, "waves": 1, "output_len": 8, "accept_unverifiable_clock": True,
            "max_starts": 3, "repeat_s": None}  # one bracket: these tests look at a start's failure and the record
     logs = {s: str(tmp_path / f"logs/speed-{s}.log") for s in ("s1", "s2", "s3")}
-    doc = speed_stage.speed_stage(launch_paths=lp, preflight_paths=pp, spec_paths=sp, speed_cfg=cfg, audit="t",
+    doc = speed_stage.speed_stage(launch_paths=lp, preflight_paths=pp, spec_paths=sp, speed=speed_bracket.resolve(cfg), audit="t",
                             out_path=str(tmp_path / "speed/decision.json"),
                             streams_path=str(tmp_path / "speed/streams.jsonl"),
                             archive_path=str(tmp_path / "archive.jsonl"), server_logs=logs,

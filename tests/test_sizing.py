@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from pairaudit import gates
-from pairaudit.core import stats
+from pairaudit.core import defaults, stats
+from pairaudit.core.settings import QualitySettings
 from pairaudit.plans import change
 from pairaudit.quality import sizing
 
@@ -182,7 +183,11 @@ def test_load_check_uses_the_audits_calibration_when_it_has_one(tmp_path):
     floor = sizing.items_needed(10, 0.1).items
     measured = sizing.items_needed(10, 0.3).items
     cfg = _config(10, count=floor)                    # enough for the floor, not for the measured discordance
-    notes = sizing.detect_loss_notes(cfg, {}, base_dir=tmp_path)
+    quality = QualitySettings.from_json(defaults.filled(cfg["rules"], "rules")["quality"])
+    selected = [sizing.SelectedCount(where=f"datasets[{i}]", name=d["name"], n=d["select"]["count"])
+                for i, d in enumerate(cfg["datasets"])]
+    notes = sizing.detect_loss_notes(quality, selected, audit=cfg["audit"], calibration_log="results/calibrations.jsonl",
+                                     base_dir=tmp_path)
     assert len(notes) == 1 and notes[0].startswith(f"datasets[0] (arith): {floor} selected items cannot see")
     assert f"at the discordance its A/A calibration default-calibration measured (0.3): that needs {measured} items" \
         in notes[0]

@@ -511,7 +511,7 @@ def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
     out, streams = tmp_path / "speed" / "decision.json", tmp_path / "speed" / "streams.jsonl"
     logs = {s: str(tmp_path / f"server-{s}.log") for s in STARTS}
     every = ("s1", "s2", "s3", "s4", "s5")
-    doc = speed_stage.speed_stage(launch_paths=lp, preflight_paths=pp, spec_paths=sp, speed_cfg=cfg, audit="e2e",
+    doc = speed_stage.speed_stage(launch_paths=lp, preflight_paths=pp, spec_paths=sp, speed=speed.resolve(cfg), audit="e2e",
                             out_path=str(out), streams_path=str(streams), archive_path=str(archive),
                             server_logs=logs)
     saved = artifacts.check_schema(artifacts.read_json(out), contracts.SPEED_DECISION_SCHEMA, out)

@@ -19,9 +19,11 @@ import yaml
 from pairaudit import configcheck
 from pairaudit.answers import stage as answers_stage
 from pairaudit.answers.sampled import Journal
+from pairaudit.boundary import cases as boundary_cases
 from pairaudit.boundary import stage as boundary_stage
-from pairaudit.core import artifacts, contracts
+from pairaudit.core import artifacts, contracts, defaults
 from pairaudit.core.artifacts import ArtifactError
+from pairaudit.core.settings import BoundarySettings, GreedySettings
 from pairaudit.diagnostics import stage as diagnostics_stage
 from pairaudit.plans import stage as plan_stage
 from pairaudit.plans.requests import body_sha256
@@ -29,6 +31,7 @@ from pairaudit.promotion import stage as report
 from pairaudit.quality import stage as quality_stage
 from pairaudit.serving import armspec
 from pairaudit.serving.launch import ServerError
+from pairaudit.speed import bracket
 from pairaudit.speed import stage as speed_stage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +74,8 @@ def write_inputs(root: Path) -> dict[str, Path]:
             "reference": {"answer": "2", "solution": "#### 2"}, "messages": [{"role": "user", "content": "1 + 1?"}]}
     artifacts.write_json(p["dataset"], {"schema": "pairaudit.dataset/v1", "name": "ds", "format": "gsm8k",
                                         "indices": [0], "items": [item]})
-    plan_stage.boundary_plan_stage(cfg={}, out_path=str(p["boundary_plan"]))
+    plan_stage.boundary_plan_stage(boundary=BoundarySettings.from_json(boundary_cases.settings({})),
+                                   out_path=str(p["boundary_plan"]))
     for arm in ARMS:
         plan_stage.arm_spec_stage(arm=arm, arm_cfg=DEAD_ARM, out_path=str(p[f"spec_{arm}"]))
         spec = armspec.read_spec(p[f"spec_{arm}"])
@@ -145,7 +149,8 @@ CONSUMERS = {
         dataset_paths={"ds": str(p["dataset"])}, paired_paths={"ds": str(p["paired"])},
         receipt_paths={a: str(p[f"launch_{a}"]) for a in ARMS},
         preflight_paths={a: str(p[f"preflight_{a}"]) for a in ARMS}, spec_paths=_specs(p),
-        greedy_cfg={}, chat_template_kwargs={}, journal_dir=str(o / "journal"),
+        greedy=GreedySettings.from_json(defaults.filled({}, "greedy")), max_divergent=3, chat_template_kwargs={},
+        journal_dir=str(o / "journal"),
         greedy_paths={"ds": {a: str(o / f"g-{a}.jsonl") for a in ARMS}},
         divergence_paths={"ds": str(o / "d.json")}, server_logs={a: str(o / f"{a}.log") for a in ARMS},
         starts_log=str(o / "starts.jsonl"), phase_path=str(o / "phase.json")),
@@ -159,8 +164,8 @@ CONSUMERS = {
     "speed": (lambda p, o: speed_stage.speed_stage(
         launch_paths={a: str(p[f"launch_{a}"]) for a in ARMS},
         preflight_paths={a: str(p[f"preflight_{a}"]) for a in ARMS}, spec_paths=_specs(p),
-        speed_cfg={"cells": [{"name": "c", "prompt": "short"}], "repeats": 2, "waves": 1, "output_len": 4,
-                   "repeat_s": None, "max_starts": 3},
+        speed=bracket.resolve({"cells": [{"name": "c", "prompt": "short"}], "repeats": 2, "waves": 1,
+                               "output_len": 4, "repeat_s": None, "max_starts": 3}),
         audit="t", out_path=str(o / "sp.json"), streams_path=str(o / "st.jsonl"),
         archive_path=str(o / "archive.jsonl"), server_logs={s: str(o / f"{s}.log") for s in ("s1", "s2", "s3")}),
         ["launch_control", "launch_candidate", "preflight_control", "preflight_candidate", "spec_control",

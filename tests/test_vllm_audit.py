@@ -23,6 +23,7 @@ from pairaudit.plans import stage as plan_stage
 from pairaudit.serving import armspec, launch
 from pairaudit.serving.client import Endpoint
 from pairaudit.serving.preflight import run_preflight
+from pairaudit.speed import bracket as speed_bracket
 from pairaudit.speed import stage as speed_stage
 
 pytestmark = [pytest.mark.vllm, pytest.mark.workflow]
@@ -116,7 +117,7 @@ def test_speed_bracket_launches_real_vllm_three_times(vllm_pair, tmp_path):
     cfg = {"cells": [{"name": "short-c1", "prompt": "short", "input_len": 16, "concurrency": 1, "decide": True}],
            "repeats": 2, "waves": 1, "output_len": 8, "informational": True, "repeat_s": None, "max_starts": 3}
     doc = speed_stage.speed_stage(launch_paths=launch_paths, preflight_paths=preflight_paths, spec_paths=spec_paths,
-                            speed_cfg=cfg, audit="vllm-speed", out_path=str(tmp_path / "decision.json"),
+                            speed=speed_bracket.resolve(cfg), audit="vllm-speed", out_path=str(tmp_path / "decision.json"),
                             streams_path=str(tmp_path / "streams.jsonl"),
                             archive_path=str(tmp_path / "control-archive.jsonl"),
                             server_logs={s: str(tmp_path / f"{s}.log") for s in ("s1", "s2", "s3")})

@@ -36,7 +36,14 @@ Item (``normalize``)::
                 | multiple_choice {"choices": [str], "answer": "<letter>"}}
   (qa and multiple_choice rows, templates and scoring: :mod:`pairaudit.formats.answerformats`)
 
-Dataset document (``prepare_dataset``; written as results/<audit>/datasets/<name>.json)::
+Selection.  Each entry is resolved once, at load (``resolve_entry``, called by
+the load check): for rows the config fixes (a generated suite, a local or
+packaged file) the selected indices are chosen there and carried in the
+entry's record (:class:`pairaudit.core.settings.DatasetSettings`); the dataset
+stage builds the document from those indices (``dataset_document``) and
+selects only for a hub file, whose rows exist once it has downloaded them.
+
+Dataset document (``prepare_dataset``, ``dataset_document``; written as results/<audit>/datasets/<name>.json)::
 
     {"schema": "pairaudit.dataset/v1", "name", "format", "prompt_template",
      "source": provenance, "select": the select config, "indices": [int],
@@ -61,6 +68,7 @@ import tempfile
 from pathlib import Path
 
 from pairaudit.core.contracts import DATASET_SCHEMA
+from pairaudit.core.settings import DatasetSettings, thaw
 from pairaudit.datasets import suites
 from pairaudit.formats import answerformats
 from pairaudit.formats.boxed import last_boxed
@@ -447,6 +455,35 @@ def prepare_dataset(cfg: dict, *, cache_dir: Path, base_dir: Path, where: str | 
     """
     where = where or f"datasets[{cfg.get('name', '?') if isinstance(cfg, dict) else '?'}]"
     check_entry(cfg, where)
+    return _document(cfg, cache_dir=cache_dir, base_dir=base_dir, where=where, indices=None)
+
+
+def dataset_document(dataset: DatasetSettings, *, cache_dir: Path, base_dir: Path) -> dict:
+    """The dataset document of an entry resolved at load: its selected indices prompted, none chosen again.
+
+    Only an entry whose record has no indices (a hub file: its rows exist once
+    downloaded) is selected here, by the same ``select_items``.
+    """
+    return _document(thaw(dataset.entry), cache_dir=cache_dir, base_dir=base_dir, where=dataset.where,
+                     indices=dataset.indices)
+
+
+def resolve_entry(cfg: dict, doc: dict | None, *, where: str, base_dir: Path) -> DatasetSettings:
+    """One checked ``datasets[i]`` entry as its record; ``doc`` is the document ``check_dataset`` built (or None).
+
+    The indices are passed on only where the config fixes the rows: a hub
+    file's are chosen where it is downloaded, so that its record (a parameter
+    of the dataset's jobs) is the same before and after the download.
+    """
+    source = cfg["source"]
+    hub = isinstance(source, dict) and "hf" in source
+    return DatasetSettings(name=cfg["name"], where=where, entry=cfg,
+                           indices=None if hub or doc is None else doc["indices"],
+                           source_sha256=source_fingerprint(source, base_dir=base_dir))
+
+
+def _document(cfg: dict, *, cache_dir: Path, base_dir: Path, where: str,
+              indices: tuple[int, ...] | list[int] | None) -> dict:
     fmt, template = cfg["format"], cfg["prompt_template"]
     rows, prov = load_source(cfg["source"], cache_dir=cache_dir, base_dir=base_dir, where=f"{where}.source")
     name = cfg["name"]
@@ -454,7 +491,14 @@ def prepare_dataset(cfg: dict, *, cache_dir: Path, base_dir: Path, where: str | 
         items = normalize(fmt, rows, extract=cfg.get("extract"))
     except DatasetError as exc:
         raise DatasetError(f"{where}.source: {exc}") from None
-    indices = select_items(items, cfg["select"], where=f"{where}.select")
+    if indices is None:
+        indices = select_items(items, cfg["select"], where=f"{where}.select")
+    else:
+        indices = list(indices)
+        if not all(0 <= i < len(items) for i in indices):
+            # chosen at load from this source's rows: a source that lost rows since is another source
+            raise DatasetError(f"{where}.source: {len(items)} rows now, fewer than when the workflow loaded "
+                               f"(selected indices up to {max(indices)}); rerun so the selection is made again")
     selected = []
     for i in indices:
         try:

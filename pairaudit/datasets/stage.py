@@ -26,12 +26,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from pairaudit.core import artifacts
+from pairaudit.core.settings import DatasetSettings, thaw
 from pairaudit.datasets import formats as datasets
 
 
-def dataset_stage(*, cfg: dict, where: str, out_path: str, cache_dir: str, base_dir: str) -> dict:
-    doc = datasets.prepare_dataset(cfg, cache_dir=Path(cache_dir), base_dir=Path(base_dir), where=where)
-    doc["provenance"] = artifacts.provenance([], {"config": cfg})
+def dataset_stage(*, dataset: DatasetSettings, out_path: str, cache_dir: str, base_dir: str) -> dict:
+    """The dataset document of one entry as the workflow resolved it at load (its selection included)."""
+    doc = datasets.dataset_document(dataset, cache_dir=Path(cache_dir), base_dir=Path(base_dir))
+    doc["provenance"] = artifacts.provenance([], {"config": thaw(dataset.entry)})
     artifacts.write_json(out_path, doc)
     return doc
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from pairaudit.core import artifacts, contracts, defaults
+from pairaudit.core import artifacts, contracts
+from pairaudit.core.settings import GreedySettings
 from pairaudit.core.contracts import ARMS, DIVERGENCE_SCHEMA, GREEDY_SCHEMA, PAIRED_SCHEMA, PHASE_SCHEMA, journal_path
 from pairaudit.diagnostics.divergence import divergence_doc, find_divergences, probe_arm
 from pairaudit.diagnostics.plan import GreedyPlan
@@ -38,16 +39,17 @@ def _diagnostics_not_run(names: list[str], failed: Mapping[str, str], greedy_pat
 
 def diagnostics_phase(*, dataset_paths: Mapping[str, str], paired_paths: Mapping[str, str],
                       receipt_paths: Mapping[str, str], preflight_paths: Mapping[str, str],
-                      spec_paths: Mapping[str, str], greedy_cfg: dict, chat_template_kwargs: dict,
+                      spec_paths: Mapping[str, str], greedy: GreedySettings, chat_template_kwargs: dict,
                       journal_dir: str, greedy_paths: Mapping[str, Mapping[str, str]],
                       divergence_paths: Mapping[str, str], server_logs: Mapping[str, str], starts_log: str,
-                      phase_path: str, max_divergent: int = 3,
+                      phase_path: str, max_divergent: int,
                       answers_paths: Mapping[str, str] | None = None) -> dict:
     """Greedy runs, determinism repeats and divergence probes of every dataset, both arms, in few starts.
 
-    Each arm's server is the one its ``specs/<arm>.json`` (``spec_paths``) describes.
+    Each arm's server is the one its ``specs/<arm>.json`` (``spec_paths``) describes; ``greedy`` and
+    ``max_divergent`` (``rules.grid_tie``) are the config as the workflow resolved it at load.
     """
-    greedy_cfg = {**defaults.section("greedy"), **(greedy_cfg or {})}
+    greedy_cfg = greedy.to_json()  # what the plans read and the phase record keeps
     names = list(dataset_paths)
     answers = {arm: artifacts.read_json(answers_paths[arm]) for arm in ARMS} if answers_paths else {}
     failed = {arm: server_failure.summary(doc["failure"]) for arm, doc in answers.items() if doc.get("failure")}

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pairaudit.boundary import cases as boundary
 from pairaudit.core import artifacts
 from pairaudit.core.contracts import BOUNDARY_PLAN_SCHEMA, DATASET_SCHEMA, REQUESTS_SCHEMA
+from pairaudit.core.settings import BoundarySettings
 from pairaudit.plans.requests import body_sha256, request_body
 from pairaudit.serving import armspec
 
@@ -32,8 +32,9 @@ def requests_stage(*, dataset_path: str, spec_path: str, sampling: dict, audit: 
     return doc
 
 
-def boundary_plan_stage(*, cfg: dict | None, out_path: str) -> dict:
-    doc = {"schema": BOUNDARY_PLAN_SCHEMA, "params": boundary.settings(cfg),
-           "provenance": artifacts.provenance([], {"boundary": cfg})}
+def boundary_plan_stage(*, boundary: BoundarySettings, out_path: str) -> dict:
+    """The boundary section as the workflow resolved it at load (``boundary.cases.settings``), for both arms."""
+    params = boundary.to_json()
+    doc = {"schema": BOUNDARY_PLAN_SCHEMA, "params": params, "provenance": artifacts.provenance([], {"boundary": params})}
     artifacts.write_json(out_path, doc)
     return doc

@@ -35,11 +35,12 @@ import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from pairaudit.core import stats
+from pairaudit.core.settings import QualitySettings
 
 DEFAULT_MAX_ITEMS = 100_000
 _TAIL = 1e-30  # pmf terms below this are left out of the power sum
@@ -245,42 +246,40 @@ def calibrated_discordance(log_path: str | os.PathLike, *, of_audit: str | None 
 
 # ------------------------------------------------------------ the load-time note
 
-def detect_loss_notes(config: Any, documents: dict[str, dict], *, base_dir: str | os.PathLike = ".") -> list[str]:
+@dataclass(frozen=True)
+class SelectedCount:
+    """How many items a dataset entry selects, as the load check knows it (``where``: ``datasets[i]``)."""
+    where: str
+    name: str
+    n: int
+
+
+def detect_loss_notes(quality: QualitySettings, selected: Sequence[SelectedCount], *, audit: str | None,
+                      calibration_log: str, base_dir: str | os.PathLike = ".") -> list[str]:
     """Notes for datasets too small to see ``rules.quality.detect_loss_pct`` (none when it is not set).
 
-    Each dataset's selected item count (from its dataset document when the
-    load check built it, else an integer ``select.count``) is compared with
-    the items quality-v1 needs at the smallest discordance the loss allows
-    (every discordant item a loss: a lower bound), and, when the calibration
-    log holds an A/A calibration of this audit with that dataset, at its
-    measured discordance too.
+    Each dataset's selected item count is compared with the items quality-v1
+    needs at the smallest discordance the loss allows (every discordant item
+    a loss: a lower bound), and, when the calibration log
+    (``calibration.log``) holds an A/A calibration of this audit with that
+    dataset, at its measured discordance too.
     """
-    quality = ((config.get("rules") or {}).get("quality") or {}) if isinstance(config, dict) else {}
-    loss = quality.get("detect_loss_pct")
+    loss = quality.detect_loss_pct
     if loss is None:
         return []
-    alpha, m = quality.get("alpha", 0.05), quality.get("max_net_loss", 0)
-    log = Path((config.get("calibration") or {}).get("log") or "results/calibrations.jsonl")
+    alpha, m = quality.alpha, quality.max_net_loss
+    log = Path(calibration_log)
     log = log if log.is_absolute() else Path(base_dir) / log
     try:
-        cal = calibrated_discordance(log, of_audit=config.get("audit")) if log.is_file() else None
+        cal = calibrated_discordance(log, of_audit=audit) if log.is_file() else None
     except SizingError:
         cal = None
     cal_audit = cal.audit if cal is not None else None
     notes = []
     floor = items_needed(loss, loss / 100, alpha=alpha, max_net_loss=m)
-    for i, entry in enumerate(config.get("datasets") or []):
-        if not isinstance(entry, dict):
-            continue
-        name = entry.get("name")
-        if not isinstance(name, str):   # the config check requires every dataset's name
-            continue
-        doc = documents.get(name)
-        count = (entry.get("select") or {}).get("count")
-        n = len(doc["indices"]) if doc else (count if isinstance(count, int) and not isinstance(count, bool) else None)
-        if n is None:
-            continue
-        where = (f"datasets[{i}] ({name}): {n} selected items cannot see a net loss of {loss:g} points "
+    for sel in selected:
+        name, n = sel.name, sel.n
+        where = (f"{sel.where} ({name}): {n} selected items cannot see a net loss of {loss:g} points "
                  f"(rules.quality.detect_loss_pct) at alpha {alpha:g} with power {stats.MDE_POWER:g}")
         rate = cal.rate(name) if cal is not None else None
         measured = (items_needed(loss, rate, alpha=alpha, max_net_loss=m)
@@ -377,39 +376,31 @@ def margin_items(margin_pct: float, discordance: float, level: float, datasets: 
     return stats.noninferiority_items(margin_pct / 100.0, discordance, level=each, power=power)
 
 
-def margin_notes(config: Any, documents: dict[str, dict], *, base_dir: str | os.PathLike = ".") -> list[str]:
+def margin_notes(quality: QualitySettings, selected: Sequence[SelectedCount], *, datasets: int,
+                 audit: str | None, base_dir: str | os.PathLike = ".") -> list[str]:
     """Load-time notes: each dataset too small for quality-v2 to rule out its margin at the expected discordance.
 
+    ``datasets``: how many datasets the audit judges (quality-v2's Bonferroni family).
     A note, not a refusal: the audit still runs, and its quality gates will
     say INCONCLUSIVE with the same count unless the candidate is better
     than expected.
     """
-    quality = ((config.get("rules") or {}).get("quality") or {}) if isinstance(config, dict) else {}
     from pairaudit import gates
 
-    if quality.get("rule", gates.QUALITY_RULES[0]) != "quality-v2":
+    if quality.rule != "quality-v2":
         return []
-    margin = float(quality.get("margin_pct", gates.QUALITY_V2["margin_pct"]))
-    level = float(quality.get("level", gates.QUALITY_V2["level"]))
-    entries = [e for e in config.get("datasets") or [] if isinstance(e, dict) and isinstance(e.get("name"), str)]
-    family = max(1, len(entries))
-    expected = expected_discordance(base_dir, audit=config.get("audit"))
+    margin, level = float(quality.margin_pct), float(quality.level)
+    family = max(1, datasets)
+    expected = expected_discordance(base_dir, audit=audit)
     notes = []
-    for i, entry in enumerate(config.get("datasets") or []):
-        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-            continue
-        name = entry["name"]
-        doc = documents.get(name)
-        count = (entry.get("select") or {}).get("count")
-        n = len(doc["indices"]) if doc else (count if isinstance(count, int) and not isinstance(count, bool) else None)
-        if n is None:
-            continue
+    for sel in selected:
+        name, n = sel.name, sel.n
         rate = expected.rate(name)
         plan = margin_items(margin, rate, level, family)
         if plan["items"] is not None and n >= plan["items"]:
             continue
         need = f"about {plan['items']} items" if plan["items"] is not None else f"more than {plan['max_items']} items"
-        notes.append(f"datasets[{i}] ({name}): {n} selected items are too few for quality-v2 to rule out a loss of "
+        notes.append(f"{sel.where} ({name}): {n} selected items are too few for quality-v2 to rule out a loss of "
                      f"{margin:g} points (rules.quality.margin_pct) at {100 * gates.per_dataset_level(level, family):.4g} "
                      f"% per dataset: at the expected discordance {rate:.3g} ({expected.source}) it would need "
                      f"{need} (power {stats.MDE_POWER:g}, `pairaudit size`); with {n} its quality gate will likely be "

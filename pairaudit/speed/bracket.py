@@ -133,6 +133,7 @@ from typing import Any, Mapping, Sequence
 from pairaudit.core import defaults
 from pairaudit.core.artifacts import utc_now
 from pairaudit.core.progress import Progress
+from pairaudit.core.settings import SpeedSettings
 from pairaudit.gates import server_failure
 from pairaudit.gates.speed import SEQUENTIAL_RULES
 from pairaudit.serving import failures
@@ -164,6 +165,7 @@ class BracketFailure(RuntimeError):
 # A GPU audit's defaults (the schema's). The embedded config/config.yaml
 # shrinks them so one bracket fits in minutes on a 2-core CPU.
 DEFAULTS: dict[str, Any] = defaults.section("speed")
+CELL_DEFAULTS: dict[str, Any] = defaults.items("speed", "cells")  # input_len, concurrency, decide
 
 
 class SpeedConfigError(ValueError):
@@ -237,8 +239,7 @@ def resolve_config(cfg: Mapping[str, Any] | None) -> dict:
         names.add(name)
         if c.get("prompt") not in PROMPT_KINDS:
             raise SpeedConfigError(f"{w}.prompt: {c.get('prompt')!r} is not one of {', '.join(PROMPT_KINDS)}")
-        cc = {"name": name, "prompt": c["prompt"], "input_len": c.get("input_len", 32),
-              "concurrency": c.get("concurrency", 1), "decide": c.get("decide", True)}
+        cc = {"name": name, "prompt": c["prompt"], **{k: c.get(k, v) for k, v in CELL_DEFAULTS.items()}}
         for k in ("input_len", "concurrency"):
             if isinstance(cc[k], bool) or not isinstance(cc[k], int) or cc[k] < 1:
                 raise SpeedConfigError(f"{w}.{k}: {cc[k]!r} is not a positive integer")
@@ -251,6 +252,11 @@ def resolve_config(cfg: Mapping[str, Any] | None) -> dict:
     if out["rule"] not in SEQUENTIAL_RULES:
         out["max_starts"] = 3  # win2-v1 and win2-v2 are registered for one bracket of three starts
     return out
+
+
+def resolve(cfg: Mapping[str, Any] | None) -> SpeedSettings:
+    """The ``speed:`` section resolved into its record (``resolve_config``'s checks), or a SpeedConfigError."""
+    return SpeedSettings.from_json(resolve_config(cfg))
 
 
 # ------------------------------------------------------------------ running

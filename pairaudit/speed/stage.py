@@ -10,6 +10,7 @@ from pairaudit.core import artifacts, contracts
 from pairaudit.core.artifacts import utc_now
 from pairaudit.core.contracts import SPEED_DECISION_SCHEMA, SPEED_STREAMS_SCHEMA, SpeedDecision
 from pairaudit.core.progress import Progress
+from pairaudit.core.settings import SpeedSettings
 from pairaudit.gates import server_failure
 from pairaudit.gates.speed import SEQUENTIAL_RULES
 from pairaudit.serving import armspec, failures, gpupool, launch
@@ -20,7 +21,6 @@ from pairaudit.speed.bracket import (
     BracketFailure,
     failed_streams,
     log,
-    resolve_config,
     run_start,
     send_together,
     warm_up,
@@ -35,13 +35,15 @@ from pairaudit.speed.workload import build_prompts
 
 
 def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str, str], spec_paths: Mapping[str, str],
-                speed_cfg: Mapping[str, Any] | None, audit: str, out_path: str, streams_path: str,
+                speed: SpeedSettings, audit: str, out_path: str, streams_path: str,
                 archive_path: str, server_logs: Mapping[str, str], starts_log: str | None = None) -> SpeedDecision:
     """Run the OFF/ON/OFF bracket and write decision.json + streams.jsonl (``pairaudit.speed.bracket``).
 
-    Each start's server is the one its arm's ``specs/<arm>.json`` (``spec_paths``) describes.
+    Each start's server is the one its arm's ``specs/<arm>.json`` (``spec_paths``) describes; ``speed`` is
+    the section as the workflow resolved it at load (``pairaudit.speed.bracket.resolve``), used as it is.
     """
-    cfg = resolve_config(speed_cfg)
+    # the record's JSON: what the artifacts record as ``params`` and what the bracket's helpers read
+    cfg = speed.to_json()
     receipts, specs = {}, {}
     failed = {arm: artifacts.read_json(preflight_paths[arm]) for arm in ("control", "candidate")}
     failed = {arm: pf for arm, pf in failed.items() if pf.get("verdict") != "PASS"}
