@@ -230,8 +230,10 @@ class GridTieResult(RuleResult):
 
 @dataclass(frozen=True, kw_only=True)
 class DeterminismResult(RuleResult):
-    arms: dict[str, dict]
-    nondeterministic_arms: list[str]
+    # absent where the rule never ran its repeats (an arm's server died before them): the verdict and
+    # reasons say why
+    arms: dict[str, dict] = field(default_factory=dict)
+    nondeterministic_arms: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
