@@ -53,15 +53,15 @@ def thaw(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
-def _is_int(v: Any) -> bool:
+def is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_num(v: Any) -> bool:
+def is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _is_str(v: Any) -> bool:
+def is_str(v: Any) -> bool:
     return isinstance(v, str)
 
 
@@ -123,8 +123,8 @@ class SpeedCell:
     @classmethod
     def from_json(cls, doc: Any, *, where: str = "cell") -> SpeedCell:
         return cls(**_fields(doc, cls, where, (
-            ("name", _is_str, "a string"), ("prompt", _is_str, "a string"),
-            ("input_len", _is_int, "an integer"), ("concurrency", _is_int, "an integer"),
+            ("name", is_str, "a string"), ("prompt", is_str, "a string"),
+            ("input_len", is_int, "an integer"), ("concurrency", is_int, "an integer"),
             ("decide", _is_bool, "true or false"))))
 
 
@@ -176,16 +176,16 @@ class SpeedSettings:
     def from_json(cls, doc: Any, *, where: str = "speed") -> SpeedSettings:
         got = _fields(doc, cls, where, (
             ("enabled", _is_bool, "true or false"), ("cells", _list_of(_is_mapping), "a list of cells"),
-            ("repeats", _is_int, "an integer"), ("waves", _is_int, "an integer"),
-            ("repeat_s", _opt(_is_num), "a number or null"), ("max_starts", _is_int, "an integer"),
-            ("output_len", _is_int, "an integer"), ("base_seed", _is_int, "an integer"),
-            ("primary", _is_str, "a string"), ("guards", _list_of(_is_str), "a list of strings"),
-            ("reported", _list_of(_is_str), "a list of strings"), ("win_pct", _is_num, "a number"),
+            ("repeats", is_int, "an integer"), ("waves", is_int, "an integer"),
+            ("repeat_s", _opt(is_num), "a number or null"), ("max_starts", is_int, "an integer"),
+            ("output_len", is_int, "an integer"), ("base_seed", is_int, "an integer"),
+            ("primary", is_str, "a string"), ("guards", _list_of(is_str), "a list of strings"),
+            ("reported", _list_of(is_str), "a list of strings"), ("win_pct", is_num, "a number"),
             ("informational", _is_bool, "true or false"),
             ("expected_clock_cap", _opt(_is_mapping), "a mapping or null"),
-            ("accept_unverifiable_clock", _is_bool, "true or false"), ("rule", _is_str, "a string"),
-            ("start_noise_pct", _is_num, "a number"), ("request_timeout_s", _is_num, "a number"),
-            ("archive", _is_str, "a string")))
+            ("accept_unverifiable_clock", _is_bool, "true or false"), ("rule", is_str, "a string"),
+            ("start_noise_pct", is_num, "a number"), ("request_timeout_s", is_num, "a number"),
+            ("archive", is_str, "a string")))
         got["cells"] = tuple(SpeedCell.from_json(c, where=f"{where}.cells[{i}]") for i, c in enumerate(got["cells"]))
         return cls(**got)
 
@@ -207,8 +207,8 @@ class GreedySettings:
     @classmethod
     def from_json(cls, doc: Any, *, where: str = "greedy") -> GreedySettings:
         return cls(**_fields(doc, cls, where, (
-            ("items", _is_str, "a string"), ("concordant", _is_int, "an integer"), ("seed", _is_int, "an integer"),
-            ("max_tokens", _is_int, "an integer"), ("determinism_repeats", _is_int, "an integer"))))
+            ("items", is_str, "a string"), ("concordant", is_int, "an integer"), ("seed", is_int, "an integer"),
+            ("max_tokens", is_int, "an integer"), ("determinism_repeats", is_int, "an integer"))))
 
 
 # ----------------------------------------------------------------- boundary
@@ -237,12 +237,12 @@ class BoundarySettings:
     @classmethod
     def from_json(cls, doc: Any, *, where: str = "boundary") -> BoundarySettings:
         return cls(**_fields(doc, cls, where, (
-            ("enabled", _is_bool, "true or false"), ("fractions", _list_of(_is_num), "a list of numbers"),
-            ("values", _is_int, "an integer"), ("digits", _is_int, "an integer"), ("seed", _is_int, "an integer"),
-            ("retrieval_max_tokens", _is_int, "an integer"),
-            ("tail_offsets", _list_of(_is_int), "a list of integers"),
-            ("request_timeout_s", _is_num, "a number"),
-            ("prompt", lambda v: _is_mapping(v) and all(_is_str(x) for x in v.values()),
+            ("enabled", _is_bool, "true or false"), ("fractions", _list_of(is_num), "a list of numbers"),
+            ("values", is_int, "an integer"), ("digits", is_int, "an integer"), ("seed", is_int, "an integer"),
+            ("retrieval_max_tokens", is_int, "an integer"),
+            ("tail_offsets", _list_of(is_int), "a list of integers"),
+            ("request_timeout_s", is_num, "a number"),
+            ("prompt", lambda v: _is_mapping(v) and all(is_str(x) for x in v.values()),
              "a mapping of strings"))))
 
 
@@ -258,7 +258,7 @@ class GridTieSettings:
 
     @classmethod
     def from_json(cls, doc: Any, *, where: str = "rules.grid_tie") -> GridTieSettings:
-        return cls(**_fields(doc, cls, where, (("max_divergent", _is_int, "an integer"),)))
+        return cls(**_fields(doc, cls, where, (("max_divergent", is_int, "an integer"),)))
 
 
 @dataclass(frozen=True)
@@ -277,9 +277,9 @@ class QualitySettings:
     @classmethod
     def from_json(cls, doc: Any, *, where: str = "rules.quality") -> QualitySettings:
         return cls(**_fields(doc, cls, where, (
-            ("rule", _is_str, "a string"), ("margin_pct", _is_num, "a number"), ("level", _is_num, "a number"),
-            ("max_net_loss", _is_int, "an integer"), ("alpha", _is_num, "a number"),
-            ("detect_loss_pct", _opt(_is_num), "a number or null")), optional=("detect_loss_pct",)))
+            ("rule", is_str, "a string"), ("margin_pct", is_num, "a number"), ("level", is_num, "a number"),
+            ("max_net_loss", is_int, "an integer"), ("alpha", is_num, "a number"),
+            ("detect_loss_pct", _opt(is_num), "a number or null")), optional=("detect_loss_pct",)))
 
 
 @dataclass(frozen=True)
@@ -350,10 +350,10 @@ class DatasetSettings:
     @classmethod
     def from_json(cls, doc: Any, *, where: str = "dataset") -> DatasetSettings:
         got = _fields(doc, cls, where, (
-            ("name", _is_str, "a string"), ("where", _is_str, "a string"),
+            ("name", is_str, "a string"), ("where", is_str, "a string"),
             ("entry", _is_mapping, "a mapping"),
-            ("indices", _opt(_list_of(lambda i: _is_int(i) and i >= 0)), "a list of item indices or null"),
-            ("source_sha256", _opt(_is_str), "a string or null")))
+            ("indices", _opt(_list_of(lambda i: is_int(i) and i >= 0)), "a list of item indices or null"),
+            ("source_sha256", _opt(is_str), "a string or null")))
         if got["entry"].get("name") != got["name"]:
             raise SettingsError(f"{where}.name: {got['name']!r} is not its entry's name "
                                 f"{got['entry'].get('name')!r}")

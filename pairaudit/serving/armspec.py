@@ -67,6 +67,7 @@ from typing import Any, Mapping
 from pairaudit.core import artifacts
 from pairaudit.core.artifacts import sha256_json
 from pairaudit.core.contracts import ARM_SPEC_SCHEMA
+from pairaudit.core.settings import is_int, is_num, is_str  # the settings records check their fields alike
 from pairaudit.serving import modelid
 
 MODES = ("launch", "attach")
@@ -207,36 +208,24 @@ def _opt(check):
     return lambda v: v is None or check(v)
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _is_str(v: Any) -> bool:
-    return isinstance(v, str)
-
-
 _CHECKS = (
-    ("arm", _is_str, "a string"),
+    ("arm", is_str, "a string"),
     ("mode", lambda v: v in MODES, f"one of {', '.join(MODES)}"),
-    ("model", _is_str, "a string"),
-    ("served_model_name", _is_str, "a string"),
-    ("max_model_len", _opt(_is_int), "an integer or null"),
+    ("model", is_str, "a string"),
+    ("served_model_name", is_str, "a string"),
+    ("max_model_len", _opt(is_int), "an integer or null"),
     ("speculative", lambda v: isinstance(v, bool), "true or false"),
-    ("model_sha256", _opt(_is_str), "a string or null"),
-    ("health_timeout_s", _is_num, "a number"),
-    ("gpus", lambda v: _is_int(v) and v >= 0, "a non-negative integer"),
+    ("model_sha256", _opt(is_str), "a string or null"),
+    ("health_timeout_s", is_num, "a number"),
+    ("gpus", lambda v: is_int(v) and v >= 0, "a non-negative integer"),
     ("command_identity", _opt(lambda v: isinstance(v, (list, tuple)) and all(isinstance(a, str) for a in v)),
      "a list of strings or null"),
     ("env", lambda v: isinstance(v, Mapping) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()),
      "a mapping of strings"),
-    ("host", _opt(_is_str), "a string or null"),
-    ("port", _opt(_is_int), "an integer or null"),
-    ("stop_grace_s", _opt(_is_num), "a number or null"),
-    ("url", _opt(_is_str), "a string or null"),
+    ("host", _opt(is_str), "a string or null"),
+    ("port", _opt(is_int), "an integer or null"),
+    ("stop_grace_s", _opt(is_num), "a number or null"),
+    ("url", _opt(is_str), "a string or null"),
 )
 
 
@@ -286,7 +275,7 @@ def resolve_spec(arm_name: str, arm_cfg: Mapping[str, Any]) -> ArmSpec:
     mml = arm_cfg.get("max_model_len")
     if mml is None and mode == "launch":
         raise ConfigError(f"{p}.max_model_len: required in launch mode, a positive integer")
-    if mml is not None and (not _is_int(mml) or mml <= 0):
+    if mml is not None and (not is_int(mml) or mml <= 0):
         raise ConfigError(f"{p}.max_model_len: {mml!r} is not a positive integer")
     spec_flag = arm_cfg.get("speculative", False)
     if not isinstance(spec_flag, bool):
@@ -295,7 +284,7 @@ def resolve_spec(arm_name: str, arm_cfg: Mapping[str, Any]) -> ArmSpec:
     if sha is not None and not (isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha)):
         raise ConfigError(f"{p}.model_sha256: must be 64 lowercase hex digits")
     hto = arm_cfg.get("health_timeout_s", 300 if mode == "launch" else 30)
-    if not _is_num(hto) or hto <= 0:
+    if not is_num(hto) or hto <= 0:
         raise ConfigError(f"{p}.health_timeout_s: {hto!r} is not a positive number")
 
     base = ArmSpec(arm=arm_name, mode=mode, model=model, served_model_name=served, max_model_len=mml,
@@ -311,13 +300,13 @@ def resolve_spec(arm_name: str, arm_cfg: Mapping[str, Any]) -> ArmSpec:
     if not isinstance(host, str) or not host:
         raise ConfigError(f"{p}.host: must be a non-empty string")
     port = arm_cfg.get("port", 0)
-    if not _is_int(port) or not 0 <= port <= 65535:
+    if not is_int(port) or not 0 <= port <= 65535:
         raise ConfigError(f"{p}.port: {port!r} is not an integer in 0..65535 (0 = pick a free port)")
     grace = arm_cfg.get("stop_grace_s", 15)
-    if not _is_num(grace) or grace < 0:
+    if not is_num(grace) or grace < 0:
         raise ConfigError(f"{p}.stop_grace_s: {grace!r} is not a non-negative number")
     gpus = arm_cfg.get("gpus", 0)
-    if not _is_int(gpus) or gpus < 0:
+    if not is_int(gpus) or gpus < 0:
         raise ConfigError(f"{p}.gpus: {gpus!r} is not a non-negative integer (0 = no GPU asked)")
     env = arm_cfg.get("env") or {}
     if not isinstance(env, dict):
