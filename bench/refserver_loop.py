@@ -62,12 +62,44 @@ class Server(bench_refserver.Server):
     def info(self) -> dict:
         return requests.get(self.url + "/version", timeout=30).json()["pairaudit"]
 
-    def metric(self, name: str) -> float:
-        total = 0.0
+    def metrics(self, names: tuple[str, ...]) -> dict[str, float]:
+        """Each named counter's value (summed over its labels) from one scrape."""
+        totals = dict.fromkeys(names, 0.0)
         for line in requests.get(self.url + "/metrics", timeout=60).text.splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in totals:
+                totals[name] += float(line.rsplit(" ", 1)[1])
+        return totals
+
+
+# the engine's own account of a phase's steps (pairaudit/refserver/metrics.py)
+STEP_COUNTERS = ("pairaudit:engine_steps_total", "pairaudit:decode_steps_total", "pairaudit:step_rows_total",
+                 "pairaudit:decode_step_seconds_total", "pairaudit:forward_step_seconds_total",
+                 "pairaudit:sampler_seconds_total", "pairaudit:loop_io_seconds_total",
+                 "pairaudit:decode_graph_replays_total", "pairaudit:decode_graph_captures_total")
+
+
+def step_breakdown(d: dict[str, float], wall: float) -> dict:
+    """Where a phase's wall time went, from the engine's counters over it: which kind of step, how many,
+    how long each took on average, the sampler's and the loop's shares, and the time no step ran."""
+    steps, decode = d["pairaudit:engine_steps_total"], d["pairaudit:decode_steps_total"]
+    forward = steps - decode
+    busy = d["pairaudit:decode_step_seconds_total"] + d["pairaudit:forward_step_seconds_total"]
+    io = d["pairaudit:loop_io_seconds_total"]
+
+    def ms(seconds: float, n: float) -> float | None:
+        return round(1e3 * seconds / n, 3) if n else None
+
+    return {"steps": int(steps), "decode_steps": int(decode), "forward_steps": int(forward),
+            "graph_replays": int(d["pairaudit:decode_graph_replays_total"]),
+            "graph_captures": int(d["pairaudit:decode_graph_captures_total"]),
+            "rows_per_step": round(d["pairaudit:step_rows_total"] / steps, 2) if steps else None,
+            "decode_step_ms": ms(d["pairaudit:decode_step_seconds_total"], decode),
+            "forward_step_ms": ms(d["pairaudit:forward_step_seconds_total"], forward),
+            "sampler_ms_per_step": ms(d["pairaudit:sampler_seconds_total"], steps),
+            "loop_io_ms_per_step": ms(io, steps),
+            "steps_share_of_wall": round(busy / wall, 3), "loop_io_share_of_wall": round(io / wall, 3),
+            "idle_share_of_wall": round(max(0.0, 1.0 - (busy + io) / wall), 3)}
 
 
 # --- 1. the bare step ---------------------------------------------------------------
@@ -235,10 +267,15 @@ def main(argv: list[str] | None = None) -> int:
             g = stream_gaps(port, args.tokens)
             gaps += g
             log(f"  ITL stream {i + 1}: median {1e3 * statistics.median(g):.3f} ms")
-        steps_before = server.metric("pairaudit:engine_steps_total")
+        before = server.metrics(STEP_COUNTERS)
         questions = gsm8k_like(args.items)
+        t0 = time.perf_counter()
         items_per_s, completion_tokens = items_per_second(server.url, questions, args.max_tokens)
-        steps = server.metric("pairaudit:engine_steps_total") - steps_before
+        wall = time.perf_counter() - t0
+        after = server.metrics(STEP_COUNTERS)
+        steps = after["pairaudit:engine_steps_total"] - before["pairaudit:engine_steps_total"]
+        where = step_breakdown({k: after[k] - before[k] for k in STEP_COUNTERS}, wall)
+        log(f"  where the steps' time went: {where}")
         log(f"  {args.items} items at concurrency {CONCURRENCY}: {items_per_s:.2f} items/s")
     finally:
         server.stop()
@@ -254,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         "items_per_s": round(items_per_s, 3), "items_per_s_target": 40.0,
         "completion_tokens_per_s": round(items_per_s * completion_tokens / args.items, 1),
         "engine_steps_throughput_phase": steps,
+        "throughput_phase_wall_s": round(wall, 2),
+        "throughput_phase_steps": where,
     }
     text = json.dumps(result, indent=2)
     print(text, flush=True)

@@ -12,6 +12,7 @@ with every request that got tokens, finished or failed in it
 from __future__ import annotations
 
 import logging
+import time
 
 from .engine import Engine, Request
 from .protocol import ABORT, ADD, METRICS, STEP, Update
@@ -41,10 +42,15 @@ class EngineCore:
                     ready = self.conn.poll(IDLE_WAIT_S if idle else 0)
                 except OSError:
                     raise ApiGone from None
+                t0 = time.monotonic()
                 if ready:
                     self._inbox()
+                io_s = time.monotonic() - t0
                 if eng.step_once():
+                    t1 = time.monotonic()
                     self._ship()
+                    io_s += time.monotonic() - t1
+                eng.metrics.inc("pairaudit:loop_io_seconds_total", io_s)
         finally:
             eng.alive = False
 

@@ -250,6 +250,7 @@ class Engine:
         req.cache = None
 
     def _step(self) -> None:
+        t0 = time.monotonic()
         for req in self.running:
             if req.aborted:
                 self._release(req)
@@ -272,7 +273,8 @@ class Engine:
         segments = [Segment(req.kv, req.computed, len(toks)) for req, toks, _ in plan]
         step_start = time.monotonic()
         on_device = self.decoder is not None
-        if on_device and all(kind == "decode" and len(toks) == 1 for _, toks, kind in plan):
+        decode_only = all(kind == "decode" and len(toks) == 1 for _, toks, kind in plan)
+        if on_device and decode_only:
             # logits stay on the device: the batched sampler brings back tokens only
             logits = self.decoder.decode_device([toks[0] for _, toks, _ in plan], segments)
             self.metrics.inc("pairaudit:engine_steps_total")
@@ -308,11 +310,19 @@ class Engine:
                 self._after_decode(req, toks, lg)
         batch, self._batch = self._batch, None
         if batch:
+            t_sample = time.monotonic()
             self._sample_batch(batch)
+            self.metrics.inc("pairaudit:sampler_seconds_total", time.monotonic() - t_sample)
         # the step's tokens are on the host here: a planted delay cannot overlap device work
         if self.delay_s and any(kind == "decode" for _, _, kind in plan):
             busy_wait(self.delay_s)
-        self.metrics.observe("vllm:inter_token_latency_seconds", time.monotonic() - step_start)
+        now = time.monotonic()
+        self.metrics.observe("vllm:inter_token_latency_seconds", now - step_start)
+        self.metrics.inc("pairaudit:step_rows_total", len(plan))
+        if decode_only:
+            self.metrics.inc("pairaudit:decode_steps_total")
+        self.metrics.inc("pairaudit:decode_step_seconds_total" if decode_only else "pairaudit:forward_step_seconds_total",
+                         now - t0)
         for req in self.running:
             if req.done:
                 self._finish(req)

@@ -18,6 +18,16 @@ COUNTERS = {
     # not vLLM metrics either: whether decode steps really ran from CUDA graphs (0 on a CPU)
     "pairaudit:decode_graph_replays_total": "Number of decode steps replayed from a captured CUDA graph.",
     "pairaudit:decode_graph_captures_total": "Number of decode-step shapes captured in a CUDA graph.",
+    # where an engine step's time goes, so a slow batch can be told apart from a slow loop: steps whose
+    # every row decodes one token (graphed on a GPU) against steps through the general forward (prefill,
+    # drafts), the batched sampler's share (it waits for the step's device work), and the loop's own
+    # work between steps (requests in, tokens out)
+    "pairaudit:step_rows_total": "Sum over engine steps of the requests each step advanced.",
+    "pairaudit:decode_steps_total": "Number of engine steps in which every request decoded exactly one token.",
+    "pairaudit:decode_step_seconds_total": "Wall seconds spent in those steps.",
+    "pairaudit:forward_step_seconds_total": "Wall seconds spent in steps through the general forward.",
+    "pairaudit:sampler_seconds_total": "Wall seconds spent in the batched sampler (includes waiting for the step).",
+    "pairaudit:loop_io_seconds_total": "Wall seconds the engine loop spent reading requests and shipping tokens.",
 }
 HISTOGRAMS = {
     "vllm:time_to_first_token_seconds": "Histogram of time to first token in seconds.",
