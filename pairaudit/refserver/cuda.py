@@ -26,9 +26,10 @@ buffers, which a ``torch.cuda.CUDAGraph`` captures once per shape and replays:
 
 With ``PAIRAUDIT_REF_CUDA_GRAPHS=0`` the same step function runs eagerly at
 the exact batch size: the same kernels, so at a captured batch size graphed
-and eager decode give bitwise-equal logits.  Steps that prefill (or verify
-speculative drafts) run the model's general forward, eagerly, on views of the
-same pool.
+and eager decode give bitwise-equal logits.  Prefill chunks (and rows that
+verify speculative drafts) run the model's general forward, eagerly, on views
+of the same pool; in a step that has both, the sequences decoding one token
+still take this step.
 """
 
 from __future__ import annotations

@@ -10,9 +10,11 @@ Scheduling (one engine loop in the main thread; HTTP handler threads only enqueu
   and sequences still in prefill contribute a chunk of their prompt from what
   budget is left (chunked prefill, as vLLM does), so a long prompt never stalls
   the decodes already in flight for more than one chunk.
-* One forward runs the whole batch (on a GPU, a step where every sequence
-  decodes one token goes to the decoder of :mod:`.cuda` instead, which replays
-  it from a CUDA graph); each sequence is then sampled on its own
+* One forward runs the whole batch on a CPU.  On a GPU every sequence that
+  decodes one token goes to the decoder of :mod:`.cuda`, which replays the
+  step from a CUDA graph, also in a step that admits a request; only prefill
+  chunks and draft verifications run the general forward.  Each sequence is
+  then sampled on its own
   rows with its own seeded generator, so what it gets does not depend on who
   it was batched with -- up to the numerics of the batch shape (a 1-row matmul
   and an N-row matmul round differently on a CPU, just as on a GPU).
@@ -269,21 +271,34 @@ class Engine:
                 budget -= len(chunk)
         if not plan:
             return
-        tokens = torch.tensor([t for _, toks, _ in plan for t in toks], dtype=torch.long)
-        segments = [Segment(req.kv, req.computed, len(toks)) for req, toks, _ in plan]
         step_start = time.monotonic()
         on_device = self.decoder is not None
-        decode_only = all(kind == "decode" and len(toks) == 1 for _, toks, kind in plan)
-        if on_device and decode_only:
-            # logits stay on the device: the batched sampler brings back tokens only
-            logits = self.decoder.decode_device([toks[0] for _, toks, _ in plan], segments)
-            self.metrics.inc("pairaudit:engine_steps_total")
-            rows = [[i] for i in range(len(plan))]
-        else:
+        single = [kind == "decode" and len(toks) == 1 for _, toks, kind in plan]
+        decode_only = all(single)
+        # per plan entry, the logits rows it gets (None: a prefill chunk that needs none)
+        entry_logits: list[torch.Tensor | None] = [None] * len(plan)
+        rest = list(range(len(plan)))
+        if on_device and any(single):
+            # Every row that decodes one token runs the decode step (graphed), also in a step that
+            # admits a request: the general forward below then runs only the prefill chunks (and draft
+            # verifications), not every running sequence's token with them.  Its per-segment attention
+            # is several kernels per sequence and layer, so a mixed step of a full batch through it cost
+            # several times a graphed step.  A decode row's logits no longer depend on whether another
+            # request was admitted in the same step.
+            dec = [i for i, one in enumerate(single) if one]
+            rest = [i for i, one in enumerate(single) if not one]
+            out = self.decoder.decode_device([plan[i][1][0] for i in dec],
+                                             [Segment(plan[i][0].kv, plan[i][0].computed, 1) for i in dec])
+            for j, i in enumerate(dec):
+                entry_logits[i] = out[j : j + 1]
+        self.metrics.inc("pairaudit:engine_steps_total")
+        if rest:
+            sub = [plan[i] for i in rest]
+            tokens = torch.tensor([t for _, toks, _ in sub for t in toks], dtype=torch.long)
+            segments = [Segment(req.kv, req.computed, len(toks)) for req, toks, _ in sub]
             hidden = self.model.forward(tokens, segments)
-            self.metrics.inc("pairaudit:engine_steps_total")
             rows, off = [], 0
-            for req, toks, kind in plan:
+            for req, toks, kind in sub:
                 n = len(toks)
                 if kind == "decode":
                     rows.append(list(range(off, off + n)))
@@ -295,15 +310,16 @@ class Engine:
                     rows.append(want)
                 off += n
             flat = [r for rs in rows for r in rs]
-            logits = None
             if flat:
                 picked = hidden[flat]
                 logits = self.model.head_logits(picked).float() if on_device else self.model.logits(picked)
-        pos = 0
+                pos = 0
+                for i, rs in zip(rest, rows):
+                    if rs:
+                        entry_logits[i] = logits[pos : pos + len(rs)]
+                    pos += len(rs)
         self._batch = [] if on_device else None
-        for (req, toks, kind), rs in zip(plan, rows):
-            lg = logits[pos : pos + len(rs)] if rs and logits is not None else None
-            pos += len(rs)
+        for (req, toks, kind), lg in zip(plan, entry_logits):
             if kind == "prefill":
                 self._after_prefill(req, toks, lg)
             else:
