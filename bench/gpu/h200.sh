@@ -9,6 +9,7 @@
 #   bench/gpu/h200.sh proof CONFIG   detached: the server-loop bench, the speed gate's proof runs
 #                                    (bench/gpu/speed_proof.py), then the GPU tests; into $STASH/proof
 #                                    (PROOF_LOOP=0 skips the bench, PROOF_TESTS=0 the GPU tests,
+#                                    PROOF_TESTS=first runs them before the speed runs,
 #                                    PROOF_ONLY=a,b names the runs,
 #                                    PROOF_BUDGET_S stops starting runs after that many seconds)
 #   bench/gpu/h200.sh poll [SECS]    wait up to SECS (default 540) for the proof, then tar it into $OUT
@@ -114,6 +115,11 @@ proof)
             python3 bench/refserver_loop.py --device cuda --dtype bfloat16 --items 160 --out '$P/loop-bf16.json' \
                 > '$P/loop-bf16.log' 2>&1
             echo \"loop_bench_bf16 rc=\$? wall_s \$((SECONDS - t0))\" >> '$P/timings.txt'
+        fi
+        if [ \"\${PROOF_TESTS:-1}\" = first ]; then
+            t0=\$SECONDS
+            python3 -m pytest -q -m gpu tests/test_refserver_cuda.py -p no:cacheprovider > '$P/gpu-tests.log' 2>&1
+            echo \"gpu_tests rc=\$? wall_s \$((SECONDS - t0))\" >> '$P/timings.txt'
         fi
         t0=\$SECONDS
         python3 bench/gpu/speed_proof.py --config '$cfg' --out '$P/speed' --budget-s \${PROOF_BUDGET_S:-720} \
