@@ -108,14 +108,15 @@ def main(argv=None) -> int:
                 "not_run": doc.get("not_run"), "reasons": g.get("reasons")}
         with open(args.summary, "a") as fh:
             fh.write(json.dumps(line) + "\n")
-    prim = scfg["primary"]
+    sc = scfg.to_json()  # the resolved record's fields, as the decision records them
+    prim = sc["primary"]
     if doc.get("not_run"):
         print(f"not measured ({wall:.0f} s): {doc['not_run']}")
         return 1
-    print(f"speed bracket on {doc['hosts']}: {wall:.0f} s wall; primary {prim}; bar {scfg['win_pct']} %")
+    print(f"speed bracket on {doc['hosts']}: {wall:.0f} s wall; primary {prim}; bar {sc['win_pct']} %")
     print(f"clock check: {doc['clock_check']['verdict']} (mismatch {doc['clock_check']['mismatch']}); "
           f"load {[s['clock']['loadavg'] for s in doc['starts']]}")
-    for c in scfg["cells"]:
+    for c in sc["cells"]:
         name = c["name"]
         w = doc["win2"][name]
         print(f"\n{name} ({'decides' if c['decide'] else 'reported'}): {w['verdict']}")
@@ -128,9 +129,9 @@ def main(argv=None) -> int:
         p = w.get("primary") or {}
         sp = doc["spread"][name]
         print(f"  gain {_f(p.get('point_gain_pct'), '{:+.2f}')} %; in-window s1-s3 spread max "
-              f"{_f(sp['window_max_pct'], '{:.2f}')} % beside the {scfg['win_pct']} % bar; archive spread "
+              f"{_f(sp['window_max_pct'], '{:.2f}')} % beside the {sc['win_pct']} % bar; archive spread "
               f"{_f(sp['archive_with_window_pct'], '{:.2f}')} % over {sp['archive_with_window_n']} control starts")
-        for m in scfg["guards"] + scfg["reported"]:
+        for m in sc["guards"] + sc["reported"]:
             mm = (w.get("guards") or {}).get(m) or (w.get("reported") or {}).get(m)
             if mm and "control" in mm:
                 print(f"  {m}: control {[round(x, 4) for x in mm['control']]} candidate "

@@ -102,7 +102,7 @@ collect)
 proof)
     cfg=${2:-config/examples/gpu-refserver.yaml}
     P=$STASH/proof
-    mkdir -p "$P"
+    mkdir -p "$P" && rm -f "$P/DONE"
     # The driver runs from a copy: every later call (a poll) lays the checkout down afresh, and a server
     # starting while it does so finds half a package (seen: a module missing in the middle of a run).
     rm -rf "$STASH/repo" && cp -r "$REPO" "$STASH/repo"

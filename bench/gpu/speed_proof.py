@@ -82,6 +82,13 @@ def main() -> int:
     t_start = time.monotonic()
     only = set(a.only.split(",")) if a.only else None
     results: dict[str, dict] = {}
+    # a driver started again on the same --out (e.g. with --only for the runs a first one missed) sizes its
+    # planted delays from the A/A an earlier driver measured there
+    summary = out / "summary.jsonl"
+    for line in summary.read_text().splitlines() if summary.exists() else []:
+        r = json.loads(line)
+        if r.get("verdict") != "ERROR" and r.get("ms_per_round") and (only is None or r["audit"] not in only):
+            results[r["audit"]] = r
     # the example first: its control is the A/As' and the slowdowns' control, and win2-v4 spends its
     # alpha O'Brien-Fleming-type only once the start-to-start variance has enough degrees of freedom
     plan: list[tuple[str, list[str] | None]] = [("example-1", []), ("aa-1", ["--aa"]), ("slow-1", None),
