@@ -1,0 +1,169 @@
+"""The shared-control speed bracket of several candidates: its schedule, each candidate's windows and verdicts on
+known answers (built to WIN, LOSS, NO_WIN, INCONCLUSIVE, and built not to), one candidate being win2-v4 itself."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pairaudit import gates
+from pairaudit.gates.speed import arm_factor, sweep_windows
+
+P, G = "pooled_rate_tps", "decode_tps"
+# an earlier window's evidence: 0.8 % start to start, 12 degrees of freedom (an A/A of 13 control starts)
+EV = {m: {"pooled": {"var": 0.64, "df": 12, "windows": 3}, "cells": {"c1": {"var": 0.64, "df": 12}}} for m in (P, G)}
+CANDS = ["fast", "slow", "same", "noisy"]
+
+
+def series(values: list[float], reps: int = 3) -> dict:
+    s = [list(values) for _ in range(reps)]
+    return {"c1": {P: s, G: s}}
+
+
+def decide(arms, values, candidate, *, max_starts=9, evidence=EV, **kw):
+    return gates.win2_v4(series(values), primary=P, guards=[G], max_starts=max_starts, evidence=evidence,
+                         arms=list(arms), candidate=candidate, **kw)
+
+
+def rounds(candidates, n):
+    arms: list[str] = []
+    for _ in range(n):
+        arms += gates.sweep_round(arms, candidates, candidates)
+    return arms
+
+
+def bracket_values(arms, level, controls, jitter=(0.3, -0.2)):
+    """Control starts from ``controls`` in turn; each candidate start at its level, alternately jittered."""
+    ctrl, out, seen = iter(controls), [], {}
+    for a in arms:
+        if a == "control":
+            out.append(next(ctrl))
+            continue
+        k = seen.get(a, 0)
+        seen[a] = k + 1
+        lv = level[a]
+        out.append(lv[k] if isinstance(lv, list) else lv + jitter[k % 2])
+    return out
+
+
+CONTROLS = [100.0, 100.4, 99.7, 100.2, 99.9, 100.3, 99.8, 100.1, 100.0, 99.6, 100.2, 99.9, 100.0, 100.1]
+
+
+# ------------------------------------------------------------------ schedule
+
+def test_the_first_round_shares_every_control_between_its_neighbours():
+    assert gates.sweep_round([], ["a", "b", "c"], []) == ["control", "a", "control", "b", "control", "c", "control"]
+    # one candidate: win2-v4's own bracket, C T C, then T C per round
+    arms = gates.sweep_round([], ["a"], ["a"])
+    arms += gates.sweep_round(arms, ["a"], ["a"])
+    assert arms == ["control", "a", "control", "a", "control"]
+
+
+def test_later_rounds_only_run_the_undecided_candidates_in_bracket_order_up_to_their_budget():
+    arms = gates.sweep_round([], ["a", "b", "c"], [])
+    # b decided in the first round: it gets no more starts
+    nxt = gates.sweep_next(arms, ["a", "b", "c"], ["c", "a"], budget=4)
+    assert nxt == ["a", "control", "c", "control"]
+    arms += nxt
+    assert [sweep_windows(arms, c) for c in "abc"] == [2, 1, 2]
+    # the budget is per candidate: at 2 candidate starts, a budget of 2 stops a and c
+    assert gates.sweep_next(arms, ["a", "b", "c"], ["a", "c"], budget=2) == []
+    assert gates.sweep_next(arms, ["a", "b", "c"], ["a", "b", "c"], budget=2) == ["b", "control"]
+    with pytest.raises(ValueError, match="distinct names"):
+        gates.sweep_round([], ["a", "a"], [])
+    with pytest.raises(ValueError, match="distinct names"):
+        gates.sweep_round([], ["control"], [])
+
+
+def test_each_candidate_is_compared_to_its_neighbouring_controls_and_pools_the_others():
+    arms = gates.sweep_round([], ["a", "b", "c"], [])
+    arms += gates.sweep_round(arms, ["a", "b", "c"], ["c"])
+    arms += gates.sweep_round(arms, ["a", "b", "c"], ["a", "c"])
+    # C a C b C c C c C a C c C: a has two separate windows; c a run of two adjacent ones (win2-v4's
+    # bracket C c C c C) and one more
+    assert arms == ["control", "a", "control", "b", "control", "c", "control", "c", "control", "a", "control", "c",
+                    "control"]
+    a, c = gates.sweep_layout(arms, "a"), gates.sweep_layout(arms, "c")
+    assert a.windows == [(0, 1, 2), (8, 9, 10)] and a.controls == (0, 2, 8, 10) and a.others == (4, 6, 12)
+    assert a.factor == pytest.approx(2 * 0.25 * 1.5)  # two windows of 1.5 sigma^2 each, averaged
+    assert c.runs == (((4, 6, 8), (5, 7)), ((10, 12), (11,))) and c.others == (0, 2)
+    assert c.factor == pytest.approx((2 / 3) ** 2 * arm_factor(5) + (1 / 3) ** 2 * arm_factor(3))
+    assert gates.sweep_layout(arms[:9], "c").factor == pytest.approx(arm_factor(5))
+    assert gates.sweep_layout(arms, "a", pool_controls=False).others == ()
+    with pytest.raises(ValueError, match="alternates control and candidate"):
+        gates.sweep_layout(["control", "a", "b", "control"], "a")
+    with pytest.raises(ValueError, match="no start"):
+        gates.sweep_layout(arms, "z")
+
+
+# ------------------------------------------------------------------ verdicts
+
+def test_one_candidate_in_a_shared_bracket_is_win2_v4():
+    vals = [100.0, 103.1, 100.3, 102.9, 99.8]
+    one = decide(["control", "t", "control", "t", "control"], vals, "t")
+    ref = gates.win2_v4(series(vals), primary=P, guards=[G], max_starts=9, evidence=EV)
+    assert one["verdict"] == ref["verdict"] == "WIN"
+    for k in ("pooled_gain_pct", "half_width_pct", "lower_bound_pct", "alpha_per_look", "looks"):
+        assert one[k] == pytest.approx(ref[k]), k
+    assert one["noise"]["window_df"] == ref["noise"]["window_df"] == 3
+    assert one["sweep"]["pooled_control_starts"] == []
+
+
+def test_three_rounds_decide_each_candidate_as_built():
+    arms = rounds(CANDS, 3)
+    vals = bracket_values(arms, {"fast": 104.0, "slow": 96.0, "same": 100.0, "noisy": [92.0, 108.0, 97.0]}, CONTROLS)
+    got = {c: decide(arms, vals, c) for c in CANDS}
+    assert {c: r["verdict"] for c, r in got.items()} == {
+        "fast": "WIN", "slow": "LOSS", "same": "NO_WIN", "noisy": "INCONCLUSIVE"}, {c: r["reasons"] for c, r in got.items()}
+    # every candidate: three separate windows, the other control starts of the bracket pooled into sigma^2
+    for c, r in got.items():
+        assert len(r["sweep"]["windows"]) == 3 and r["sweep"]["runs"] == 3
+        assert len(r["sweep"]["control_starts"]) == 6 and len(r["sweep"]["pooled_control_starts"]) == 7
+        assert r["noise"]["window_df"] == 3 * 1 + 2 + 6
+    # the noisy candidate's own starts show its dispersion: the host's evidence is not borrowed, no more starts
+    assert got["noisy"]["noise"]["evidence_df"] == 12 and got["noisy"]["noise"]["df_used"] == 11
+    assert got["noisy"]["more_starts"] is True   # 3 of its budget of 4
+    assert got["fast"]["pooled_gain_pct"] > 3.5 and got["slow"]["pooled_gain_pct"] < -3.5
+
+
+def test_built_not_to_decide():
+    arms = rounds(CANDS, 3)
+    # +1.5 %: certain but below the bar; -1.5 %: below the bar the other way; +2.5 % on the first look only
+    vals = bracket_values(arms, {"fast": 101.5, "slow": 98.5, "same": 100.0, "noisy": 102.5}, CONTROLS)
+    got = {c: decide(arms, vals, c)["verdict"] for c in CANDS}
+    assert got["fast"] != "WIN" and got["slow"] != "LOSS"
+    first = gates.sweep_round([], CANDS, [])
+    r1 = decide(first, vals[:len(first)], "noisy")
+    # one window at the first of four looks: O'Brien-Fleming spends almost nothing there
+    assert r1["verdict"] == "INCONCLUSIVE" and r1["more_starts"] is True
+
+
+def test_a_candidate_does_not_depend_on_another_candidates_starts():
+    arms = rounds(["a", "b"], 2)
+    vals = bracket_values(arms, {"a": 103.5, "b": 100.0}, CONTROLS)
+    other = bracket_values(arms, {"a": 103.5, "b": 90.0}, CONTROLS)
+    x, y = decide(arms, vals, "a"), decide(arms, other, "a")
+    assert x["pooled_gain_pct"] == pytest.approx(y["pooled_gain_pct"])
+    assert x["half_width_pct"] == pytest.approx(y["half_width_pct"])
+
+
+def test_a_linear_drift_cancels_in_every_candidates_windows():
+    # c's windows: a run of two and a run of one, so a plain mean over all its neighbouring controls would not
+    # sit at its candidate starts' mean position; each run's own arm means do
+    arms = gates.sweep_round([], ["a", "b", "c"], [])
+    arms += gates.sweep_round(arms, ["a", "b", "c"], ["c"])
+    arms += gates.sweep_round(arms, ["a", "b", "c"], ["a", "c"])
+    flat = bracket_values(arms, {"a": 103.0, "b": 100.0, "c": 98.0}, [100.0] * 20, jitter=(0.0, 0.0))
+    drift = [v * math.exp(0.004 * k) for k, v in enumerate(flat)]   # 0.4 % per start, 5 % over the bracket
+    for c in "abc":
+        assert decide(arms, drift, c)["log_gain"] == pytest.approx(decide(arms, flat, c)["log_gain"], abs=1e-9)
+
+
+def test_the_budget_is_the_candidates_own():
+    arms = rounds(["a", "b"], 3)
+    with pytest.raises(ValueError, match="exceed its budget of 2"):
+        decide(arms, [100.0] * len(arms), "a", max_starts=5)
+    last = decide(arms[:9], [100.0, 104.0, 96.0, 100.0, 100.0, 97.0, 103.0, 100.0, 100.0], "a", max_starts=5,
+                  evidence=None)
+    assert last["verdict"] == "INCONCLUSIVE" and last["more_starts"] is False
