@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from pairaudit import gates
-from pairaudit.gates.speed import arm_factor, sweep_windows
+from pairaudit.gates.speed import arm_factor, sweep_length, sweep_verdicts, sweep_windows
 
 P, G = "pooled_rate_tps", "decode_tps"
 # an earlier window's evidence: 0.8 % start to start, 12 degrees of freedom (an A/A of 13 control starts)
@@ -167,3 +168,39 @@ def test_the_budget_is_the_candidates_own():
     last = decide(arms[:9], [100.0, 104.0, 96.0, 100.0, 100.0, 97.0, 103.0, 100.0, 100.0], "a", max_starts=5,
                   evidence=None)
     assert last["verdict"] == "INCONCLUSIVE" and last["more_starts"] is False
+
+
+# ------------------------------------------------------------------ simulated rates
+
+@pytest.mark.parametrize("rep_sd, start_sd", [(2.7, 1.0), (3.0, 2.0)])
+def test_each_candidate_keeps_its_false_win_and_loss_rates_with_a_shared_control(rep_sd, start_sd):
+    rng = np.random.default_rng(7)
+    kw = dict(primary="primary", guards=["g"], lower_is_better=(), win_pct=2.0, alpha_win=0.05, alpha_loss=0.05,
+              start_noise_pct=3.0, min_df=2, evidence_f_alpha=0.05, spending="obf", loss_pooled_share=0.5)
+    cands = ["T1", "T2", "T3"]
+
+    def run(gain):
+        sims = gates.simulate_sequences(rng, 1200, cells=2, repeats=3, rep_sd=rep_sd, start_sd=start_sd,
+                                        max_starts=sweep_length(3, 9), gain_pct=gain, prompt_sd=5.0,
+                                        metrics=["primary", "g"])
+        return sweep_verdicts(sims, cands, max_starts=9, **kw)
+
+    null, up = run(0.0), run(5.0)
+    for c in cands:
+        assert (null.verdicts[c] == "WIN").mean() <= 0.05 and (null.verdicts[c] == "LOSS").mean() <= 0.05, c
+        assert (up.verdicts[c] == "WIN").mean() >= 0.5, c
+        # a decided candidate stopped getting starts: on a clear +5 % most stop before their budget of 4
+        assert (up.windows[c][up.verdicts[c] == "WIN"] < 4).mean() > 0.5, c
+    assert null.windows["T1"].max() <= 4 and set(np.unique(null.starts)) <= set(range(7, sweep_length(3, 9) + 1, 2))
+
+
+def test_one_candidate_simulated_is_the_sequential_win2_v4():
+    rng = np.random.default_rng(3)
+    kw = dict(primary="primary", guards=["g"], lower_is_better=(), win_pct=2.0, alpha_win=0.05, alpha_loss=0.05,
+              start_noise_pct=3.0, min_df=2, evidence_f_alpha=0.05, spending="obf", loss_pooled_share=0.5)
+    sims = gates.simulate_sequences(rng, 400, cells=2, repeats=3, rep_sd=2.7, start_sd=1.0, max_starts=9,
+                                    gain_pct=2.5, prompt_sd=5.0, metrics=["primary", "g"])
+    ref, used = gates.sequential_verdicts(sims, max_starts=9, **kw)
+    got = sweep_verdicts(sims, ["T1"], max_starts=9, **kw)
+    assert (got.verdicts["T1"] == ref).all() and (got.starts == used).all()
+    assert len(set(ref)) >= 3   # the brackets are not all decided alike: the comparison says something

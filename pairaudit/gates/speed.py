@@ -1047,6 +1047,73 @@ def sequential_verdicts(metrics: Mapping[str, np.ndarray], *, max_starts: int, *
     return verdict.astype(str), used
 
 
+def sweep_length(n_candidates: int, max_starts: int) -> int:
+    """The most starts a shared-control bracket of ``n_candidates`` may run: every candidate to its budget."""
+    return 1 + 2 * n_candidates * looks_for(max_starts)
+
+
+def _sub_evidence(evidence: Mapping[str, Mapping[str, Any]] | None, idx: np.ndarray) -> dict | None:
+    """Simulated per-bracket evidence (arrays over brackets) restricted to the brackets ``idx``."""
+    if not evidence:
+        return None
+
+    def take(e):
+        return None if e is None else (np.asarray(e[0])[idx] if np.ndim(e[0]) else e[0], e[1])
+
+    return {m: {"pooled": take(e.get("pooled")), "cells": [take(c) for c in e.get("cells") or []]}
+            for m, e in evidence.items()}
+
+
+@dataclass(frozen=True)
+class SweepSimulation:
+    """Simulated shared-control brackets: per candidate its verdict and candidate starts, per bracket its starts."""
+    verdicts: dict[str, np.ndarray]
+    windows: dict[str, np.ndarray]
+    starts: np.ndarray
+
+
+def sweep_verdicts(metrics: Mapping[str, np.ndarray], candidates: Sequence[str], *, max_starts: int,
+                   evidence: Mapping[str, Mapping[str, Any]] | None = None, **kw: Any) -> SweepSimulation:
+    """The shared-control bracket over simulated timelines: each candidate's verdict, and the starts each ran.
+
+    metrics: metric -> (brackets, cells, repeats, starts) with every odd start a candidate start (which
+    candidate is the schedule's: ``sweep_next``); at least ``sweep_length`` starts. Each bracket runs
+    round by round; after each round every candidate that got a window looks (``_win2_v3_core`` with its
+    ``sweep_layout``), a decided one gets no more starts. Brackets with the same schedule so far are
+    evaluated together. ``evidence``: as ``_win2_v3_core``'s, a var may be an array over the brackets.
+    """
+    n = next(iter(metrics.values())).shape[0]
+    budget = looks_for(max_starts)
+    cands = list(candidates)
+    verdict = {c: np.full(n, "INCONCLUSIVE", dtype=object) for c in cands}
+    arms: list[tuple[str, ...]] = [()] * n
+    undecided: list[set[str]] = [set(cands) for _ in range(n)]
+    used = np.zeros(n, dtype=int)
+    while True:
+        nxt = [sweep_next(arms[w], cands, undecided[w], budget) for w in range(n)]
+        groups: dict[tuple[str, ...], list[int]] = {}
+        for w in range(n):
+            if nxt[w]:
+                arms[w] = arms[w] + tuple(nxt[w])
+                groups.setdefault(arms[w], []).append(w)
+        if not groups:
+            break
+        for a, ws in groups.items():
+            idx = np.asarray(ws)
+            looked = [c for c in cands if c in set(a[-len(nxt[ws[0]]):])]
+            sub = {m: v[idx][..., :len(a)] for m, v in metrics.items()}
+            for c in looked:
+                v = _win2_v3_core(sub, looks=budget, layout=sweep_layout(a, c), evidence=_sub_evidence(evidence, idx),
+                                  **kw)["verdict"]
+                for j, w in enumerate(ws):
+                    verdict[c][w] = v[j]
+                    if v[j] != "INCONCLUSIVE":
+                        undecided[w].discard(c)
+            used[idx] = len(a)
+    windows = {c: np.asarray([sweep_windows(arms[w], c) for w in range(n)]) for c in cands}
+    return SweepSimulation({c: v.astype(str) for c, v in verdict.items()}, windows, used)
+
+
 def win2_v3_rates(*, rep_sd: float, start_sd: float, cells: int, repeats: int, max_starts: int,
                   guards: Sequence[str] = (), zero_guards: Sequence[str] = (), win_pct: float = 2.0,
                   alpha_win: float = 0.05, alpha_loss: float = 0.05, start_noise_pct: float = 3.0, min_df: int = 2,
