@@ -7,9 +7,16 @@ import math
 
 import numpy as np
 import pytest
+from test_launch import fake_cfg
+from test_speed import bracket_inputs
 
 from pairaudit import gates
+from pairaudit.core import artifacts, contracts
+from pairaudit.core.jsonlog import read_log
+from pairaudit.gates import server_failure
 from pairaudit.gates.speed import arm_factor, sweep_length, sweep_verdicts, sweep_windows
+from pairaudit.speed import bracket as speed_bracket
+from pairaudit.speed import stage as speed_stage
 
 P, G = "pooled_rate_tps", "decode_tps"
 # an earlier window's evidence: 0.8 % start to start, 12 degrees of freedom (an A/A of 13 control starts)
@@ -204,3 +211,154 @@ def test_one_candidate_simulated_is_the_sequential_win2_v4():
     got = sweep_verdicts(sims, ["T1"], max_starts=9, **kw)
     assert (got.verdicts["T1"] == ref).all() and (got.starts == used).all()
     assert len(set(ref)) >= 3   # the brackets are not all decided alike: the comparison says something
+
+
+# ------------------------------------------------------------------ the stage
+
+def sweep_run(tmp_path, speed_cfg: dict, candidates: list[str], paths: tuple[dict, dict, dict]) -> dict:
+    lp, pp, sp = paths
+    return speed_stage.speed_stage(
+        launch_paths=lp, preflight_paths=pp, spec_paths=sp, speed=speed_bracket.resolve(speed_cfg), audit="sweep",
+        candidates=candidates, out_paths={c: str(tmp_path / f"speed/{c}/decision.json") for c in candidates},
+        streams_path=str(tmp_path / "speed/streams.jsonl"), archive_path=str(tmp_path / "archive.jsonl"),
+        server_logs={"s1": str(tmp_path / "logs/speed-s1-control.log")},
+        starts_log=str(tmp_path / "servers/starts.jsonl"))
+
+
+def test_a_failing_candidate_is_its_own_evidence_and_the_other_candidates_bracket_goes_on(tmp_path):
+    arms = {"control": fake_cfg(), "dies": fake_cfg("concurrent_stream_dies"), "ok": fake_cfg()}
+    cfg = {"cells": [{"name": "pair-c2", "prompt": "random", "input_len": 16, "concurrency": 2}], "repeats": 2,
+           "waves": 1, "output_len": 8, "accept_unverifiable_clock": True, "max_starts": 3, "repeat_s": None}
+    docs = sweep_run(tmp_path, cfg, ["dies", "ok"], bracket_inputs(tmp_path, arms))
+    saved = {c: artifacts.check_schema(artifacts.read_json(tmp_path / f"speed/{c}/decision.json"),
+                                       contracts.SPEED_DECISION_SCHEMA, c) for c in ("dies", "ok")}
+    assert saved == docs
+    dies, ok = saved["dies"], saved["ok"]
+    # the failing candidate: its failure (confirmed on a fresh start) is its decision's evidence
+    assert dies["gate"]["verdict"] == "INCONCLUSIVE" and dies["not_run"].startswith("the candidate server failed")
+    assert (dies["failure"]["arm"], dies["failure"]["what"]) == ("candidate", "s2 warm-up")
+    assert dies["failure"]["confirmation"]["kind"] in (server_failure.SERVER_ERROR, server_failure.DEAD)
+    # its planned closing control was not needed: the next candidate's window opens on s1
+    assert [(s["start"], s["arm"]) for s in ok["starts"]] == [("s1", "control"), ("s3", "ok"), ("s4", "control")]
+    assert ok["sweep"]["windows"] == [["s1", "s3", "s4"]] and ok["sweep"]["arms"] == ["control", "ok", "control"]
+    assert ok["gate"]["sweep"]["control_starts"] == ["s1", "s4"]
+    assert [f["start"] for f in ok["sweep"]["failed_starts"]] == ["s2"]
+    assert ok["gate"]["rule"] == "win2-v4" and "not_run" not in ok
+    assert ok["looks"] == [{"starts": 3, "windows": 1, **{k: ok["looks"][0][k] for k in (
+        "verdict", "half_width_pct", "pooled_gain_pct", "more_starts")}}]
+    # every start that ran, failed and confirming ones too, is in the starts log, each ended
+    events = [(r["phase"], r["arm"], r["event"]) for r in read_log(tmp_path / "servers/starts.jsonl")]
+    assert events == [("speed", "control", "ready"), ("speed", "control", "stopped"),
+                      ("speed", "dies", "ready"), ("speed", "dies", "stopped"),
+                      ("speed-confirm", "dies", "ready"), ("speed-confirm", "dies", "stopped"),
+                      ("speed", "ok", "ready"), ("speed", "ok", "stopped"),
+                      ("speed", "control", "ready"), ("speed", "control", "stopped")]
+    _, streams = artifacts.read_jsonl(tmp_path / "speed/streams.jsonl")
+    assert {r["start"] for r in streams} == {"s1", "s3", "s4"}
+
+
+def test_undecided_candidates_get_another_round_each_against_its_own_neighbours(tmp_path):
+    arms = {"control": fake_cfg(), "a": fake_cfg(), "b": fake_cfg()}
+    cfg = {"cells": [{"name": "c1", "prompt": "random", "input_len": 16, "concurrency": 1}], "repeats": 2,
+           "waves": 1, "output_len": 4, "accept_unverifiable_clock": True, "max_starts": 5, "repeat_s": None}
+    docs = sweep_run(tmp_path, cfg, ["a", "b"], bracket_inputs(tmp_path, arms))
+    # one degree of freedom after the first round: the 3 % fallback keeps both undecided, and each gets a
+    # second window; at its budget (max_starts 5: two candidate starts) neither gets a third
+    for c, doc in docs.items():
+        assert doc["sweep"]["arms"] == ["control", "a", "control", "b", "control", "a", "control", "b", "control"]
+        assert [(lk["starts"], lk["windows"], lk["more_starts"]) for lk in doc["looks"]] == [(5, 1, True), (9, 2, False)]
+    assert docs["a"]["gate"]["sweep"]["windows"] == [["s1", "s2", "s3"], ["s5", "s6", "s7"]]
+    assert docs["b"]["gate"]["sweep"]["windows"] == [["s3", "s4", "s5"], ["s7", "s8", "s9"]]
+    assert docs["a"]["gate"]["sweep"]["pooled_control_starts"] == ["s9"]
+    assert docs["a"]["gate"]["sweep"]["variance_factor"] == pytest.approx(0.75)   # two separate windows
+    # the decision's spread is its own first window's controls
+    assert docs["b"]["spread"]["c1"]["window_pct"] == [
+        pytest.approx(100 * abs(x - y) / ((x + y) / 2)) for x, y in zip(
+            [r["pooled_rate_tps"] for r in docs["b"]["pooled"]["c1"]["s3"]],
+            [r["pooled_rate_tps"] for r in docs["b"]["pooled"]["c1"]["s5"]])]
+
+
+def test_a_failing_control_preflight_leaves_every_candidate_unmeasured_and_a_candidates_only_its_own(tmp_path):
+    arms = {"control": fake_cfg(), "a": fake_cfg(), "b": fake_cfg()}
+    cfg = {"cells": [{"name": "c1", "prompt": "random", "input_len": 16, "concurrency": 1}], "repeats": 2,
+           "waves": 1, "output_len": 4, "accept_unverifiable_clock": True, "max_starts": 3, "repeat_s": None}
+    lp, pp, sp = bracket_inputs(tmp_path, arms)
+    artifacts.write_json(pp["a"], {"schema": "pairaudit.preflight/v1", "verdict": "FAIL", "failed_probe": "chat"})
+    docs = speed_stage.speed_stage(
+        launch_paths=lp, preflight_paths=pp, spec_paths=sp, speed=speed_bracket.resolve(cfg), audit="sweep",
+        candidates=["a", "b"], out_paths={c: str(tmp_path / f"{c}.json") for c in "ab"},
+        streams_path=str(tmp_path / "streams.jsonl"), archive_path=str(tmp_path / "archive.jsonl"),
+        server_logs={"s1": str(tmp_path / "logs/speed-s1-control.log")})
+    assert docs["a"]["not_run"] == "the a preflight is FAIL at probe 'chat'"
+    # b runs alone: C b C, win2-v4's own bracket
+    assert [s["arm"] for s in docs["b"]["starts"]] == ["control", "b", "control"]
+    assert docs["b"]["gate"]["sweep"]["pooled_control_starts"] == []
+    # with the control's rehearsal failed, nothing is measured for anyone
+    artifacts.write_json(pp["control"], {"schema": "pairaudit.preflight/v1", "verdict": "FAIL",
+                                         "failed_probe": "models"})
+    docs = speed_stage.speed_stage(
+        launch_paths=lp, preflight_paths=pp, spec_paths=sp, speed=speed_bracket.resolve(cfg), audit="sweep",
+        candidates=["a", "b"], out_paths={c: str(tmp_path / f"{c}.json") for c in "ab"},
+        streams_path=str(tmp_path / "streams.jsonl"), archive_path=str(tmp_path / "archive.jsonl"),
+        server_logs={"s1": str(tmp_path / "logs/speed-s1-control.log")})
+    assert docs["b"]["not_run"].startswith("the control preflight is FAIL") and "starts" not in docs["b"]
+    with pytest.raises(ValueError, match="one decision per candidate"):
+        speed_stage.speed_stage(
+            launch_paths=lp, preflight_paths=pp, spec_paths=sp, speed=speed_bracket.resolve(cfg), audit="sweep",
+            candidates=["a", "b"], out_paths={"a": str(tmp_path / "a.json")},
+            streams_path=str(tmp_path / "streams.jsonl"), archive_path=str(tmp_path / "archive.jsonl"),
+            server_logs={"s1": str(tmp_path / "s1.log")})
+
+
+@pytest.mark.server
+def test_two_candidates_share_the_control_starts_on_the_reference_server(tmp_path):
+    """C, ngram, C, slow, C on the real reference server: the planted step delay is a LOSS, each candidate is
+    compared to its own neighbouring control starts and pools the other one into its variance."""
+    from test_speed import _arm
+
+    from pairaudit.speed import archive as speedarchive
+
+    slow = _arm(0)
+    slow["env"] = {**slow["env"], "PAIRAUDIT_REF_STEP_DELAY_US": "50000"}   # 50 ms after every engine step
+    arms = {"control": _arm(0), "ngram": _arm(4), "slow": slow}
+    n = 16
+    cfg = {"cells": [{"name": "rep-c1", "prompt": "repetitive", "input_len": 40, "concurrency": 1}],
+           "repeats": 2, "waves": 1, "output_len": n, "accept_unverifiable_clock": True, "max_starts": 3,
+           "repeat_s": None}
+    docs = sweep_run(tmp_path, cfg, ["ngram", "slow"], bracket_inputs(tmp_path, arms))
+    saved = {c: artifacts.check_schema(artifacts.read_json(tmp_path / f"speed/{c}/decision.json"),
+                                       contracts.SPEED_DECISION_SCHEMA, c) for c in ("ngram", "slow")}
+    assert saved == docs
+    order = [("s1", "control"), ("s2", "ngram"), ("s3", "control"), ("s4", "slow"), ("s5", "control")]
+    for doc in saved.values():
+        assert [(s["start"], s["arm"]) for s in doc["starts"]] == order
+        assert doc["sweep"]["arms"] == [a for _, a in order] and doc["gate"]["rule"] == "win2-v4"
+    pids = [s["server"]["pid"] for s in saved["slow"]["starts"]]
+    assert len(set(pids)) == 5 and all(s["server"]["identity_check"]["ok"] for s in saved["slow"]["starts"])
+    # each candidate against its neighbouring controls; the bracket's third control joins its variance
+    g_slow, g_ngram = saved["slow"]["gate"], saved["ngram"]["gate"]
+    assert g_slow["sweep"]["windows"] == [["s3", "s4", "s5"]] and g_slow["sweep"]["pooled_control_starts"] == ["s1"]
+    assert g_ngram["sweep"]["windows"] == [["s1", "s2", "s3"]] and g_ngram["sweep"]["pooled_control_starts"] == ["s5"]
+    # the planted delay: far slower than either neighbouring control, and the gate says LOSS
+    rate = {st: np.mean([r["pooled_rate_tps"] for r in saved["slow"]["pooled"]["rep-c1"][st]])
+            for st in ("s3", "s4", "s5")}
+    assert rate["s4"] < 0.7 * min(rate["s3"], rate["s5"])
+    assert g_slow["verdict"] == "LOSS", g_slow["reasons"]
+    assert g_ngram["verdict"] != "LOSS", g_ngram["reasons"]
+    # speculation shows in the ngram candidate's start only
+    for st, arm in order:
+        drafts = [r["drafts"] for r in saved["ngram"]["pooled"]["rep-c1"][st]]
+        assert all(d > 0 for d in drafts) if arm == "ngram" else drafts == [0, 0]
+    # the verdicts follow from the stored series, the bracket's arms and the evidence
+    for c, doc in saved.items():
+        again = gates.win2_v4(doc["series"], primary="pooled_rate_tps", guards=["accepted_per_round", "decode_tps"],
+                              reported=["ms_per_round", "ttft_s"], lower_is_better=["ms_per_round", "ttft_s"],
+                              max_starts=3, evidence=doc["evidence"], arms=doc["sweep"]["arms"], candidate=c)
+        assert again["verdict"] == doc["gate"]["verdict"]
+        assert doc["looks"][0]["windows"] == 1 and len(doc["looks"]) == 1
+    # one streams file for the bracket; the control starts archived once, under one window
+    _, recs = artifacts.read_jsonl(tmp_path / "speed/streams.jsonl")
+    assert sorted({r["start"] for r in recs}) == ["s1", "s2", "s3", "s4", "s5"]
+    lines = speedarchive.read_archive(tmp_path / "archive.jsonl")
+    assert sorted(r["start"] for r in lines) == ["s1", "s3", "s5"] and len({r["window"] for r in lines}) == 1
+    assert saved["slow"]["window"] == saved["ngram"]["window"] == lines[0]["window"]

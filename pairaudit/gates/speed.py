@@ -1198,6 +1198,7 @@ def _win2_sequential(
     loss_pooled_share: float | None = None,
     arms: Sequence[str] | None = None,
     candidate: str | None = None,
+    start_names: Sequence[str] | None = None,
 ) -> dict:
     """The alternating bracket (C, T, C, T, C ...) decided sequentially, paired by prompt (win2-v3, win2-v4).
 
@@ -1232,7 +1233,8 @@ def _win2_sequential(
     difference, weighted by the run's candidate starts; sigma^2 from
     deviations within each run's arms and within the bracket's other control
     starts. ``max_starts`` is then the candidate's own budget: a bracket of
-    max_starts starts, (max_starts - 1) / 2 candidate starts.
+    max_starts starts, (max_starts - 1) / 2 candidate starts. ``start_names``:
+    what the result calls the starts (s1, s2, ... by default).
     """
     guards, reported = list(guards), list(reported)
     lib = set(lower_is_better)
@@ -1263,7 +1265,9 @@ def _win2_sequential(
                            "starts": n_starts if layout is None else len(layout.starts),
                            "arms": bracket_arms(n_starts) if layout is None else list(layout.arms)}
     if layout is not None:
-        names_of = [f"s{k + 1}" for k in range(n_starts)]
+        names_of = list(start_names) if start_names is not None else [f"s{k + 1}" for k in range(n_starts)]
+        if len(names_of) != n_starts:
+            raise ValueError(f"{len(names_of)} start names for {n_starts} starts")
         out["sweep"] = {"candidate": candidate, "bracket_starts": n_starts,
                         "windows": [[names_of[k] for k in w] for w in layout.windows],
                         "control_starts": [names_of[k] for k in layout.controls],
