@@ -11,7 +11,7 @@ from test_launch import fake_cfg
 from test_speed import bracket_inputs
 
 from pairaudit import gates
-from pairaudit.core import artifacts, contracts
+from pairaudit.core import artifacts, contracts, readers
 from pairaudit.core.jsonlog import read_log
 from pairaudit.gates import server_failure
 from pairaudit.gates.speed import arm_factor, sweep_length, sweep_verdicts, sweep_windows
@@ -255,6 +255,21 @@ def test_a_failing_candidate_is_its_own_evidence_and_the_other_candidates_bracke
                       ("speed", "control", "ready"), ("speed", "control", "stopped")]
     _, streams = artifacts.read_jsonl(tmp_path / "speed/streams.jsonl")
     assert {r["start"] for r in streams} == {"s1", "s3", "s4"}
+
+
+def test_a_failing_control_server_ends_the_bracket_for_every_undecided_candidate(tmp_path):
+    arms = {"control": fake_cfg("concurrent_stream_dies"), "a": fake_cfg(), "b": fake_cfg()}
+    cfg = {"cells": [{"name": "pair-c2", "prompt": "random", "input_len": 16, "concurrency": 2}], "repeats": 2,
+           "waves": 1, "output_len": 8, "accept_unverifiable_clock": True, "max_starts": 3, "repeat_s": None}
+    docs = sweep_run(tmp_path, cfg, ["a", "b"], bracket_inputs(tmp_path, arms))
+    for c, doc in docs.items():
+        assert doc["not_run"].startswith("the control server failed") and doc["gate"]["verdict"] == "INCONCLUSIVE"
+        # a failing control is not confirmed (the servers gate reads it as INCONCLUSIVE whatever it was)
+        assert doc["failure"]["arm"] == "control" and "confirmation" not in doc["failure"]
+        assert [s["start"] for s in doc["starts"]] == ["s1"] and doc["sweep"]["candidate"] == c
+        assert readers.SpeedDecisionDoc.from_json(doc).gate.verdict == "INCONCLUSIVE"
+    events = [(r["arm"], r["event"]) for r in read_log(tmp_path / "servers/starts.jsonl")]
+    assert events == [("control", "ready"), ("control", "stopped")]   # no candidate started
 
 
 def test_undecided_candidates_get_another_round_each_against_its_own_neighbours(tmp_path):
