@@ -156,6 +156,15 @@ def test_a_candidate_does_not_depend_on_another_candidates_starts():
     assert x["half_width_pct"] == pytest.approx(y["half_width_pct"])
 
 
+def test_a_slow_shared_control_start_moves_both_of_its_neighbours_alike():
+    # why the candidates' decisions are correlated: s3 closes a's window and opens b's
+    arms = gates.sweep_round([], ["a", "b"], [])
+    base, slow = [100.0, 101.0, 100.0, 101.0, 100.0], [100.0, 101.0, 97.0, 101.0, 100.0]
+    shift = {c: decide(arms, slow, c, evidence=None)["log_gain"] - decide(arms, base, c, evidence=None)["log_gain"]
+             for c in ("a", "b")}
+    assert shift["a"] == pytest.approx(shift["b"]) and shift["a"] > 1.0
+
+
 def test_a_linear_drift_cancels_in_every_candidates_windows():
     # c's windows: a run of two and a run of one, so a plain mean over all its neighbouring controls would not
     # sit at its candidate starts' mean position; each run's own arm means do

@@ -1369,8 +1369,9 @@ def _win2_sequential(
     elif verdict == "NO_WIN":
         reasons.append("speed gain not shown, and the bracket resolves the bar (half-width <= bar)")
     else:
-        how = (f"about {need} starts would resolve it" if need is not None
-               else "no bracket of up to 41 starts would resolve it at this noise")
+        how = ("no bracket of up to 41 starts would resolve it at this noise" if need is None
+               else f"about {need} starts would resolve it" if layout is None
+               else f"about {(need - 1) // 2} candidate starts would resolve it")
         reasons.append(f"too noisy to decide at the {win_pct} % bar after {own} starts: half-width {half:.2f} % "
                        f"> {log_bar(win_pct):.2f} % (the bar on the log scale); {how}" + ("; the bracket grows by a candidate and a control start" if more
                                                   else f" (max_starts {max_starts} reached)"))
