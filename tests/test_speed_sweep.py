@@ -4,6 +4,7 @@ known answers (built to WIN, LOSS, NO_WIN, INCONCLUSIVE, and built not to), one 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ P, G = "pooled_rate_tps", "decode_tps"
 # an earlier window's evidence: 0.8 % start to start, 12 degrees of freedom (an A/A of 13 control starts)
 EV = {m: {"pooled": {"var": 0.64, "df": 12, "windows": 3}, "cells": {"c1": {"var": 0.64, "df": 12}}} for m in (P, G)}
 CANDS = ["fast", "slow", "same", "noisy"]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def series(values: list[float], reps: int = 3) -> dict:
@@ -332,6 +334,33 @@ def test_a_failing_control_preflight_leaves_every_candidate_unmeasured_and_a_can
             candidates=["a", "b"], out_paths={"a": str(tmp_path / "a.json")},
             streams_path=str(tmp_path / "streams.jsonl"), archive_path=str(tmp_path / "archive.jsonl"),
             server_logs={"s1": str(tmp_path / "s1.log")})
+
+
+def test_the_rule_script_reads_one_input_set_per_arm_and_writes_one_decision_per_candidate(tmp_path):
+    """scripts/speed.py as Snakemake runs it: the sweep's keys (spec_<arm>, decision_<candidate>, candidates)."""
+    import runpy
+    from types import SimpleNamespace
+
+    from snakemake.iocontainers import Namedlist
+
+    arms = {"control": fake_cfg(), "a": fake_cfg(), "b": fake_cfg()}
+    lp, pp, sp = bracket_inputs(tmp_path, arms)
+    cfg = {"cells": [{"name": "c1", "prompt": "random", "input_len": 16, "concurrency": 1}], "repeats": 2,
+           "waves": 1, "output_len": 4, "accept_unverifiable_clock": True, "max_starts": 3, "repeat_s": None}
+    inputs = {f"{kind}_{a}": paths[a] for a in arms for kind, paths in (("spec", sp), ("launch", lp),
+                                                                          ("preflight", pp))}
+    outputs = {"decision_a": str(tmp_path / "a/decision.json"), "decision_b": str(tmp_path / "b/decision.json"),
+               "streams": str(tmp_path / "streams.jsonl")}
+    params = SimpleNamespace(speed=speed_bracket.resolve(cfg).to_json(), audit="sweep", candidates=["a", "b"],
+                             archive=str(tmp_path / "archive.jsonl"), starts_log=str(tmp_path / "starts.jsonl"),
+                             server_logs={"s1": str(tmp_path / "logs/speed-s1-control.log")})
+    snakemake = SimpleNamespace(input=Namedlist(fromdict=inputs), output=Namedlist(fromdict=outputs), params=params,
+                                log=[str(tmp_path / "speed.log")], scriptdir=str(ROOT / "scripts"))
+    runpy.run_path(str(ROOT / "scripts/speed.py"), init_globals={"snakemake": snakemake}, run_name="__main__")
+    for c in ("a", "b"):
+        doc = artifacts.read_json(tmp_path / f"{c}/decision.json")
+        assert doc["sweep"]["candidate"] == c and doc["sweep"]["arms"] == ["control", "a", "control", "b", "control"]
+    assert (tmp_path / "logs/speed-s2-a.log").stat().st_size > 0   # each start's server log beside the first
 
 
 @pytest.mark.server
