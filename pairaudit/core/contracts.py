@@ -406,6 +406,9 @@ class SpeedDecision(TypedDict, total=False):
     provenance: dict
     not_run: str                    # why the bracket was not measured (then the gate is INCONCLUSIVE)
     failure: dict                   # a failures.FailureRecord of the server that broke the bracket
+    sweep: dict                     # one candidate of a shared-control bracket (pairaudit.speed.sweep): its
+                                    # name, the bracket's candidates and arm per start, its windows, the
+                                    # control starts it was compared to and those pooled into its variance
 
 
 class Decision(TypedDict, total=False):

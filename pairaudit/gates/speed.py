@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -711,6 +712,123 @@ def _v3_window_var(m: np.ndarray) -> tuple[np.ndarray, int]:
     return ss / df, df
 
 
+# ----------------------------------------------------- the shared-control bracket
+#
+# Several candidates against one control: the starts run C, T1, C, T2, ..., Tn, C,
+# then T, C for each candidate still undecided, so the bracket stays alternating
+# (every even start a control) and every candidate start sits between two control
+# starts: its window C-T-C. Windows of one candidate that share a control (T_n's
+# last window of a round and its first of the next) form one run, which is
+# win2-v4's alternating bracket of that candidate; a candidate with one run is
+# exactly win2-v4's bracket.
+
+CONTROL = "control"
+
+
+@dataclass(frozen=True)
+class SweepLayout:
+    """Where one candidate's windows lie in a shared-control bracket, and the statistics over them.
+
+    runs: per run of adjacent windows (sharing their inner controls), its control starts and its
+    candidate starts (indices into the bracket). others: the bracket's control starts outside every run
+    of this candidate, pooled into the start-to-start variance as a group of their own.
+    """
+    candidate: str
+    arms: tuple[str, ...]
+    runs: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]
+    others: tuple[int, ...]
+
+    @property
+    def n_windows(self) -> int:
+        return sum(len(t) for _, t in self.runs)
+
+    @property
+    def windows(self) -> list[tuple[int, int, int]]:
+        """(control before, candidate, control after) per candidate start, in run order."""
+        return [(k - 1, k, k + 1) for _, t in self.runs for k in t]
+
+    @property
+    def controls(self) -> tuple[int, ...]:
+        """The control starts the candidate is compared to: its windows' neighbours."""
+        return tuple(sorted(k for c, _ in self.runs for k in c))
+
+    @property
+    def starts(self) -> tuple[int, ...]:
+        """The candidate's own bracket: its windows' starts in run order."""
+        return tuple(sorted({k for c, t in self.runs for k in (*c, *t)}))
+
+    @property
+    def factor(self) -> float:
+        """Var(gain) / sigma^2: runs weighted by their candidate starts, each run win2-v4's arm_factor."""
+        m = self.n_windows
+        return sum((len(t) / m) ** 2 * (1.0 / len(t) + 1.0 / len(c)) for c, t in self.runs)
+
+    def gain(self, v: np.ndarray) -> np.ndarray:
+        """(..., starts) -> (...): per run the mean of its candidate starts minus that of its controls,
+        weighted by the run's candidate starts (within a run both arms' mean position is the run's middle, so
+        a linear drift cancels run by run)."""
+        m = self.n_windows
+        return sum((len(t) / m) * (v[..., list(t)].mean(axis=-1) - v[..., list(c)].mean(axis=-1))
+                   for c, t in self.runs)
+
+    def window_var(self, v: np.ndarray) -> tuple[np.ndarray, int]:
+        """Start-to-start variance from deviations within groups, each about its own mean: each run's controls,
+        all the candidate's starts (the runs' weights make the gain's candidate part their plain mean), the
+        other control starts. Orthogonal to every mean the gain is made of, so the t statistic stays exact;
+        a drift only inflates it."""
+        groups = [c for c, _ in self.runs] + [tuple(k for _, t in self.runs for k in t)] + (
+            [self.others] if self.others else [])
+        ss = sum(((v[..., list(g)] - v[..., list(g)].mean(axis=-1, keepdims=True)) ** 2).sum(axis=-1)
+                 for g in groups)
+        df = sum(len(g) - 1 for g in groups)
+        return ss / df, df
+
+
+def sweep_layout(arms: Sequence[str], candidate: str, *, pool_controls: bool = True) -> SweepLayout:
+    """The candidate's windows in a shared-control bracket ``arms`` (one arm name per start, ``CONTROL`` or a
+    candidate's name); ``pool_controls``: the bracket's other control starts join the variance."""
+    arms = tuple(arms)
+    if len(arms) < 3 or len(arms) % 2 == 0 or any(a != CONTROL for a in arms[0::2]) or any(
+            a == CONTROL for a in arms[1::2]):
+        raise ValueError(f"a shared-control bracket alternates control and candidate starts, control first and last, "
+                         f"got {list(arms)}")
+    mine = [k for k, a in enumerate(arms) if a == candidate]
+    if not mine:
+        raise ValueError(f"candidate {candidate!r} has no start in the bracket {list(arms)}")
+    runs: list[list[int]] = [[mine[0]]]
+    for k in mine[1:]:
+        if k == runs[-1][-1] + 2:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    shaped = tuple((tuple(range(r[0] - 1, r[-1] + 2, 2)), tuple(r)) for r in runs)
+    inside = {k for c, _ in shaped for k in c}
+    others = tuple(k for k in range(0, len(arms), 2) if k not in inside) if pool_controls else ()
+    return SweepLayout(candidate=candidate, arms=arms, runs=shaped, others=others)
+
+
+def sweep_round(arms: Sequence[str], candidates: Sequence[str], open_: Iterable[str]) -> list[str]:
+    """The starts a shared-control bracket appends next: the first round C, T1, C, ..., Tn, C on an empty
+    bracket, later rounds T, C for each candidate still open (undecided, budget left), in bracket order."""
+    if len(set(candidates)) != len(candidates) or CONTROL in candidates or not candidates:
+        raise ValueError(f"candidates must be distinct names other than {CONTROL!r}, got {list(candidates)}")
+    if not arms:
+        return [CONTROL] + [a for c in candidates for a in (c, CONTROL)]
+    wanted = set(open_)
+    return [a for c in candidates if c in wanted for a in (c, CONTROL)]
+
+
+def sweep_windows(arms: Sequence[str], candidate: str) -> int:
+    """How many windows (candidate starts) a candidate has in the bracket so far."""
+    return sum(1 for a in arms if a == candidate)
+
+
+def sweep_next(arms: Sequence[str], candidates: Sequence[str], undecided: Iterable[str], budget: int) -> list[str]:
+    """The next round of a shared-control bracket: the first round on an empty bracket, then T, C for each
+    undecided candidate with fewer than ``budget`` candidate starts (a decided candidate gets no more)."""
+    return sweep_round(arms, candidates, [c for c in undecided if sweep_windows(arms, c) < budget])
+
+
 def _v3_noise(win_var: np.ndarray, win_df: int, ev_var: np.ndarray | float | None, ev_df: int, *,
               floor: float, min_df: float, f_alpha: float) -> dict:
     """The start-to-start variance the gate uses: the window's, pooled with the host's evidence where they agree.
@@ -774,36 +892,41 @@ def _win2_v3_core(metrics: Mapping[str, np.ndarray], *, primary: str, guards: Se
                   lower_is_better: Iterable[str], win_pct: float, alpha_win: float, alpha_loss: float,
                   start_noise_pct: float, min_df: int, evidence_f_alpha: float, looks: int,
                   evidence: Mapping[str, Mapping[str, Any]] | None = None, spending: str = "bonferroni",
-                  loss_pooled_share: float | None = None) -> dict:
+                  loss_pooled_share: float | None = None, layout: SweepLayout | None = None) -> dict:
     """win2-v3 / win2-v4 at one look over many windows: arrays (windows, cells, repeats, starts) per metric.
 
     ``evidence``: metric -> {"pooled": (var, df), "cells": [(var, df) or None per cell]} from the host's
     earlier windows of this control (variances in %^2 of the control; a var may be an array, one per
     window), or None. ``spending`` and ``loss_pooled_share``: how alpha is spent over the looks and over
     the loss tests (win2-v3: bonferroni and an equal share; win2-v4: obf and a share for the pooled test).
+    ``layout``: one candidate of a shared-control bracket (``sweep_layout``): its gain, variance factor,
+    look and start-to-start variance come from its own windows and the bracket's other control starts.
     The simulation runs exactly this.
     """
     lib = set(lower_is_better)
     evidence = evidence or {}
     x = np.asarray(metrics[primary], dtype=float)
     n_cells, n_starts = x.shape[1], x.shape[-1]
-    fac = arm_factor(n_starts)
+    gain_of, var_of = (_v3_gain, _v3_window_var) if layout is None else (layout.gain, layout.window_var)
+    if layout is not None and len(layout.arms) != n_starts:
+        raise ValueError(f"the layout has {len(layout.arms)} starts, the series {n_starts}")
+    fac = arm_factor(n_starts) if layout is None else layout.factor
     kw: dict[str, float] = dict(floor=start_noise_pct, min_df=min_df, f_alpha=evidence_f_alpha)
     vals = {m: _v3_start_values(np.asarray(metrics[m], dtype=float), m in lib) for m in [primary, *guards]}
     # pooled over the deciding cells: a start's offset is shared by every cell it runs
     pm = vals[primary].mean(axis=1)                                         # (W, S)
-    pooled_gain = _v3_gain(pm)
-    wv, wdf = _v3_window_var(pm)
+    pooled_gain = gain_of(pm)
+    wv, wdf = var_of(pm)
     ev = evidence.get(primary, {}).get("pooled")
     pn = _v3_noise(wv, wdf, None if ev is None else ev[0], 0 if ev is None else int(ev[1]), **kw)
     se = np.sqrt(fac * pn["used_var"])
-    look = (n_starts - 3) // 2
+    look = (n_starts - 3) // 2 if layout is None else layout.n_windows - 1
     level_win = _levels(alpha_win, looks, look, spending, pn["df"])
     q_win = _quantiles(1.0 - level_win, pn["df"])
     half = q_win * se
     # the bar on the log scale: a win is a ratio above 1 + bar, a loss one below 1 - bar
     up, down = log_bar(win_pct), -log_bar(-win_pct) if win_pct < 100 else math.inf
-    cell_gain = {m: _v3_gain(v) for m, v in vals.items()}                 # (W, C)
+    cell_gain = {m: gain_of(v) for m, v in vals.items()}                  # (W, C)
     consistent = (cell_gain[primary] > up).all(axis=-1)
     win = (pooled_gain - half > 0) & (pooled_gain > up) & consistent
     # one loss test per cell and metric, plus the primary pooled over the cells (it borrows every cell's
@@ -818,7 +941,7 @@ def _win2_v3_core(metrics: Mapping[str, np.ndarray], *, primary: str, guards: Se
     pooled_loss = (pooled_gain < -down) & (pooled_gain + q_pool_loss * se < 0)
     loss_by, cell_noise, cell_levels = {}, {}, []
     for m, v in vals.items():
-        cv, cdf = _v3_window_var(v)                                         # (W, C)
+        cv, cdf = var_of(v)                                                 # (W, C)
         cells_ev = evidence.get(m, {}).get("cells")
         if cells_ev is not None:
             nz = [_v3_noise(cv[:, j], cdf, None if e is None else e[0], 0 if e is None else int(e[1]), **kw)
@@ -924,6 +1047,73 @@ def sequential_verdicts(metrics: Mapping[str, np.ndarray], *, max_starts: int, *
     return verdict.astype(str), used
 
 
+def sweep_length(n_candidates: int, max_starts: int) -> int:
+    """The most starts a shared-control bracket of ``n_candidates`` may run: every candidate to its budget."""
+    return 1 + 2 * n_candidates * looks_for(max_starts)
+
+
+def _sub_evidence(evidence: Mapping[str, Mapping[str, Any]] | None, idx: np.ndarray) -> dict | None:
+    """Simulated per-bracket evidence (arrays over brackets) restricted to the brackets ``idx``."""
+    if not evidence:
+        return None
+
+    def take(e):
+        return None if e is None else (np.asarray(e[0])[idx] if np.ndim(e[0]) else e[0], e[1])
+
+    return {m: {"pooled": take(e.get("pooled")), "cells": [take(c) for c in e.get("cells") or []]}
+            for m, e in evidence.items()}
+
+
+@dataclass(frozen=True)
+class SweepSimulation:
+    """Simulated shared-control brackets: per candidate its verdict and candidate starts, per bracket its starts."""
+    verdicts: dict[str, np.ndarray]
+    windows: dict[str, np.ndarray]
+    starts: np.ndarray
+
+
+def sweep_verdicts(metrics: Mapping[str, np.ndarray], candidates: Sequence[str], *, max_starts: int,
+                   evidence: Mapping[str, Mapping[str, Any]] | None = None, **kw: Any) -> SweepSimulation:
+    """The shared-control bracket over simulated timelines: each candidate's verdict, and the starts each ran.
+
+    metrics: metric -> (brackets, cells, repeats, starts) with every odd start a candidate start (which
+    candidate is the schedule's: ``sweep_next``); at least ``sweep_length`` starts. Each bracket runs
+    round by round; after each round every candidate that got a window looks (``_win2_v3_core`` with its
+    ``sweep_layout``), a decided one gets no more starts. Brackets with the same schedule so far are
+    evaluated together. ``evidence``: as ``_win2_v3_core``'s, a var may be an array over the brackets.
+    """
+    n = next(iter(metrics.values())).shape[0]
+    budget = looks_for(max_starts)
+    cands = list(candidates)
+    verdict = {c: np.full(n, "INCONCLUSIVE", dtype=object) for c in cands}
+    arms: list[tuple[str, ...]] = [()] * n
+    undecided: list[set[str]] = [set(cands) for _ in range(n)]
+    used = np.zeros(n, dtype=int)
+    while True:
+        nxt = [sweep_next(arms[w], cands, undecided[w], budget) for w in range(n)]
+        groups: dict[tuple[str, ...], list[int]] = {}
+        for w in range(n):
+            if nxt[w]:
+                arms[w] = arms[w] + tuple(nxt[w])
+                groups.setdefault(arms[w], []).append(w)
+        if not groups:
+            break
+        for a, ws in groups.items():
+            idx = np.asarray(ws)
+            looked = [c for c in cands if c in set(a[-len(nxt[ws[0]]):])]
+            sub = {m: v[idx][..., :len(a)] for m, v in metrics.items()}
+            for c in looked:
+                v = _win2_v3_core(sub, looks=budget, layout=sweep_layout(a, c), evidence=_sub_evidence(evidence, idx),
+                                  **kw)["verdict"]
+                for j, w in enumerate(ws):
+                    verdict[c][w] = v[j]
+                    if v[j] != "INCONCLUSIVE":
+                        undecided[w].discard(c)
+            used[idx] = len(a)
+    windows = {c: np.asarray([sweep_windows(arms[w], c) for w in range(n)]) for c in cands}
+    return SweepSimulation({c: v.astype(str) for c, v in verdict.items()}, windows, used)
+
+
 def win2_v3_rates(*, rep_sd: float, start_sd: float, cells: int, repeats: int, max_starts: int,
                   guards: Sequence[str] = (), zero_guards: Sequence[str] = (), win_pct: float = 2.0,
                   alpha_win: float = 0.05, alpha_loss: float = 0.05, start_noise_pct: float = 3.0, min_df: int = 2,
@@ -1006,6 +1196,9 @@ def _win2_sequential(
     evidence_f_alpha: float = 0.05,
     spending: str = "bonferroni",
     loss_pooled_share: float | None = None,
+    arms: Sequence[str] | None = None,
+    candidate: str | None = None,
+    start_names: Sequence[str] | None = None,
 ) -> dict:
     """The alternating bracket (C, T, C, T, C ...) decided sequentially, paired by prompt (win2-v3, win2-v4).
 
@@ -1033,6 +1226,15 @@ def _win2_sequential(
     - NO_WIN: neither, and the half-width is within the bar.
     - INCONCLUSIVE otherwise; ``more_starts`` says whether the bracket may
       still grow (fewer than max_starts starts so far).
+
+    ``arms`` and ``candidate``: a shared-control bracket of several candidates
+    (one arm name per start, ``sweep_layout``), decided for ``candidate``
+    over its windows C-T-C: per run of adjacent windows the arm-mean
+    difference, weighted by the run's candidate starts; sigma^2 from
+    deviations within each run's arms and within the bracket's other control
+    starts. ``max_starts`` is then the candidate's own budget: a bracket of
+    max_starts starts, (max_starts - 1) / 2 candidate starts. ``start_names``:
+    what the result calls the starts (s1, s2, ... by default).
     """
     guards, reported = list(guards), list(reported)
     lib = set(lower_is_better)
@@ -1047,10 +1249,30 @@ def _win2_sequential(
                   decision_cells=list(decide), max_starts=max_starts, looks=looks)
     n_rep, n_starts = _check_cells(cells, [primary, *guards, *reported], decide, rule)
     bracket_arms(n_starts)  # refuses an even or too short bracket
-    if n_starts > max_starts:
-        raise ValueError(f"{n_starts} starts exceed max_starts {max_starts}")
+    layout = None
+    if arms is None:
+        if n_starts > max_starts:
+            raise ValueError(f"{n_starts} starts exceed max_starts {max_starts}")
+    else:
+        if len(arms) != n_starts or candidate is None:
+            raise ValueError(f"a shared-control bracket needs one arm per start ({n_starts}) and the candidate "
+                             f"decided, got arms {list(arms)} and candidate {candidate!r}")
+        layout = sweep_layout(arms, candidate)
+        if layout.n_windows > looks:
+            raise ValueError(f"{candidate}: {layout.n_windows} candidate starts exceed its budget of {looks} "
+                             f"(max_starts {max_starts})")
     out: dict[str, Any] = {"rule": rule, "params": params, "deviations": dev, "repeats": n_rep,
-                           "starts": n_starts, "arms": bracket_arms(n_starts)}
+                           "starts": n_starts if layout is None else len(layout.starts),
+                           "arms": bracket_arms(n_starts) if layout is None else list(layout.arms)}
+    if layout is not None:
+        names_of = list(start_names) if start_names is not None else [f"s{k + 1}" for k in range(n_starts)]
+        if len(names_of) != n_starts:
+            raise ValueError(f"{len(names_of)} start names for {n_starts} starts")
+        out["sweep"] = {"candidate": candidate, "bracket_starts": n_starts,
+                        "windows": [[names_of[k] for k in w] for w in layout.windows],
+                        "control_starts": [names_of[k] for k in layout.controls],
+                        "pooled_control_starts": [names_of[k] for k in layout.others],
+                        "runs": len(layout.runs), "variance_factor": layout.factor}
 
     def arr(cs, m):
         return np.asarray([[cells[c][m] for c in cs]], dtype=float)       # (1, C, R, S)
@@ -1068,7 +1290,7 @@ def _win2_sequential(
 
     kw: dict[str, Any] = dict(lower_is_better=lib, win_pct=win_pct, alpha_win=alpha_win, alpha_loss=alpha_loss,
                               start_noise_pct=start_noise_pct, min_df=min_df, evidence_f_alpha=evidence_f_alpha,
-                              looks=looks, spending=spending, loss_pooled_share=loss_pooled_share)
+                              looks=looks, spending=spending, loss_pooled_share=loss_pooled_share, layout=layout)
     core = _win2_v3_core({m: arr(decide, m) for m in [primary, *guards]}, primary=primary, guards=guards,
                          evidence=ev_for(decide), **kw)
     pn = core["noise"]
@@ -1120,14 +1342,20 @@ def _win2_sequential(
                       "lower_is_better": m in lib}
     lv = {k: float(v[0]) for k, v in core["levels"].items()}  # the strictest cell test's where cells differ
     a_pct = 100 * lv["win"]
-    summary = (f"primary {primary}: gain {gain:+.2f} % over {len(decide)} deciding cell(s) and {n_starts} starts "
+    own = n_starts if layout is None else len(layout.starts)
+    summary = (f"primary {primary}: gain {gain:+.2f} % over {len(decide)} deciding cell(s) and {own} starts "
                f"vs bar {win_pct} %, one-sided {100 - a_pct:.4g} % lower bound {lower:+.2f} % (half-width "
                f"{half:.2f} % on the log scale); noise: per repeat {noise['rep_sd_pct']:.2f} % (prompt effects removed), start to "
                f"start {noise['start_sd_pct']:.2f} % in this window ({noise['window_df']} df)"
                + (f", {noise['evidence_sd_pct']:.2f} % in the host's evidence ({noise['evidence_df']} df)"
                   if ev_p else ", no host evidence")
-               + f"; used {noise['start_sd_used_pct']:.2f} % from {source}")
-    more = verdict == "INCONCLUSIVE" and n_starts + 2 <= max_starts
+               + f"; used {noise['start_sd_used_pct']:.2f} % from {source}"
+               + ("" if layout is None else
+                  f"; {candidate}'s {layout.n_windows} window(s) against control starts "
+                  f"{out['sweep']['control_starts']}, the bracket's other control starts "
+                  f"{out['sweep']['pooled_control_starts'] or 'none'} pooled into the start-to-start variance"))
+    more = verdict == "INCONCLUSIVE" and (n_starts + 2 <= max_starts if layout is None
+                                          else layout.n_windows + 1 <= looks)
     if verdict == "LOSS":
         if bool(core["pooled_loss"][0]):
             reasons.append(f"primary {primary} pooled over the deciding cells: {gain:+.2f} %, worse than the bar "
@@ -1141,9 +1369,10 @@ def _win2_sequential(
     elif verdict == "NO_WIN":
         reasons.append("speed gain not shown, and the bracket resolves the bar (half-width <= bar)")
     else:
-        how = (f"about {need} starts would resolve it" if need is not None
-               else "no bracket of up to 41 starts would resolve it at this noise")
-        reasons.append(f"too noisy to decide at the {win_pct} % bar after {n_starts} starts: half-width {half:.2f} % "
+        how = ("no bracket of up to 41 starts would resolve it at this noise" if need is None
+               else f"about {need} starts would resolve it" if layout is None
+               else f"about {(need - 1) // 2} candidate starts would resolve it")
+        reasons.append(f"too noisy to decide at the {win_pct} % bar after {own} starts: half-width {half:.2f} % "
                        f"> {log_bar(win_pct):.2f} % (the bar on the log scale); {how}" + ("; the bracket grows by a candidate and a control start" if more
                                                   else f" (max_starts {max_starts} reached)"))
     reasons.append(summary)

@@ -99,12 +99,13 @@ def _decide_per_cell(spec: gates.Rule, series: Mapping[str, Mapping], cfg: Mappi
 
 
 def _rule_pooled(spec: gates.Rule, series: Mapping[str, Mapping], cfg: Mapping[str, Any], usable: Sequence[str],
-                 deciding: Sequence[str], lib: Sequence[str], evidence: Mapping[str, Any] | None) -> dict:
+                 deciding: Sequence[str], lib: Sequence[str], evidence: Mapping[str, Any] | None,
+                 sweep: Mapping[str, Any]) -> dict:
     """A pooled rule over the usable cells; with the host's evidence, its error rates at this noise (win2-v4,
-    win2-v3)."""
+    win2-v3). ``sweep``: the shared-control bracket's ``arms`` and ``candidate``, or nothing."""
     res = spec.apply({n: series[n] for n in usable}, cfg, decide=deciding, primary=cfg["primary"],
                      guards=cfg["guards"], reported=cfg["reported"], lower_is_better=lib,
-                     max_starts=cfg["max_starts"], evidence=evidence)
+                     max_starts=cfg["max_starts"], evidence=evidence, **sweep)
     if "evidence" not in spec.takes:
         return res   # win2-v2 states its own rates
     spend = {k: res["params"][k] for k in ("spending", "loss_pooled_share") if k in res["params"]}
@@ -125,7 +126,8 @@ def _rule_pooled(spec: gates.Rule, series: Mapping[str, Mapping], cfg: Mapping[s
 
 def _decide_pooled(spec: gates.Rule, series: Mapping[str, Mapping], cfg: Mapping[str, Any], clock: Mapping[str, Any],
                    archive_pct: Mapping[str, float | None], incon: list[str],
-                   evidence: Mapping[str, Any] | None = None) -> tuple[dict, dict]:
+                   evidence: Mapping[str, Any] | None = None,
+                   sweep: Mapping[str, Any] | None = None) -> tuple[dict, dict]:
     """win2-v2 or win2-v3: one verdict over every deciding cell at once, the stage's findings before it."""
     metrics = [cfg["primary"], *cfg["guards"], *cfg["reported"]]
     deciding = [c["name"] for c in cfg["cells"] if c["decide"]]
@@ -140,7 +142,8 @@ def _decide_pooled(spec: gates.Rule, series: Mapping[str, Mapping], cfg: Mapping
                "reasons": [f"{n}: metric(s) {missing[n]} have no value in some repeat (0 rounds or 0 decode "
                            "seconds): nothing to compare" for n in blocked]}
     else:
-        res = _rule_pooled(spec, series, cfg, usable, deciding, [m for m in metrics if m in LOWER_IS_BETTER], evidence)
+        res = _rule_pooled(spec, series, cfg, usable, deciding, [m for m in metrics if m in LOWER_IS_BETTER], evidence,
+                           sweep or {})
     if clock["mismatch"]:
         incon = [f"starts differ in clock cap facts {clock['mismatch']}", *incon]
     if incon:
@@ -161,18 +164,23 @@ def _decide_pooled(spec: gates.Rule, series: Mapping[str, Mapping], cfg: Mapping
             "deviations": res.get("deviations", {}), "informational": bool(cfg["informational"]),
             "decision_cells": deciding, "cells": {n: win2[n].get("verdict") for n in win2},
             "clock_check": clock.get("verdict"), **{k: res.get(k) for k in spec.carries}}
+    if sweep:
+        gate["sweep"] = res.get("sweep") or {"candidate": sweep["candidate"]}
     return win2, gate
 
 
 def decide(results: Mapping[str, Mapping[str, Any]], cfg: Mapping[str, Any], clock: Mapping[str, Any],
            archive_pct: Mapping[str, float | None] | None = None, *, starts: Sequence[str] | None = None,
-           evidence: Mapping[str, Any] | None = None) -> tuple[dict, dict, dict]:
+           evidence: Mapping[str, Any] | None = None, arms: Sequence[str] | None = None,
+           candidate: str | None = None) -> tuple[dict, dict, dict]:
     """(win2 per cell, series per cell, gate) from ``results[start][cell]["pooled"]`` under ``cfg["rule"]``.
 
     Clock findings (``clock_findings``) make the gate INCONCLUSIVE under either
     rule; the gate carries ``stage_deviations`` (list of {gate, what,
     detail}): an accepted unverifiable clock, a non-default rule, rule
-    parameters off their registered values.
+    parameters off their registered values. ``arms`` and ``candidate``: one
+    candidate of a shared-control bracket (a sequential rule only), decided
+    over its windows.
     """
     metrics = [cfg["primary"], *cfg["guards"], *cfg["reported"]]
     spec = gates.rule(cfg.get("rule", RULES[0]), "speed")
@@ -180,8 +188,12 @@ def decide(results: Mapping[str, Mapping[str, Any]], cfg: Mapping[str, Any], clo
     series = {c["name"]: series_for({st: results[st][c["name"]] for st in names}, metrics, names)
               for c in cfg["cells"]}
     incon, devs = clock_findings(clock, cfg)
+    sweep = None if arms is None else {"arms": list(arms), "candidate": candidate, "start_names": names}
+    if sweep is not None and spec.name not in gates.SEQUENTIAL_RULES:
+        raise ValueError(f"a shared-control bracket is decided by {' or '.join(gates.SEQUENTIAL_RULES)}, "
+                         f"not {spec.name}")
     if spec.pooled:
-        win2, gate = _decide_pooled(spec, series, cfg, clock, archive_pct or {}, incon, evidence)
+        win2, gate = _decide_pooled(spec, series, cfg, clock, archive_pct or {}, incon, evidence, sweep)
     else:
         win2, gate = _decide_per_cell(spec, series, cfg, clock, archive_pct or {}, incon)
     rule_res = gate if spec.pooled else next((w for w in win2.values() if w.get("deviations")), {})
