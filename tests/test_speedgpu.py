@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pairaudit.gates.speed import SEQUENTIAL_RULES
+from pairaudit.gates import SEQUENTIAL_RULES
 from pairaudit.speed import bracket as speed
 from pairaudit.speed import clock as speedclock
 from pairaudit.speed import decision as speeddecision

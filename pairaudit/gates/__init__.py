@@ -23,7 +23,6 @@ from pairaudit.gates.speed import (
     WIN2_V2,
     WIN2_V3,
     WIN2_V4,
-    SEQUENTIAL_RULES,
     bracket_arms,
     evidence_from_controls,
     looks_for,
@@ -58,6 +57,7 @@ class Rule:
     takes: tuple[str, ...] = ()         # inputs beyond the evidence and the parameters
     pooled: bool = False                # speed: one verdict over every deciding cell, not one per cell combined
     carries: tuple[str, ...] = ()       # speed: what the gate carries of the result beside verdict and reasons
+    sequential: bool = False            # speed: grows the bracket while undecided (the stage asks it for more starts)
 
     def apply(self, data: Any, params: Mapping[str, Any] | None = None, /, **inputs: Any) -> dict:
         """The rule on its evidence ``data``; an input it does not take is not passed (quality-v1 has no
@@ -81,10 +81,12 @@ REGISTERED: dict[str, Rule] = {r.name: r for r in (
     Rule("boundary-v1", "boundary", boundary_v1),
     Rule("win2-v4", "speed", win2_v4, WIN2_V4, takes=(*_SPEED_INPUTS, "decide", "max_starts", "evidence", "arms",
                                                           "candidate", "start_names"),
-         pooled=True, carries=(*_POOLED_CARRIES, "more_starts", "starts", "arms", "looks", "alpha_per_look")),
+         pooled=True, sequential=True,
+         carries=(*_POOLED_CARRIES, "more_starts", "starts", "arms", "looks", "alpha_per_look")),
     Rule("win2-v3", "speed", win2_v3, WIN2_V3, takes=(*_SPEED_INPUTS, "decide", "max_starts", "evidence", "arms",
                                                           "candidate", "start_names"),
-         pooled=True, carries=(*_POOLED_CARRIES, "more_starts", "starts", "arms", "looks", "alpha_per_look")),
+         pooled=True, sequential=True,
+         carries=(*_POOLED_CARRIES, "more_starts", "starts", "arms", "looks", "alpha_per_look")),
     Rule("win2-v2", "speed", win2_v2, WIN2_V2, takes=(*_SPEED_INPUTS, "decide"), pooled=True,
          carries=_POOLED_CARRIES),
     Rule("win2-v1", "speed", win2_v1, WIN2_V1,
@@ -109,6 +111,7 @@ def rule(name: Any, decides: str) -> Rule:
 
 
 QUALITY_RULES = rules_of("quality")   # rules.quality.rule selects; the default first
+SEQUENTIAL_RULES = tuple(name for name, r in REGISTERED.items() if r.sequential)
 
 
 def apply_quality(rule_name: str, table: Mapping[str, Any], params: Mapping[str, Any], *, datasets: int = 1) -> dict:

@@ -558,7 +558,6 @@ WIN2_V3 = {"win_pct": 2.0, "alpha_win": 0.05, "alpha_loss": 0.05, "start_noise_p
 # equal share for every test. Both keep the false WIN and false LOSS rates of
 # the whole sequence at or below alpha_win and alpha_loss.
 WIN2_V4 = {**WIN2_V3, "spending": "obf", "loss_pooled_share": 0.5}
-SEQUENTIAL_RULES = ("win2-v4", "win2-v3")
 SPENDING = ("obf", "bonferroni")
 
 

@@ -135,7 +135,7 @@ from pairaudit.core.artifacts import utc_now
 from pairaudit.core.progress import Progress
 from pairaudit.core.settings import SpeedSettings
 from pairaudit.gates import server_failure
-from pairaudit.gates.speed import SEQUENTIAL_RULES
+from pairaudit.gates import SEQUENTIAL_RULES
 from pairaudit.serving import failures
 from pairaudit.serving.client import Endpoint, clamping, metrics_delta
 from pairaudit.speed.clock import expected_cap_errors

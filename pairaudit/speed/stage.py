@@ -12,7 +12,7 @@ from pairaudit.core.artifacts import utc_now
 from pairaudit.core.contracts import SPEED_DECISION_SCHEMA, SPEED_STREAMS_SCHEMA, SpeedDecision
 from pairaudit.core.progress import Progress
 from pairaudit.core.settings import SpeedSettings
-from pairaudit.gates.speed import SEQUENTIAL_RULES
+from pairaudit.gates import SEQUENTIAL_RULES
 from pairaudit.serving import armspec, gpupool
 from pairaudit.serving.client import ServerError
 from pairaudit.speed.archive import append_archive, archive_line, archive_spread, config_hash, read_archive
