@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import types
 import typing
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import asdict, MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Mapping, TypeVar
 
 from pairaudit.core.artifacts import ArtifactError, read_json
@@ -629,13 +629,19 @@ class ArmLine(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class CalibrationCitation(Record):
-    """decision.json ``calibration_ref`` (``calibration.CalibrationRef``)."""
+    """decision.json ``calibration_ref``: which calibration a decision cites (it never decides).
+
+    ``promotion.calibration.cite`` makes it; the decision writes ``to_json``.
+    """
     path: str
     sha256: str
     time: str | None
     audit: str | None
     headline: str
     flagged: list
+
+    def to_json(self) -> dict:
+        return asdict(self)
 
 
 @dataclass(frozen=True, kw_only=True)

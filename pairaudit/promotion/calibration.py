@@ -63,13 +63,14 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any, Mapping, Sequence
 
 from pairaudit.core.artifacts import sha256_json
 from pairaudit.core.contracts import CALIBRATION_LOG_SCHEMA, CALIBRATION_SCHEMA, PATHS, Decision, audit_dir
 from pairaudit.core.jsonlog import append_record, read_log
 from pairaudit.core.readers import (
+    CalibrationCitation,
     DecisionDoc,
     DivergenceDoc,
     GateEntry,
@@ -328,19 +329,8 @@ class CalibrationEntry(Record):
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "raw"}
 
 
-@dataclass(frozen=True)
-class CalibrationRef:
-    """decision.json's ``calibration_ref``: which calibration the decision cites (it never decides)."""
-
-    path: str
-    sha256: str
-    time: str | None
-    audit: str | None
-    headline: str
-    flagged: list
-
-    def to_json(self) -> dict:
-        return asdict(self)
+# decision.json's ``calibration_ref``: the reader's record is the one the decision writes
+CalibrationRef = CalibrationCitation
 
 
 def append(path: str | os.PathLike, entry: CalibrationEntry) -> None:
