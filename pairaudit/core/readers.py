@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import types
 import typing
-from dataclasses import asdict, MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Mapping, TypeVar
 
 from pairaudit.core.artifacts import ArtifactError, read_json
@@ -641,7 +641,7 @@ class CalibrationCitation(Record):
     flagged: list
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "raw"}
 
 
 @dataclass(frozen=True, kw_only=True)
