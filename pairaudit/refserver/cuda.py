@@ -148,8 +148,10 @@ class CudaDecoder:
     """Slots of a static KV pool, and the decode step over them: graphed, or eager at the exact batch size."""
 
     def __init__(self, model: LlamaModel, *, max_num_seqs: int, max_model_len: int, graphs: bool, metrics=None):
-        if model.device.type != "cuda":
-            raise ValueError(f"CudaDecoder needs a model on a CUDA device, not {model.device}")
+        # Eager, the same step runs on any device (the CPU tests drive the engine's GPU scheduling through
+        # it); CUDA graphs and the pinned staging buffer that feeds them need a CUDA device.
+        if graphs and model.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a model on a CUDA device, not {model.device}")
         cfg = model.cfg
         self.model, self.metrics, self.graphs_enabled = model, metrics, graphs
         self.max_model_len = max_model_len
@@ -163,7 +165,9 @@ class CudaDecoder:
         self.sizes = batch_sizes(max_num_seqs)
         self.buckets = context_buckets(max_model_len)
         self.static = torch.zeros((3, max_num_seqs), dtype=torch.long, device=dev)  # token, position, slot
-        self.host = torch.zeros((3, max_num_seqs), dtype=torch.long).pin_memory()
+        self.host = torch.zeros((3, max_num_seqs), dtype=torch.long)
+        if graphs:
+            self.host = self.host.pin_memory()
         self.positions = torch.arange(max_model_len, device=dev)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.mempool = torch.cuda.graph_pool_handle() if graphs else None
