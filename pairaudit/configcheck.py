@@ -177,8 +177,15 @@ def bf16_emulation_note(spec: ArmSpec, flags: set[str] | None = None) -> str | N
 def check_arms(config: Mapping[str, Any], result: CheckResult) -> dict[str, ArmSpec]:
     """Each arm resolved once (``armspec.resolve_spec``), with the checks that need its resolved spec."""
     specs = {}
-    for arm in ARMS:
-        cfg = (config.get("arms") or {}).get(arm)
+    given = config.get("arms") or {}
+    # a sweep's arms are the control and one per candidate (derived at load); the two-arm form has exactly ARMS
+    names = list(given) if change.is_sweep(config) else list(ARMS)
+    extra = [] if change.is_sweep(config) else [a for a in given if a not in ARMS]
+    for arm in extra:
+        result.problems.append(f"arms.{arm}: unknown arm (allowed: control and candidate; several candidates are "
+                               "a sweep: server + candidates, docs/sweeps.md)")
+    for arm in names:
+        cfg = given.get(arm)
         if cfg is None:
             result.problems.append(f"arms.{arm}: missing (allowed: a launch or attach arm)")
             continue

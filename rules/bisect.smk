@@ -6,15 +6,33 @@
 # `promotion` target; `snakemake --cores N bisect` asks for it.
 
 
-rule bisect:
+# In a sweep it is per candidate: `snakemake --cores N bisect` bisects every
+# candidate, `snakemake --cores N results/<audit>/candidates/<name>/bisect/result.json`
+# one; each against the shared control, as if its candidate were audited on its own.
+
+
+def bisect_inputs(wildcards):
+    c = cand(wildcards)
+    return {
+        "divergence": list(divergence_paths(c).values()),
+        "greedy": [fill(GREEDY, c, dataset=d, arm="control") for d in DATASETS],
+    }
+
+
+def bisect_config(wildcards):
+    return change_form.candidate_config(config, cand(wildcards))
+
+
+rule:
+    name:
+        "bisect_candidate" if SWEEP else "bisect"
     input:
-        divergence=list(divergence_paths().values()),
-        greedy=[GREEDY.format(dataset=d, arm="control") for d in DATASETS],
+        unpack(bisect_inputs),
     output:
         result=BISECT,
-        report=artifact(contracts.BISECT_REPORT),
+        report=per_candidate(contracts.BISECT_REPORT),
     log:
-        f"{LOGS}/bisect.log",
+        per_candidate_log("bisect.log"),
     conda:
         "../envs/serving.yaml"
     threads: 2
@@ -24,12 +42,19 @@ rule bisect:
         slurm_partition=BOTH_ARMS_PARTITION,
     params:
         datasets=list(DATASETS),
-        arms=config["arms"],
-        server=config.get("server"),
-        change=config.get("change"),
+        arms=lambda w: bisect_config(w)["arms"],
+        server=lambda w: bisect_config(w).get("server"),
+        change=lambda w: bisect_config(w).get("change"),
         journal_dir=JOURNAL,
         server_log_dir=str(Path(server_log("bisect")).parent),
         starts_log=STARTS_LOG,
         code=code("bisect"),
     script:
         "../scripts/bisect.py"
+
+
+if SWEEP:
+
+    rule bisect:
+        input:
+            expand(BISECT, candidate=CANDIDATES),
