@@ -404,6 +404,34 @@ def candidate_arm(server: Mapping[str, Any], union: Sequence[Switch], change: Ch
     return arm_config(server, merged, change.names)
 
 
+def _stated_rollbacks(server: Any, cfg: Any, where: str) -> tuple[Any, list[str]]:
+    """``server`` without the variables ``cfg`` switches whose rollback value server.env already states; the
+    problems where it states another value.
+
+    In a sweep, server.env may state a switch's variable at its rollback value: the control is then the
+    same server whichever candidates are listed, so adding or removing a candidate changes no control
+    work (a variable only a switch sets is added to the control with the switch, changing it).
+    """
+    env = server.get("env") if isinstance(server, dict) else None
+    switches = cfg.get("switches") if isinstance(cfg, dict) else None
+    if not isinstance(env, dict) or not isinstance(switches, list):
+        return server, []
+    normalize_switch_keys(cfg)
+    stated, problems = set(), []
+    for j, sw in enumerate(switches):
+        var = sw.get("env") if isinstance(sw, dict) else None
+        if not isinstance(var, str) or var not in env or "rollback" not in sw:
+            continue
+        if str(env[var]) != str(sw["rollback"]):
+            problems.append(f"{where}.switches[{j}].rollback: {sw['rollback']!r}, but server.env sets {var} to "
+                            f"{env[var]!r} (allowed: in a sweep server.env may state a switch's variable only at "
+                            "its rollback value: the control's)")
+        stated.add(var)
+    if not stated:
+        return server, problems
+    return {**server, "env": {k: v for k, v in env.items() if k not in stated}}, problems
+
+
 def parse_sweep(server: Any, raw: Any) -> tuple[list[Change], list[str]]:
     """The candidates of a sweep, or the problems: each candidate as the change section, names unique and
     safe as paths, none named like the control, none empty, no two with the same switches and values."""
@@ -415,7 +443,9 @@ def parse_sweep(server: Any, raw: Any) -> tuple[list[Change], list[str]]:
     same: dict[frozenset, int] = {}
     for i, cfg in enumerate(raw):
         where = f"{SWEEP_KEY}[{i}]"
-        ch, ps = parse_change(cfg, server, where=where)
+        own_server, stated = _stated_rollbacks(server, cfg, where)
+        problems += stated
+        ch, ps = parse_change(cfg, own_server, where=where)
         problems += ps
         name = cfg.get("name") if isinstance(cfg, dict) else None
         if isinstance(name, str):
@@ -479,7 +509,8 @@ def candidate_config(config: Mapping[str, Any], name: str) -> dict:
     union, _ = _sweep_switches(changes)
     own = {_switch_key(s) for c in changes if c.name == name for s in c.switches}
     others = Change(name=CONTROL, switches=tuple(s for s in union if _switch_key(s) not in own))
-    out["server"] = arm_config(config["server"], others, ()) if others.switches else copy.deepcopy(config["server"])
+    base, _ = _stated_rollbacks(config["server"], copy.deepcopy(raw), SWEEP_KEY)
+    out["server"] = arm_config(base, others, ()) if others.switches else copy.deepcopy(base)
     arms = config.get("arms") or {}
     if CONTROL in arms and name in arms:
         out["arms"] = {"control": copy.deepcopy(arms[CONTROL]), "candidate": copy.deepcopy(arms[name])}

@@ -38,7 +38,7 @@ class CandidateRow:
     name: str
     decision: str
     gates: dict[str, str]                    # gate -> its verdict, or "not evaluated"
-    speed_gain_pct: float | None             # the speed gate's pooled gain (positive: the candidate is faster)
+    speed_gain_pct: float | None             # the speed gate's gain (positive: the candidate is faster)
     speed_lower_pct: float | None            # its one-sided lower bound
     loss_ruled_out_pct: dict[str, float | None]   # dataset -> the loss quality-v2 ruled out (None: none ruled out)
     may_ship: bool
@@ -81,7 +81,8 @@ def candidate_row(name: str, decision: Mapping[str, Any], path: str, sha256: str
         bound = line.get("loss_bound") or {}
         loss[ds] = _number(bound.get("upper_pct")) if bound.get("ruled_out") else None
     return CandidateRow(name=name, decision=str(decision.get("decision")), gates=gates,
-                        speed_gain_pct=_number(speed.get("pooled_gain_pct")),
+                        # win2-v3/v4 name it point_gain_pct, win2-v1/v2 pooled_gain_pct
+                        speed_gain_pct=_number(speed.get("point_gain_pct", speed.get("pooled_gain_pct"))),
                         speed_lower_pct=_number(speed.get("lower_bound_pct")),
                         loss_ruled_out_pct=loss, may_ship=may_ship(decision), decision_path=str(path),
                         decision_sha256=sha256)
