@@ -11,18 +11,6 @@
 # one; each against the shared control, as if its candidate were audited on its own.
 
 
-def bisect_inputs(wildcards):
-    c = cand(wildcards)
-    return {
-        "divergence": list(divergence_paths(c).values()),
-        "greedy": [fill(GREEDY, c, dataset=d, arm="control") for d in DATASETS],
-    }
-
-
-def bisect_config(wildcards):
-    return change_form.candidate_config(config, cand(wildcards))
-
-
 rule:
     name:
         "bisect_candidate" if SWEEP else "bisect"

@@ -6,20 +6,6 @@
 # boundary gate as not evaluated (INCONCLUSIVE), never as passed.
 if BOUNDARY_ON:
 
-    def boundary_gate_inputs(wildcards):
-        c = cand(wildcards)
-        # the cases are `ancient`: the answers phase rewrites them when it
-        # reruns for a dataset; the plan and the specs rerun the gate
-        return {
-            "plan": BOUNDARY_PLAN,
-            **{f"spec_{r}": p for r, p in role_inputs(SPEC, c).items()},
-            **role_inputs(BOUNDARY, c, answered_too=True),
-            **{
-                f"launch_{r}": p
-                for r, p in role_inputs(LAUNCH, c, answered_too=True).items()
-            },
-        }
-
     rule boundary_gate:
         input:
             unpack(boundary_gate_inputs),

@@ -45,6 +45,10 @@ def per_candidate_log(rel):
     return f"{LOGS}/candidates/{{candidate}}/{rel}" if SWEEP else f"{LOGS}/{rel}"
 
 
+# A per-candidate output's candidate: the wildcard in a sweep, the one candidate otherwise.
+CANDIDATE = "{candidate}" if SWEEP else "candidate"
+
+
 def cand(wildcards):
     """The candidate a per-candidate job compares with the control (`candidate` in the two-arm form)."""
     return getattr(wildcards, "candidate", "candidate")
@@ -240,3 +244,88 @@ def paired_inputs(wildcards):
         **{f"sampled_{r}": p for r, p in role_inputs(SAMPLED, c, dataset=d).items()},
         **{f"scores_{r}": p for r, p in role_inputs(SCORES, c, dataset=d).items()},
     }
+
+
+# Per-candidate inputs and params (in a sweep, of the {candidate} wildcard's candidate).
+
+
+def diagnostics_inputs(wildcards):
+    c = cand(wildcards)
+    roles = {
+        "spec": role_inputs(SPEC, c),
+        "receipt": role_inputs(LAUNCH, c, answered_too=True),
+        "preflight": role_inputs(PREFLIGHT, c, answered_too=True),
+        "answers": role_inputs(PHASE, c, answered_too=True),
+    }
+    return {
+        "datasets": expand(DATASET, dataset=DATASETS),
+        "paired": [fill(PAIRED, c, dataset=d) for d in DATASETS],
+        **{f"{k}_{r}": p for k, by_role in roles.items() for r, p in by_role.items()},
+    }
+
+
+def speed_inputs(wildcards):
+    c = cand(wildcards)
+    return {
+        **{f"spec_{r}": p for r, p in role_inputs(SPEC, c).items()},
+        **{
+            f"launch_{r}": p
+            for r, p in role_inputs(LAUNCH, c, answered_too=True).items()
+        },
+        **{
+            f"preflight_{r}": p
+            for r, p in role_inputs(PREFLIGHT, c, answered_too=True).items()
+        },
+    }
+
+
+def speed_server_logs(wildcards):
+    """One per start the bracket may grow to: control, candidate, control, ..."""
+    prefix = f"speed-{cand(wildcards)}-" if SWEEP else "speed-"
+    return {
+        f"s{k + 1}": server_log(
+            f"{prefix}s{k + 1}-{'control' if k % 2 == 0 else 'candidate'}"
+        )
+        for k in range(SETTINGS.speed.max_starts)
+    }
+
+
+def boundary_gate_inputs(wildcards):
+    c = cand(wildcards)
+    # the cases are `ancient`: the answers phase rewrites them when it
+    # reruns for a dataset; the plan and the specs rerun the gate
+    return {
+        "plan": BOUNDARY_PLAN,
+        **{f"spec_{r}": p for r, p in role_inputs(SPEC, c).items()},
+        **role_inputs(BOUNDARY, c, answered_too=True),
+        **{
+            f"launch_{r}": p
+            for r, p in role_inputs(LAUNCH, c, answered_too=True).items()
+        },
+    }
+
+
+def decision_inputs(wildcards):
+    c = cand(wildcards)
+    arms = ["control", c]
+    return {
+        **promotion_later_inputs(wildcards),
+        "paired": [fill(PAIRED, c, dataset=d) for d in DATASETS],
+        "scores": expand(SCORES, dataset=DATASETS, arm=arms),
+        "launch": expand(LAUNCH, arm=arms),
+        "preflight": expand(PREFLIGHT, arm=arms),
+        "answers": expand(PHASE, arm=arms),
+        "divergence": list(divergence_paths(c).values()),
+    }
+
+
+def bisect_inputs(wildcards):
+    c = cand(wildcards)
+    return {
+        "divergence": list(divergence_paths(c).values()),
+        "greedy": [fill(GREEDY, c, dataset=d, arm="control") for d in DATASETS],
+    }
+
+
+def bisect_config(wildcards):
+    return change_form.candidate_config(config, cand(wildcards))

@@ -8,34 +8,13 @@
 # the items no earlier candidate's job selected (docs/sweeps.md).
 
 
-def diagnostics_inputs(wildcards):
-    c = cand(wildcards)
-    roles = {
-        "spec": role_inputs(SPEC, c),
-        "receipt": role_inputs(LAUNCH, c, answered_too=True),
-        "preflight": role_inputs(PREFLIGHT, c, answered_too=True),
-        "answers": role_inputs(PHASE, c, answered_too=True),
-    }
-    return {
-        "datasets": expand(DATASET, dataset=DATASETS),
-        "paired": [fill(PAIRED, c, dataset=d) for d in DATASETS],
-        **{f"{k}_{r}": p for k, by_role in roles.items() for r, p in by_role.items()},
-    }
-
-
 rule diagnostics:
     input:
         unpack(diagnostics_inputs),
     output:
         phase=DIAGNOSTICS_PHASE,
-        greedy=[
-            p for arms in greedy_paths("{candidate}").values() for p in arms.values()
-        ]
-        if SWEEP
-        else [p for arms in greedy_paths().values() for p in arms.values()],
-        divergence=list(
-            (divergence_paths("{candidate}") if SWEEP else divergence_paths()).values()
-        ),
+        greedy=[p for arms in greedy_paths(CANDIDATE).values() for p in arms.values()],
+        divergence=list(divergence_paths(CANDIDATE).values()),
     log:
         per_candidate_log("diagnostics.log"),
     conda:
@@ -53,7 +32,9 @@ rule diagnostics:
         starts_log=STARTS_LOG,
         # params, not logs: see rule answers
         server_logs=lambda w: {
-            "control": server_log(f"diagnostics-{cand(w)}-control" if SWEEP else "diagnostics-control"),
+            "control": server_log(
+                f"diagnostics-{cand(w)}-control" if SWEEP else "diagnostics-control"
+            ),
             "candidate": server_log(f"diagnostics-{cand(w)}"),
         },
         greedy_paths=lambda w: greedy_paths(cand(w)),

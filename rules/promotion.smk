@@ -12,20 +12,6 @@
 # is the sweep's summary of them all (sweep/summary.json, .md, .html).
 
 
-def decision_inputs(wildcards):
-    c = cand(wildcards)
-    arms = ["control", c]
-    return {
-        **promotion_later_inputs(wildcards),
-        "paired": [fill(PAIRED, c, dataset=d) for d in DATASETS],
-        "scores": expand(SCORES, dataset=DATASETS, arm=arms),
-        "launch": expand(LAUNCH, arm=arms),
-        "preflight": expand(PREFLIGHT, arm=arms),
-        "answers": expand(PHASE, arm=arms),
-        "divergence": list(divergence_paths(c).values()),
-    }
-
-
 rule:
     name:
         "decision" if SWEEP else "promotion"
@@ -81,13 +67,13 @@ rule:
     conda:
         "../envs/analysis.yaml"
     params:
+        **({"candidate": cand} if SWEEP else {}),
         audit=config["audit"],
         ledger=LEDGER,
         calibration=CALIBRATION,
         calibrations=CALIBRATIONS,
         # in a sweep, the config the candidate would have on its own (its change, the shared control):
         # what its ledger line hashes and its change record reads
-        **({"candidate": cand} if SWEEP else {}),
         code=code("promotion"),
     script:
         "../scripts/promotion.py"

@@ -16,32 +16,6 @@
 # are not yet shared between candidates (docs/sweeps.md).
 
 
-def speed_inputs(wildcards):
-    c = cand(wildcards)
-    return {
-        **{f"spec_{r}": p for r, p in role_inputs(SPEC, c).items()},
-        **{
-            f"launch_{r}": p
-            for r, p in role_inputs(LAUNCH, c, answered_too=True).items()
-        },
-        **{
-            f"preflight_{r}": p
-            for r, p in role_inputs(PREFLIGHT, c, answered_too=True).items()
-        },
-    }
-
-
-def speed_server_logs(wildcards):
-    """One per start the bracket may grow to: control, candidate, control, ..."""
-    prefix = f"speed-{cand(wildcards)}-" if SWEEP else "speed-"
-    return {
-        f"s{k + 1}": server_log(
-            f"{prefix}s{k + 1}-{'control' if k % 2 == 0 else 'candidate'}"
-        )
-        for k in range(SETTINGS.speed.max_starts)
-    }
-
-
 if SPEED_ON:
 
     rule speed:

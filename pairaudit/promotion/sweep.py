@@ -2,7 +2,7 @@
 
 ``sweep/summary.json`` (``SWEEP_SUMMARY``)::
 
-    {"schema": "pairaudit.sweep-summary/v1", "audit": str,
+    {"schema": SWEEP_SUMMARY (contracts), "audit": str,
      "candidates": [CandidateRow.to_json(), ...],      # in the config's order
      "may_ship": [name, ...], "provenance": {...}}
 
