@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pairaudit.core import artifacts, defaults
-from pairaudit.core.contracts import ARMS, DECISION_SCHEMA, MANIFEST_SCHEMA, PATHS, audit_dir
+from pairaudit.core.contracts import ARMS, CANDIDATES_DIR, DECISION_SCHEMA, MANIFEST_SCHEMA, PATHS, audit_dir
 from pairaudit.core.settings import (
     AuditSettings,
     BoundarySettings,
@@ -482,7 +482,10 @@ def check_results(results_dir: str | os.PathLike) -> list[str]:
     root = Path(results_dir)
     if not root.is_dir():
         return []
-    return artifacts.verify_tree(root) + check_promotion_outputs(root)
+    # a sweep decides each candidate under candidates/<name>/ (docs/sweeps.md)
+    candidates = sorted(p for p in (root / CANDIDATES_DIR).iterdir() if p.is_dir()) \
+        if (root / CANDIDATES_DIR).is_dir() else []
+    return artifacts.verify_tree(root) + [p for d in (root, *candidates) for p in check_promotion_outputs(d)]
 
 
 def server_slots(workflow) -> int | None:

@@ -218,3 +218,22 @@ def test_verdict_on_a_sweep_reads_each_decision_and_refuses_an_unknown_candidate
     assert "no candidate zzz" in capsys.readouterr().err
     plain = argparse.Namespace(audit=str(tmp_path / "results" / "plain"), summary=None, candidate=["a"])
     assert verdict.run(plain) == 2
+
+
+def test_an_edited_candidate_report_is_refused_at_load_by_its_manifest(tmp_path):
+    from test_report import _write_inputs, launches, passing_pair, preflights
+    from test_report_ledger import outputs
+
+    from pairaudit import configcheck
+    from pairaudit.promotion.stage import promotion_stage
+
+    res = tmp_path / "results" / "s"
+    cand_dir = res / "candidates" / "fast"
+    ins = _write_inputs(cand_dir, passing_pair(), launches(), preflights())
+    outs = outputs(cand_dir / "promotion")
+    promotion_stage(ins["paired"], ins["launch"], ins["preflight"], **outs)
+    assert configcheck.check_results(res) == []
+    md = Path(outs["out_report"])
+    md.write_text(md.read_text().replace("INCONCLUSIVE", "PROMOTE"))
+    problems = configcheck.check_results(res)
+    assert len(problems) == 1 and problems[0].startswith(f"{md}: sha256 ")
