@@ -56,7 +56,7 @@ def test_the_example_derives_a_shared_control_and_one_arm_per_candidate():
     assert arms["control"]["env"][DELAY] == "20000" and arms["control"]["env"][TAIL] == "0"
     assert (arms["fast"]["env"][DELAY], arms["fast"]["env"][TAIL]) == ("0", "0")
     assert (arms["tail"]["env"][DELAY], arms["tail"]["env"][TAIL]) == ("20000", "16")
-    assert (arms["slow"]["env"][DELAY], arms["slow"]["env"][TAIL]) == ("60000", "0")
+    assert (arms["slow"]["env"][DELAY], arms["slow"]["env"][TAIL]) == ("100000", "0")
     for name in ("fast", "tail", "slow"):
         diff = changes.arm_differences(arms["control"], arms[name])
         assert len(diff["env"]) == 1 and not diff["command"] and diff["other"] == []

@@ -21,8 +21,8 @@ pytestmark = pytest.mark.workflow
 
 EXAMPLE = REPO / "config" / "examples" / "sweep.yaml"
 PLANTED = {"fast": "PROMOTE", "tail": "REJECT", "slow": "REJECT"}
-FOURTH = {"name": "short", "description": "a 1 ms step delay instead of the control's 20 ms (a known speedup)",
-          "switches": [{"env": "PAIRAUDIT_REF_STEP_DELAY_US", "rollback": "20000", "on": "1000"}]}
+FOURTH = {"name": "short", "description": "a 1 us step delay instead of the control's 20 ms (a known speedup)",
+          "switches": [{"env": "PAIRAUDIT_REF_STEP_DELAY_US", "rollback": "20000", "on": "1"}]}
 
 
 def decision(project: Path, name: str) -> dict:
