@@ -237,3 +237,31 @@ def test_an_edited_candidate_report_is_refused_at_load_by_its_manifest(tmp_path)
     md.write_text(md.read_text().replace("INCONCLUSIVE", "PROMOTE"))
     problems = configcheck.check_results(res)
     assert len(problems) == 1 and problems[0].startswith(f"{md}: sha256 ")
+
+
+def test_a_candidate_arm_named_by_its_change_is_decided_as_the_candidate(tmp_path):
+    """The receipts of a sweep's candidate carry its own name; the decision keys them by role."""
+    from test_report import _write_inputs, launch_rec, launches, passing_pair, preflight_doc, preflights
+    from test_report_ledger import outputs
+
+    from pairaudit.promotion.stage import promotion_stage
+
+    def decide(root, name):
+        la = {"control": launches()["control"], name: launch_rec(name, {"SHARED": "1"})}
+        pre = {"control": preflights()["control"], name: preflight_doc(name)}
+        ins = _write_inputs(root, passing_pair(), la, pre)
+        outs = outputs(root / "promotion")
+        promotion_stage(ins["paired"], ins["launch"], ins["preflight"], **outs)
+        return artifacts.read_json(outs["out_decision"])
+
+    named, plain = decide(tmp_path / "named", "fast"), decide(tmp_path / "plain", "candidate")
+    assert set(named["arms"]) == {"control", "candidate"}
+    assert named["arms"]["candidate"]["env"] == plain["arms"]["candidate"]["env"] == {"SHARED": "1"}
+    assert (named["decision"], named["gates"].keys()) == (plain["decision"], plain["gates"].keys())
+    # a second candidate in one decision is two artifacts for one role: refused, naming the file
+    root = tmp_path / "two"
+    la = {"control": launches()["control"], "fast": launch_rec("fast", {"SHARED": "1"}),
+          "slow": launch_rec("slow", {"SHARED": "1"})}
+    ins = _write_inputs(root, passing_pair(), la, {"control": preflights()["control"]})
+    with pytest.raises(artifacts.ArtifactError, match="a second artifact for arm 'candidate'"):
+        promotion_stage(ins["paired"], ins["launch"], ins["preflight"], **outputs(root / "promotion"))
