@@ -265,3 +265,22 @@ def test_a_candidate_arm_named_by_its_change_is_decided_as_the_candidate(tmp_pat
     ins = _write_inputs(root, passing_pair(), la, {"control": preflights()["control"]})
     with pytest.raises(artifacts.ArtifactError, match="a second artifact for arm 'candidate'"):
         promotion_stage(ins["paired"], ins["launch"], ins["preflight"], **outputs(root / "promotion"))
+
+
+def test_a_sweeps_answers_are_exported_for_every_arm(tmp_path):
+    """lm-eval sample logs for the control and every candidate a sweep scored, found by their score files."""
+    from test_interop_lmeval import build_audit
+
+    from pairaudit.interop import lmeval
+
+    root = tmp_path / "results" / "s"
+    build_audit(root)
+    assert set(lmeval.export_audit(root)) == {"control", "candidate"}
+    (root / "candidates").mkdir()
+    for kind in ("sampled", "scores"):
+        # a second candidate's files, as its answers phase and score stage name them
+        header, recs = artifacts.read_jsonl(root / kind / "hand" / "candidate.jsonl")
+        artifacts.write_jsonl(root / kind / "hand" / "fast.jsonl", {**header, "arm": "fast"}, recs)
+    exported = lmeval.export_audit(root)
+    assert list(exported) == ["control", "candidate", "fast"]
+    assert Path(exported["fast"].results).parent == root / "exports" / "lm-eval" / "fast"
