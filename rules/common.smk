@@ -69,7 +69,6 @@ PAIRED = per_candidate(contracts.PAIRED_SCHEMA)
 GREEDY = per_candidate(contracts.GREEDY_SCHEMA)
 DIVERGENCE = per_candidate(contracts.DIVERGENCE_SCHEMA)
 SPEED_DECISION = per_candidate(contracts.SPEED_DECISION_SCHEMA)
-SPEED_STREAMS = per_candidate(contracts.SPEED_STREAMS_SCHEMA)
 STARTS_LOG = artifact(contracts.SERVER_START_SCHEMA)
 DECISION = per_candidate(contracts.DECISION_SCHEMA)
 MANIFEST = per_candidate(contracts.MANIFEST_SCHEMA)
@@ -79,6 +78,17 @@ DIAGNOSTICS_PHASE = per_candidate(contracts.DIAGNOSTICS_PHASE)
 JOURNAL = artifact(contracts.JOURNAL)
 JOURNAL_SAMPLED = artifact(contracts.JOURNAL_SAMPLED)
 LOGS = artifact(contracts.LOGS)
+
+# A sweep's speed: one shared-control bracket (C, T1, C, T2, ..., C) writing one decision per
+# candidate, where this tree's speed stage has it (its module speed.sweep); until then one bracket
+# per candidate (docs/sweeps.md). Read from the workflow's own tree, which its jobs import.
+SHARED_SPEED = SWEEP and (BASE / "pairaudit" / "speed" / "sweep.py").is_file()
+SPEED_STREAMS = (
+    artifact(contracts.SPEED_STREAMS_SCHEMA)
+    if SHARED_SPEED
+    else per_candidate(contracts.SPEED_STREAMS_SCHEMA)
+)
+SPEED_LOG = f"{LOGS}/speed.log" if SHARED_SPEED else per_candidate_log("speed.log")
 
 
 def server_log(name):
@@ -265,6 +275,17 @@ def diagnostics_inputs(wildcards):
 
 
 def speed_inputs(wildcards):
+    if SHARED_SPEED:
+        # every arm's, keyed by its name: the bracket's control and each candidate
+        return {
+            f"{k}_{a}": p
+            for a in ARMS
+            for k, p in (
+                ("spec", SPEC.format(arm=a)),
+                ("launch", answered(LAUNCH, a)),
+                ("preflight", answered(PREFLIGHT, a)),
+            )
+        }
     c = cand(wildcards)
     return {
         **{f"spec_{r}": p for r, p in role_inputs(SPEC, c).items()},
@@ -279,8 +300,18 @@ def speed_inputs(wildcards):
     }
 
 
+def speed_outputs():
+    """The decision (one per candidate in a shared-control bracket) and the streams."""
+    if SHARED_SPEED:
+        return {f"decision_{c}": fill(SPEED_DECISION, c) for c in CANDIDATES}
+    return {"decision": SPEED_DECISION}
+
+
 def speed_server_logs(wildcards):
     """One per start the bracket may grow to: control, candidate, control, ..."""
+    if SHARED_SPEED:
+        # the stage names every later start's log after the first's, with its start and arm
+        return {"s1": server_log("speed-s1-control")}
     prefix = f"speed-{cand(wildcards)}-" if SWEEP else "speed-"
     return {
         f"s{k + 1}": server_log(

@@ -11,9 +11,9 @@
 # `speed: {enabled: false}` leaves the rule out: the decision then lists the
 # speed gate as not evaluated (INCONCLUSIVE), never as passed.
 #
-# In a sweep this is, for now, one bracket per candidate (control, that
-# candidate, control, ...) under candidates/<name>/speed/: the control's starts
-# are not yet shared between candidates (docs/sweeps.md).
+# In a sweep, one shared-control bracket for every candidate (C, T1, C, T2, ...,
+# C), its decisions under candidates/<name>/speed/; where the speed stage has
+# no shared bracket, one bracket per candidate (SHARED_SPEED, rules/common.smk).
 
 
 if SPEED_ON:
@@ -22,10 +22,10 @@ if SPEED_ON:
         input:
             unpack(speed_inputs),
         output:
-            decision=SPEED_DECISION,
+            **speed_outputs(),
             streams=SPEED_STREAMS,
         log:
-            per_candidate_log("speed.log"),
+            SPEED_LOG,
         conda:
             "../envs/serving.yaml"
         threads: 2
@@ -34,6 +34,7 @@ if SPEED_ON:
             gpu=BOTH_ARMS_GPUS,
             slurm_partition=BOTH_ARMS_PARTITION,
         params:
+            **({"candidates": CANDIDATES} if SHARED_SPEED else {}),
             speed=SETTINGS.speed.to_json(),
             audit=config["audit"],
             starts_log=STARTS_LOG,

@@ -64,16 +64,22 @@ def test_the_example_sweep_decides_as_planted_and_adds_a_candidate_alone(tmp_pat
     assert verdict(project, "--candidate", "fast") == EXIT["PROMOTE"]
 
     # Removing a candidate reruns nothing but the summary; adding one runs only its own jobs (and the summary).
+    # A shared-control speed bracket (rules/common.smk, SHARED_SPEED) is one job over every candidate: adding
+    # or removing one reruns it, and with it every candidate's decision. One bracket per candidate keeps them apart.
+    joint = {"promotion"} | ({"speed", "decision"} if (project / "pairaudit" / "speed" / "sweep.py").is_file()
+                             else set())
     fewer = {**config, "candidates": [c for c in config["candidates"] if c["name"] != "slow"]}
     (project / "config" / "config.yaml").write_text(yaml.safe_dump(fewer, sort_keys=False))
-    assert planned_jobs(project, "promotion") == [("promotion", {})]
+    removed = planned_jobs(project, "promotion")
+    assert ("promotion", {}) in removed and {rule for rule, _ in removed} <= joint, removed
     more = {**config, "candidates": [*config["candidates"], FOURTH]}
     (project / "config" / "config.yaml").write_text(yaml.safe_dump(more, sort_keys=False))
     added = planned_jobs(project, "promotion")
     others = [(rule, wc) for rule, wc in added
-              if rule != "promotion" and "short" not in (wc.get("arm"), wc.get("candidate"))]
+              if rule not in joint and "short" not in (wc.get("arm"), wc.get("candidate"))]
     assert others == [], others
     assert ("answers", {"arm": "short"}) in added and ("decision", {"candidate": "short"}) in added
+    assert ("diagnostics", {"candidate": "short"}) in added
     snake(project, "promotion", timeout=600)
     assert answers_starts(project) == {"control": 1, "fast": 1, "tail": 1, "slow": 1, "short": 1}
     assert decision(project, "short")["decision"] == "PROMOTE"
