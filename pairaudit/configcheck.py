@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pairaudit.core import artifacts, defaults
-from pairaudit.core.contracts import ARMS, DECISION_SCHEMA, MANIFEST_SCHEMA, PATHS, audit_dir
+from pairaudit.core.contracts import ARMS, CANDIDATES_DIR, DECISION_SCHEMA, MANIFEST_SCHEMA, PATHS, audit_dir
 from pairaudit.core.settings import (
     AuditSettings,
     BoundarySettings,
@@ -177,8 +177,15 @@ def bf16_emulation_note(spec: ArmSpec, flags: set[str] | None = None) -> str | N
 def check_arms(config: Mapping[str, Any], result: CheckResult) -> dict[str, ArmSpec]:
     """Each arm resolved once (``armspec.resolve_spec``), with the checks that need its resolved spec."""
     specs = {}
-    for arm in ARMS:
-        cfg = (config.get("arms") or {}).get(arm)
+    given = config.get("arms") or {}
+    # a sweep's arms are the control and one per candidate (derived at load); the two-arm form has exactly ARMS
+    names = list(given) if change.is_sweep(config) else list(ARMS)
+    extra = [] if change.is_sweep(config) else [a for a in given if a not in ARMS]
+    for arm in extra:
+        result.problems.append(f"arms.{arm}: unknown arm (allowed: control and candidate; several candidates are "
+                               "a sweep: server + candidates, docs/sweeps.md)")
+    for arm in names:
+        cfg = given.get(arm)
         if cfg is None:
             result.problems.append(f"arms.{arm}: missing (allowed: a launch or attach arm)")
             continue
@@ -475,7 +482,10 @@ def check_results(results_dir: str | os.PathLike) -> list[str]:
     root = Path(results_dir)
     if not root.is_dir():
         return []
-    return artifacts.verify_tree(root) + check_promotion_outputs(root)
+    # a sweep decides each candidate under candidates/<name>/ (docs/sweeps.md)
+    candidates = sorted(p for p in (root / CANDIDATES_DIR).iterdir() if p.is_dir()) \
+        if (root / CANDIDATES_DIR).is_dir() else []
+    return artifacts.verify_tree(root) + [p for d in (root, *candidates) for p in check_promotion_outputs(d)]
 
 
 def server_slots(workflow) -> int | None:

@@ -6,15 +6,21 @@
 # `promotion` target; `snakemake --cores N bisect` asks for it.
 
 
-rule bisect:
+# In a sweep it is per candidate: `snakemake --cores N bisect` bisects every
+# candidate, `snakemake --cores N results/<audit>/candidates/<name>/bisect/result.json`
+# one; each against the shared control, as if its candidate were audited on its own.
+
+
+rule:
+    name:
+        "bisect_candidate" if SWEEP else "bisect"
     input:
-        divergence=list(divergence_paths().values()),
-        greedy=[GREEDY.format(dataset=d, arm="control") for d in DATASETS],
+        unpack(bisect_inputs),
     output:
         result=BISECT,
-        report=artifact(contracts.BISECT_REPORT),
+        report=per_candidate(contracts.BISECT_REPORT),
     log:
-        f"{LOGS}/bisect.log",
+        per_candidate_log("bisect.log"),
     conda:
         "../envs/serving.yaml"
     threads: 2
@@ -24,12 +30,19 @@ rule bisect:
         slurm_partition=BOTH_ARMS_PARTITION,
     params:
         datasets=list(DATASETS),
-        arms=config["arms"],
-        server=config.get("server"),
-        change=config.get("change"),
+        arms=lambda w: bisect_config(w)["arms"],
+        server=lambda w: bisect_config(w).get("server"),
+        change=lambda w: bisect_config(w).get("change"),
         journal_dir=JOURNAL,
         server_log_dir=str(Path(server_log("bisect")).parent),
         starts_log=STARTS_LOG,
         code=code("bisect"),
     script:
         "../scripts/bisect.py"
+
+
+if SWEEP:
+
+    rule bisect:
+        input:
+            expand(BISECT, candidate=CANDIDATES),

@@ -1,16 +1,24 @@
 import json
 import os
+import re
 from pathlib import Path
 
 from pairaudit.promotion import calibration
 from pairaudit.core import contracts
+from pairaudit.plans import change as change_form
 from pairaudit.core.codehash import code_hash
 from pairaudit.core.lifecycle import relay_interrupts
 
 # A SIGINT to snakemake alone would let its running jobs carry on; they watch for this.
 relay_interrupts()
 
-ARMS = ["control", "candidate"]
+# A sweep (server + candidates, docs/sweeps.md): the arm wildcard takes the control and every
+# candidate's name, so each arm's plans and answers phase run once, the control's for all of them;
+# what compares the control with one candidate takes a {candidate} wildcard and lands under
+# candidates/<name>/. The two-arm form has one candidate, `candidate`, and no such wildcard.
+SWEEP = change_form.is_sweep(config)
+CANDIDATES = change_form.candidate_names(config)
+ARMS = ["control", *CANDIDATES]
 # Each config section as the load check resolved it, once (SETTINGS, the Snakefile's;
 # pairaudit/core/settings.py): the rules hand each job its section's record as JSON.
 DATASETS = {d.name: d for d in SETTINGS.datasets}
@@ -25,6 +33,27 @@ def artifact(key):
     return contracts.audit_path(key, config["audit"])
 
 
+def per_candidate(key):
+    """A comparison's artifact: in a sweep under candidates/{candidate}/, else where a two-arm audit keeps it."""
+    if not SWEEP:
+        return artifact(key)
+    return contracts.candidate_path(key, config["audit"], "{candidate}")
+
+
+def per_candidate_log(rel):
+    """A per-candidate job's log (its wildcards must be its outputs')."""
+    return f"{LOGS}/candidates/{{candidate}}/{rel}" if SWEEP else f"{LOGS}/{rel}"
+
+
+# A per-candidate output's candidate: the wildcard in a sweep, the one candidate otherwise.
+CANDIDATE = "{candidate}" if SWEEP else "candidate"
+
+
+def cand(wildcards):
+    """The candidate a per-candidate job compares with the control (`candidate` in the two-arm form)."""
+    return getattr(wildcards, "candidate", "candidate")
+
+
 SPEC = artifact(contracts.ARM_SPEC_SCHEMA)
 DATASET = artifact(contracts.DATASET_SCHEMA)
 REQUESTS = artifact(contracts.REQUESTS_SCHEMA)
@@ -33,23 +62,33 @@ LAUNCH = artifact(contracts.LAUNCH_SCHEMA)
 PREFLIGHT = artifact(contracts.PREFLIGHT_SCHEMA)
 PHASE = artifact(contracts.PHASE_SCHEMA)
 BOUNDARY = artifact(contracts.BOUNDARY_SCHEMA)
-BOUNDARY_GATE = artifact(contracts.BOUNDARY_GATE_SCHEMA)
+BOUNDARY_GATE = per_candidate(contracts.BOUNDARY_GATE_SCHEMA)
 SAMPLED = artifact(contracts.SAMPLED_SCHEMA)
 SCORES = artifact(contracts.SCORES_SCHEMA)
-PAIRED = artifact(contracts.PAIRED_SCHEMA)
-GREEDY = artifact(contracts.GREEDY_SCHEMA)
-DIVERGENCE = artifact(contracts.DIVERGENCE_SCHEMA)
-SPEED_DECISION = artifact(contracts.SPEED_DECISION_SCHEMA)
-SPEED_STREAMS = artifact(contracts.SPEED_STREAMS_SCHEMA)
+PAIRED = per_candidate(contracts.PAIRED_SCHEMA)
+GREEDY = per_candidate(contracts.GREEDY_SCHEMA)
+DIVERGENCE = per_candidate(contracts.DIVERGENCE_SCHEMA)
+SPEED_DECISION = per_candidate(contracts.SPEED_DECISION_SCHEMA)
 STARTS_LOG = artifact(contracts.SERVER_START_SCHEMA)
-DECISION = artifact(contracts.DECISION_SCHEMA)
-MANIFEST = artifact(contracts.MANIFEST_SCHEMA)
+DECISION = per_candidate(contracts.DECISION_SCHEMA)
+MANIFEST = per_candidate(contracts.MANIFEST_SCHEMA)
 CALIBRATION_SUMMARY = artifact(contracts.CALIBRATION_SCHEMA)
 LEDGER = artifact(contracts.LEDGER_SCHEMA)
-DIAGNOSTICS_PHASE = artifact(contracts.DIAGNOSTICS_PHASE)
+DIAGNOSTICS_PHASE = per_candidate(contracts.DIAGNOSTICS_PHASE)
 JOURNAL = artifact(contracts.JOURNAL)
 JOURNAL_SAMPLED = artifact(contracts.JOURNAL_SAMPLED)
 LOGS = artifact(contracts.LOGS)
+
+# A sweep's speed: one shared-control bracket (C, T1, C, T2, ..., C) writing one decision per
+# candidate, where this tree's speed stage has it (its module speed.sweep); until then one bracket
+# per candidate (docs/sweeps.md). Read from the workflow's own tree, which its jobs import.
+SHARED_SPEED = SWEEP and (BASE / "pairaudit" / "speed" / "sweep.py").is_file()
+SPEED_STREAMS = (
+    artifact(contracts.SPEED_STREAMS_SCHEMA)
+    if SHARED_SPEED
+    else per_candidate(contracts.SPEED_STREAMS_SCHEMA)
+)
+SPEED_LOG = f"{LOGS}/speed.log" if SHARED_SPEED else per_candidate_log("speed.log")
 
 
 def server_log(name):
@@ -57,7 +96,7 @@ def server_log(name):
     return artifact(contracts.SERVER_LOG).format(name=name)
 
 
-BISECT = artifact(contracts.BISECT_SCHEMA)
+BISECT = per_candidate(contracts.BISECT_SCHEMA)
 
 
 BOUNDARY_ON = SETTINGS.boundary is not None
@@ -87,8 +126,9 @@ SERVER_STAGES = {"answers", "diagnostics", "speed", "bisect"}
 
 
 wildcard_constraints:
-    arm="control|candidate",
-    dataset="|".join(DATASETS),
+    arm="|".join(re.escape(a) for a in ARMS),
+    candidate="|".join(re.escape(c) for c in CANDIDATES),
+    dataset="|".join(re.escape(d) for d in DATASETS),
 
 
 def arm_config(wildcards):
@@ -100,7 +140,8 @@ def arm_gpus(wildcards):
 
 
 # Jobs that run both arms' servers one after the other (divergence, boundary
-# gate, speed bracket) need the larger of the two arms' accelerator counts.
+# gate, speed bracket) need the larger of the two arms' accelerator counts
+# (in a sweep, of any arm's: one rule serves every candidate).
 BOTH_ARMS_GPUS = max(int(a.get("gpus", 0)) for a in config["arms"].values())
 
 
@@ -161,28 +202,161 @@ def answered_by_arm(pattern):
     return lambda wildcards: answered(pattern, wildcards.arm)
 
 
-def greedy_paths():
-    return {d: {a: GREEDY.format(dataset=d, arm=a) for a in ARMS} for d in DATASETS}
+def fill(pattern, candidate, **fields):
+    """A per-candidate pattern with its candidate (and any other fields) filled, the rest kept as wildcards."""
+    keep = {k: f"{{{k}}}" for k in ("dataset", "arm") if k not in fields}
+    return pattern.format(candidate=candidate, **fields, **keep)
 
 
-def divergence_paths():
-    return {d: DIVERGENCE.format(dataset=d) for d in DATASETS}
+def greedy_paths(candidate="candidate"):
+    """Both arms' greedy runs per dataset, by role; a candidate's are its own, as is the control's selection."""
+    return {
+        d: {
+            "control": fill(GREEDY, candidate, dataset=d, arm="control"),
+            "candidate": fill(GREEDY, candidate, dataset=d, arm=candidate),
+        }
+        for d in DATASETS
+    }
+
+
+def divergence_paths(candidate="candidate"):
+    return {d: fill(DIVERGENCE, candidate, dataset=d) for d in DATASETS}
+
+
+def role_inputs(pattern, candidate, answered_too=False, **fields):
+    """``{key}_control`` and ``{key}_candidate`` of a per-arm pattern: the control and this candidate."""
+    arms = {"control": "control", "candidate": candidate}
+    if answered_too:
+        return {role: answered(pattern, arm) for role, arm in arms.items()}
+    return {role: pattern.format(arm=arm, **fields) for role, arm in arms.items()}
+
+
+SWEEP_SUMMARY = contracts.sweep_path(contracts.SWEEP_SUMMARY, config["audit"])
+SWEEP_SUMMARY_MD = contracts.sweep_path(contracts.SWEEP_SUMMARY_MD, config["audit"])
+SWEEP_SUMMARY_HTML = contracts.sweep_path(contracts.SWEEP_SUMMARY_HTML, config["audit"])
 
 
 def promotion_later_inputs(wildcards):
     """The optional gates' artifacts: an audit without the stage still decides (INCONCLUSIVE)."""
+    c = cand(wildcards)
     later = {}
     if BOUNDARY_ON:
-        later["boundary"] = BOUNDARY_GATE
+        later["boundary"] = fill(BOUNDARY_GATE, c)
     if SPEED_ON:
-        later["speed"] = SPEED_DECISION
+        later["speed"] = fill(SPEED_DECISION, c)
     return later
 
 
 def paired_inputs(wildcards):
-    d = wildcards.dataset
+    d, c = wildcards.dataset, cand(wildcards)
     return {
         "dataset": DATASET.format(dataset=d),
-        **{f"sampled_{a}": SAMPLED.format(dataset=d, arm=a) for a in ARMS},
-        **{f"scores_{a}": SCORES.format(dataset=d, arm=a) for a in ARMS},
+        **{f"sampled_{r}": p for r, p in role_inputs(SAMPLED, c, dataset=d).items()},
+        **{f"scores_{r}": p for r, p in role_inputs(SCORES, c, dataset=d).items()},
     }
+
+
+# Per-candidate inputs and params (in a sweep, of the {candidate} wildcard's candidate).
+
+
+def diagnostics_inputs(wildcards):
+    c = cand(wildcards)
+    roles = {
+        "spec": role_inputs(SPEC, c),
+        "receipt": role_inputs(LAUNCH, c, answered_too=True),
+        "preflight": role_inputs(PREFLIGHT, c, answered_too=True),
+        "answers": role_inputs(PHASE, c, answered_too=True),
+    }
+    return {
+        "datasets": expand(DATASET, dataset=DATASETS),
+        "paired": [fill(PAIRED, c, dataset=d) for d in DATASETS],
+        **{f"{k}_{r}": p for k, by_role in roles.items() for r, p in by_role.items()},
+    }
+
+
+def speed_inputs(wildcards):
+    if SHARED_SPEED:
+        # every arm's, keyed by its name: the bracket's control and each candidate
+        return {
+            f"{k}_{a}": p
+            for a in ARMS
+            for k, p in (
+                ("spec", SPEC.format(arm=a)),
+                ("launch", answered(LAUNCH, a)),
+                ("preflight", answered(PREFLIGHT, a)),
+            )
+        }
+    c = cand(wildcards)
+    return {
+        **{f"spec_{r}": p for r, p in role_inputs(SPEC, c).items()},
+        **{
+            f"launch_{r}": p
+            for r, p in role_inputs(LAUNCH, c, answered_too=True).items()
+        },
+        **{
+            f"preflight_{r}": p
+            for r, p in role_inputs(PREFLIGHT, c, answered_too=True).items()
+        },
+    }
+
+
+def speed_outputs():
+    """The decision (one per candidate in a shared-control bracket) and the streams."""
+    if SHARED_SPEED:
+        return {f"decision_{c}": fill(SPEED_DECISION, c) for c in CANDIDATES}
+    return {"decision": SPEED_DECISION}
+
+
+def speed_server_logs(wildcards):
+    """One per start the bracket may grow to: control, candidate, control, ..."""
+    if SHARED_SPEED:
+        # the stage names every later start's log after the first's, with its start and arm
+        return {"s1": server_log("speed-s1-control")}
+    prefix = f"speed-{cand(wildcards)}-" if SWEEP else "speed-"
+    return {
+        f"s{k + 1}": server_log(
+            f"{prefix}s{k + 1}-{'control' if k % 2 == 0 else 'candidate'}"
+        )
+        for k in range(SETTINGS.speed.max_starts)
+    }
+
+
+def boundary_gate_inputs(wildcards):
+    c = cand(wildcards)
+    # the cases are `ancient`: the answers phase rewrites them when it
+    # reruns for a dataset; the plan and the specs rerun the gate
+    return {
+        "plan": BOUNDARY_PLAN,
+        **{f"spec_{r}": p for r, p in role_inputs(SPEC, c).items()},
+        **role_inputs(BOUNDARY, c, answered_too=True),
+        **{
+            f"launch_{r}": p
+            for r, p in role_inputs(LAUNCH, c, answered_too=True).items()
+        },
+    }
+
+
+def decision_inputs(wildcards):
+    c = cand(wildcards)
+    arms = ["control", c]
+    return {
+        **promotion_later_inputs(wildcards),
+        "paired": [fill(PAIRED, c, dataset=d) for d in DATASETS],
+        "scores": expand(SCORES, dataset=DATASETS, arm=arms),
+        "launch": expand(LAUNCH, arm=arms),
+        "preflight": expand(PREFLIGHT, arm=arms),
+        "answers": expand(PHASE, arm=arms),
+        "divergence": list(divergence_paths(c).values()),
+    }
+
+
+def bisect_inputs(wildcards):
+    c = cand(wildcards)
+    return {
+        "divergence": list(divergence_paths(c).values()),
+        "greedy": [fill(GREEDY, c, dataset=d, arm="control") for d in DATASETS],
+    }
+
+
+def bisect_config(wildcards):
+    return change_form.candidate_config(config, cand(wildcards))

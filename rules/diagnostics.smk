@@ -1,28 +1,22 @@
 # The diagnostics phase: greedy runs on the discordant items (plus a few
 # concordant ones as a control), determinism repeats, the first differing
 # token, both arms probed on the shared prefix for their top-20, grid-tie-v1.
-# One job: the arms' servers take turns (control, candidate, control for its
-# probes), each started only if its journals lack something.
+# One job (in a sweep one per candidate): the arms' servers take turns
+# (control, candidate, control for its probes), each started only if its
+# journals lack something.  The journals are kept by arm name, so a sweep's
+# control journal is shared: each candidate's job asks the control only for
+# the items no earlier candidate's job selected (docs/sweeps.md).
 
 
 rule diagnostics:
     input:
-        datasets=expand(DATASET, dataset=DATASETS),
-        paired=expand(PAIRED, dataset=DATASETS),
-        spec_control=SPEC.format(arm="control"),
-        spec_candidate=SPEC.format(arm="candidate"),
-        receipt_control=answered(LAUNCH, "control"),
-        receipt_candidate=answered(LAUNCH, "candidate"),
-        preflight_control=answered(PREFLIGHT, "control"),
-        preflight_candidate=answered(PREFLIGHT, "candidate"),
-        answers_control=answered(PHASE, "control"),
-        answers_candidate=answered(PHASE, "candidate"),
+        unpack(diagnostics_inputs),
     output:
         phase=DIAGNOSTICS_PHASE,
-        greedy=[p for arms in greedy_paths().values() for p in arms.values()],
-        divergence=list(divergence_paths().values()),
+        greedy=[p for arms in greedy_paths(CANDIDATE).values() for p in arms.values()],
+        divergence=list(divergence_paths(CANDIDATE).values()),
     log:
-        f"{LOGS}/diagnostics.log",
+        per_candidate_log("diagnostics.log"),
     conda:
         "../envs/serving.yaml"
     threads: 2
@@ -37,9 +31,14 @@ rule diagnostics:
         journal_dir=JOURNAL,
         starts_log=STARTS_LOG,
         # params, not logs: see rule answers
-        server_logs={a: server_log(f"diagnostics-{a}") for a in ARMS},
-        greedy_paths=greedy_paths(),
-        divergence_paths=divergence_paths(),
+        server_logs=lambda w: {
+            "control": server_log(
+                f"diagnostics-{cand(w)}-control" if SWEEP else "diagnostics-control"
+            ),
+            "candidate": server_log(f"diagnostics-{cand(w)}"),
+        },
+        greedy_paths=lambda w: greedy_paths(cand(w)),
+        divergence_paths=lambda w: divergence_paths(cand(w)),
         max_divergent=SETTINGS.rules.grid_tie.max_divergent,
         code=code("diagnostics"),
     script:

@@ -1,4 +1,5 @@
-# The quality path per dataset: items -> (answers phase) -> sampled per arm -> scores -> paired table.
+# The quality path per dataset: items -> (answers phase) -> sampled per arm -> scores -> paired table
+# (in a sweep one per candidate, each against the control's shared scores).
 
 
 rule dataset:
@@ -41,7 +42,7 @@ rule paired:
     output:
         PAIRED,
     log:
-        f"{LOGS}/paired/{{dataset}}.log",
+        per_candidate_log("paired/{dataset}.log"),
     conda:
         "../envs/analysis.yaml"
     params:

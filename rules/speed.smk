@@ -10,21 +10,22 @@
 
 # `speed: {enabled: false}` leaves the rule out: the decision then lists the
 # speed gate as not evaluated (INCONCLUSIVE), never as passed.
+#
+# In a sweep, one shared-control bracket for every candidate (C, T1, C, T2, ...,
+# C), its decisions under candidates/<name>/speed/; where the speed stage has
+# no shared bracket, one bracket per candidate (SHARED_SPEED, rules/common.smk).
+
+
 if SPEED_ON:
 
     rule speed:
         input:
-            spec_control=SPEC.format(arm="control"),
-            spec_candidate=SPEC.format(arm="candidate"),
-            launch_control=answered(LAUNCH, "control"),
-            launch_candidate=answered(LAUNCH, "candidate"),
-            preflight_control=answered(PREFLIGHT, "control"),
-            preflight_candidate=answered(PREFLIGHT, "candidate"),
+            unpack(speed_inputs),
         output:
-            decision=SPEED_DECISION,
+            **speed_outputs(),
             streams=SPEED_STREAMS,
         log:
-            f"{LOGS}/speed.log",
+            SPEED_LOG,
         conda:
             "../envs/serving.yaml"
         threads: 2
@@ -33,17 +34,12 @@ if SPEED_ON:
             gpu=BOTH_ARMS_GPUS,
             slurm_partition=BOTH_ARMS_PARTITION,
         params:
+            **({"candidates": CANDIDATES} if SHARED_SPEED else {}),
             speed=SETTINGS.speed.to_json(),
             audit=config["audit"],
             starts_log=STARTS_LOG,
             # params, not logs: see rule answers
-            # one per start the bracket may grow to: control, candidate, control, ...
-            server_logs={
-                f"s{k + 1}": server_log(
-                    f"speed-s{k + 1}-{'control' if k % 2 == 0 else 'candidate'}"
-                )
-                for k in range(SETTINGS.speed.max_starts)
-            },
+            server_logs=speed_server_logs,
             archive=SETTINGS.speed.archive,
             code=code("speed"),
         script:

@@ -29,6 +29,7 @@ from snakemake_interface_common.exceptions import WorkflowError
 
 from pairaudit.datasets import formats as ds
 from pairaudit.datasets import suites
+from pairaudit.plans import change as changes
 from pairaudit.plans.change import derive_arms
 from pairaudit.serving.armspec import resolve_spec
 from pairaudit.serving.launch import SWITCH_PREFIX
@@ -76,7 +77,13 @@ def all_configs() -> dict[str, dict]:
     for p in OVERLAYS:
         out[f"config.yaml + {p.name}"] = merged(p)
     for p in EXAMPLES:
-        out[f"examples/{p.name}"] = load(p)
+        cfg = load(p)
+        if changes.is_sweep(cfg):
+            # a sweep is checked as each of its candidates audited on its own against the shared control
+            for name in changes.candidate_names(cfg):
+                out[f"examples/{p.name}:{name}"] = changes.candidate_config(cfg, name)
+        else:
+            out[f"examples/{p.name}"] = load(p)
     return out
 
 
@@ -103,7 +110,8 @@ def test_every_config_file_is_covered():
     assert DEFAULT.is_file() and SCHEMA.is_file()
     assert OVERLAYS, "expected at least one overlay (config/hub-datasets.yaml)"
     assert EXAMPLES, "expected example configs under config/examples/"
-    assert len(CONFIGS) == 1 + len(OVERLAYS) + len(EXAMPLES)
+    sweeps = sum(len(changes.candidate_names(load(p))) - 1 for p in EXAMPLES if changes.is_sweep(load_raw(p)))
+    assert len(CONFIGS) == 1 + len(OVERLAYS) + len(EXAMPLES) + sweeps
 
 
 # ---------------------------------------------------------------- schema
@@ -128,7 +136,8 @@ OFFLINE_EXAMPLES = ("vllm-cpu.yaml", "vllm-cpu-fp16.yaml")
 
 
 # Examples sized for a GPU generate their own suites, larger than the default's.
-GENERATED_EXAMPLES = ("gpu-refserver.yaml", "vllm-gpu.yaml")
+# The sweep example generates a small suite of its own: three candidates must decide on a CPU in minutes.
+GENERATED_EXAMPLES = ("gpu-refserver.yaml", "vllm-gpu.yaml", "sweep.yaml")
 
 
 # The planted-defect examples (fault-*.yaml) run the embedded default's own suites instead.

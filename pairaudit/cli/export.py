@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from pairaudit.core import artifacts
+from pairaudit.core.contracts import SWEEP_PATHS, SWEEP_SUMMARY
 from pairaudit.interop import lmeval, vllm_bench
 
 from .codes import OK, REFUSED
@@ -63,12 +64,15 @@ def after_run(audit_dirs: list[str | Path], since: float) -> str:
     lines = []
     for root in map(Path, audit_dirs):
         decision = root / "promotion" / "decision.json"
-        if not decision.is_file() or decision.stat().st_mtime < since:
+        # a sweep's run ends on its summary: its answers are exported for every arm, its brackets are not yet
+        summary = root / SWEEP_PATHS[SWEEP_SUMMARY]
+        sweep = summary.is_file() and summary.stat().st_mtime >= since
+        if not sweep and (not decision.is_file() or decision.stat().st_mtime < since):
             continue
         try:
             arms = lmeval.export_audit(root)
             written = [f"lm-eval: {len(ex.samples)} sample log(s) per arm" for ex in list(arms.values())[:1]]
-            if (root / "speed" / "decision.json").is_file():
+            if not sweep and (root / "speed" / "decision.json").is_file():
                 bench = vllm_bench.export_audit(root)
                 written.append(f"vllm bench serve: {sum(len(c) for c in bench.written.values())} result file(s)")
             lines.append(f"exports of {root}: {'; '.join(written)} under {root / 'exports'}")

@@ -14,19 +14,28 @@ under the rule it names (promotion-v1): a word they do not give -- a file
 re-sealed to say PROMOTE while its gates say HOLD -- is refused, naming the
 stated and the derived decision. Exit: PROMOTE 0, REJECT 1, HOLD 3, INCONCLUSIVE 4; 2 when
 the decision is missing, unreadable, refused, not a decision or not the one its gates give.
+
+A sweep (``results/<audit>`` holding ``candidates/<name>/``, docs/sweeps.md): the table of
+every candidate (``pairaudit.promotion.sweep``), each decision read and checked as above,
+then each candidate's front page; exit 0 only when every candidate asked about is PROMOTE,
+else the code of the most severe of their decisions (REJECT 1 > HOLD 3 > INCONCLUSIVE 4; 2
+when any is missing or refused). ``--candidate NAME`` (repeatable) asks about those only;
+one candidate exits with its own decision's code.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, cast
 
 from pairaudit.core import artifacts
-from pairaudit.core.contracts import DECISION_SCHEMA, PATHS, Decision
+from pairaudit.core.contracts import CANDIDATES_DIR, DECISION_SCHEMA, PATHS, SWEEP_PATHS, SWEEP_SUMMARY, Decision
 from pairaudit.core.readers import DecisionDoc
 from pairaudit.promotion import render
+from pairaudit.promotion import sweep
 from pairaudit.promotion.decision import DecisionMismatch, check_decision_word
 
 from .codes import EXIT, REFUSED
@@ -39,6 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("audit", nargs="?", default=None,
                    help="results/<audit>, or a decision.json (default: results/<audit of config/config.yaml>)")
     p.add_argument("--summary", metavar="FILE", help="append the front page as Markdown (e.g. $GITHUB_STEP_SUMMARY)")
+    p.add_argument("--candidate", metavar="NAME", action="append", default=None,
+                   help="a sweep: ask about this candidate only (repeatable; default: every candidate)")
 
 
 def default_audit_dir(cwd: Path | None = None) -> Path:
@@ -193,10 +204,17 @@ def after_run(audit_dirs: list[str | Path], since: float) -> str:
     up to date), the first audit's existing decision is shown, so the
     terminal always ends on the verdict of what was asked.
     """
+    # A sweep's own audit (its calibration is a two-arm audit) ends on the sweep's table.
+    first, *_ = [Path(d) for d in audit_dirs] or [Path()]
+    names = sweep_candidates(first) if audit_dirs else None
+    pages = []
+    if names:
+        page = sweep_page(first, names)
+        pages.append(page.table + f"\n(`pairaudit verdict {first}` prints this again and exits "
+                                  f"{sweep_code(page.words)})")
     found = [decision_path(str(d)) for d in audit_dirs]
     fresh = [p for p in found if p.is_file() and p.stat().st_mtime >= since]
-    shown = fresh or [p for p in found[:1] if p.is_file()]
-    pages = []
+    shown = fresh or ([] if names else [p for p in found[:1] if p.is_file()])
     for path in shown:
         try:
             decision = load(path)
@@ -208,7 +226,96 @@ def after_run(audit_dirs: list[str | Path], since: float) -> str:
     return "\n\n".join(pages)
 
 
+# ------------------------------------------------------------------ sweeps
+
+# A sweep's candidates' decisions, most severe first: the code of several decisions is the first found.
+SEVERITY = ("REJECT", "HOLD", "INCONCLUSIVE", "PROMOTE")
+
+
+def sweep_candidates(audit_dir: Path) -> list[str] | None:
+    """The candidates of a sweep's audit directory (the summary's order, else by name); None for no sweep."""
+    root = audit_dir / CANDIDATES_DIR
+    if not root.is_dir():
+        return None
+    summary = audit_dir / SWEEP_PATHS[SWEEP_SUMMARY]
+    try:
+        names = [r["name"] for r in artifacts.read_json(summary)["candidates"]]
+    except (OSError, ValueError, KeyError, TypeError, artifacts.ArtifactError):
+        names = []
+    return names or sorted(p.name for p in root.iterdir() if (p / DECISION_REL).is_file())
+
+
+def sweep_code(decisions: Mapping[str, str | None]) -> int:
+    """The exit code of several candidates' decisions (None: missing or refused)."""
+    if any(d is None for d in decisions.values()):
+        return REFUSED
+    worst = min((SEVERITY.index(d) for d in decisions.values() if d is not None), default=SEVERITY.index("PROMOTE"))
+    return EXIT[SEVERITY[worst]]
+
+
+@dataclass
+class SweepPage:
+    """What a sweep's verdict shows: the table, each readable candidate's front page, each one's decision word."""
+    table: str
+    pages: list[str]
+    words: dict[str, str | None]            # None: missing or refused
+    refused: dict[str, tuple[Path, str]]    # name -> (decision path, why)
+
+
+def sweep_page(audit_dir: Path, asked: list[str]) -> SweepPage:
+    rows, pages = [], []
+    words: dict[str, str | None] = {}
+    refused: dict[str, tuple[Path, str]] = {}
+    for name in asked:
+        path = audit_dir / CANDIDATES_DIR / name / DECISION_REL
+        try:
+            doc = load(path)
+        except artifacts.ArtifactError as exc:
+            words[name] = None
+            refused[name] = (path, str(exc))
+            continue
+        words[name] = doc["decision"]
+        rows.append(sweep.candidate_row(name, doc, str(path), artifacts.sha256_file(path)).to_json())
+        pages.append(front_page_text(doc, str(path)))
+    table = sweep.summary_markdown({"audit": audit_dir.name, "candidates": rows,
+                                    "may_ship": [r["name"] for r in rows if r["may_ship"]]})
+    return SweepPage(table=table, pages=pages, words=words, refused=refused)
+
+
+def run_sweep(args: argparse.Namespace, audit_dir: Path, names: list[str]) -> int:
+    asked = args.candidate or names
+    unknown = [n for n in asked if n not in names]
+    if unknown:
+        print(f"pairaudit verdict: {audit_dir}: no candidate {', '.join(unknown)} (candidates: "
+              f"{', '.join(names) or 'none'})", file=sys.stderr)
+        return REFUSED
+    page = sweep_page(audit_dir, asked)
+    for path, why in page.refused.values():
+        print(f"pairaudit verdict: {why}", file=sys.stderr)
+        if args.summary:
+            _append(args.summary, refused_markdown(str(path), why))
+    print(page.table)
+    for text in page.pages:
+        print(text + "\n")
+    words = page.words
+    table = page.table
+    code = sweep_code(words)
+    said = ", ".join(f"{n} {w or 'refused'}" for n, w in words.items())
+    print(f"exit {code} ({said})")
+    if args.summary:
+        _append(args.summary, table)
+    return code
+
+
 def run(args: argparse.Namespace) -> int:
+    audit_dir = Path(args.audit) if args.audit else default_audit_dir()
+    names = None if audit_dir.suffix == ".json" else sweep_candidates(audit_dir)
+    if names is not None:
+        return run_sweep(args, audit_dir, names)
+    if args.candidate:
+        print(f"pairaudit verdict: {audit_dir}: --candidate is for a sweep (results/<audit> with "
+              f"{CANDIDATES_DIR}/), and this is none", file=sys.stderr)
+        return REFUSED
     path = decision_path(args.audit)
     try:
         decision = load(path)

@@ -156,6 +156,37 @@ def audit_path(key: str, audit: str | None = None) -> str:
     return f"{audit_dir(audit)}/{path}"
 
 
+# A sweep (several candidates against one control, docs/sweeps.md): the per-arm artifacts stay where they
+# are, an arm per candidate beside the control; what compares the control with one candidate (its paired
+# tables, greedy runs and divergences, gates, decision, reports) lands under candidates/<name>/, at the
+# path it has in a two-arm audit; the sweep's own summary under sweep/.
+CANDIDATES_DIR = "candidates"
+SWEEP_SUMMARY = "pairaudit.sweep-summary/v1"   # schema id of sweep/summary.json (promotion/sweep.py)
+SWEEP_SUMMARY_MD = "sweep-summary-md"
+SWEEP_SUMMARY_HTML = "sweep-summary-html"
+SWEEP_PATHS = {
+    SWEEP_SUMMARY: "sweep/summary.json",
+    SWEEP_SUMMARY_MD: "sweep/summary.md",
+    SWEEP_SUMMARY_HTML: "sweep/summary.html",
+}
+
+
+def arm_role(arm: str) -> str:
+    """An arm's role in a comparison: ``control``, or ``candidate`` for any other arm (a sweep's candidates
+    are arms named by their change; each is compared with the control as the candidate)."""
+    return ARMS[0] if arm == ARMS[0] else ARMS[1]
+
+
+def candidate_path(key: str, audit: str, candidate: str) -> str:
+    """Where a sweep's candidate keeps ``PATHS[key]``: ``results/<audit>/candidates/<candidate>/<path>``."""
+    return f"{audit_dir(audit)}/{CANDIDATES_DIR}/{candidate}/{PATHS[key]}"
+
+
+def sweep_path(key: str, audit: str) -> str:
+    """Where a sweep's summary lands (``SWEEP_PATHS``), under ``results/<audit>/``."""
+    return f"{audit_dir(audit)}/{SWEEP_PATHS[key]}"
+
+
 def journal_path(journal_dir: str, key: str, **fields: str) -> str:
     """The journal ``key`` (``JOURNAL_*``) with its fields filled, under the audit's ``journal_dir``."""
     rel = PATHS[key].format(**fields)

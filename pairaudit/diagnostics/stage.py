@@ -66,7 +66,9 @@ def diagnostics_phase(*, dataset_paths: Mapping[str, str], paired_paths: Mapping
         specs[arm] = armspec.read_spec(spec_paths[arm], arm=arm)
 
     def journal(key: str, name: str, arm: str) -> Path:
-        return Path(journal_path(journal_dir, key, dataset=name, arm=arm))
+        # by the arm's own name: a sweep's control journal is shared by every candidate's diagnostics, so the
+        # control's greedy runs and probes are made once and each candidate asks only for what it lacks
+        return Path(journal_path(journal_dir, key, dataset=name, arm=specs[arm].arm))
 
     plans: dict[str, dict[str, GreedyPlan]] = {}
     for name in names:

@@ -77,7 +77,7 @@ from typing import Any, Mapping, Sequence, TypedDict
 
 from pairaudit import gates
 from pairaudit.core import artifacts, stats
-from pairaudit.core.contracts import (ARMS, DATASET_SCHEMA, EXPORTS_LMEVAL, PATHS, SAMPLED_SCHEMA, SCORES_SCHEMA,
+from pairaudit.core.contracts import (ARMS, CANDIDATES_DIR, DATASET_SCHEMA, EXPORTS_LMEVAL, PATHS, SAMPLED_SCHEMA, SCORES_SCHEMA,
                                       PairedTable, PairingFacts, ScoreRecord)
 
 LM_EVAL_VERSION = "0.4.13"  # the release whose writer this module follows (docs/interop.md)
@@ -350,14 +350,21 @@ def export_arm(*, arm: str, dataset_paths: Mapping[str, str], sampled_paths: Map
 
 
 def export_audit(audit_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> dict[str, ExportedArm]:
-    """Every dataset and arm of a finished audit directory (``results/<audit>``), found by its scores."""
+    """Every dataset and arm of a finished audit directory (``results/<audit>``), found by its scores.
+
+    The arms are the control and the candidate, or in a sweep the control and every candidate whose
+    scores are there (``scores/<dataset>/<arm>.jsonl``, by the arm's name; docs/sweeps.md).
+    """
     root = Path(audit_dir)
     names = sorted(p.name for p in (root / "scores").iterdir() if p.is_dir()) if (root / "scores").is_dir() else []
     if not names:
         raise artifacts.ArtifactError(f"{root}: no scores/<dataset>/ directories: the audit has not scored anything")
     out = Path(out_dir) if out_dir is not None else root / EXPORT_DIR
+    arms = list(ARMS)
+    if (root / CANDIDATES_DIR).is_dir():
+        arms = [ARMS[0], *sorted({p.stem for p in (root / "scores" / names[0]).glob("*.jsonl")} - {ARMS[0]})]
     result = {}
-    for arm in ARMS:
+    for arm in arms:
         model = None
         launch = root / "launch" / f"{arm}.json"
         if launch.is_file():

@@ -328,6 +328,8 @@ def derive_arms(config: dict) -> list[str]:
     as it is; a config with neither is the schema's and the load check's to
     report.
     """
+    if is_sweep(config):
+        return _derive_sweep(config)
     has = [k for k in ("arms", "server", "change") if k in config]
     if "arms" in config and ("server" in config or "change" in config):
         return [f"{' and '.join(has)}: both forms at once (allowed: either arms (control and candidate) or server + "
@@ -352,6 +354,189 @@ def derive_arms(config: dict) -> list[str]:
         return problems
     arms = arms_for(server, change)
     problems = _check_derived(change, arms)
+    if not problems:
+        config["arms"] = arms
+    return problems
+
+
+# ------------------------------------------------------------------ sweeps
+
+SWEEP_KEY = "candidates"
+CONTROL = "control"
+# A candidate's name is an arm name: a path component and a Snakemake wildcard value (no leading dot or dash).
+_CANDIDATE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+
+
+def is_sweep(config: Mapping[str, Any]) -> bool:
+    """Does the config name several candidates against one control (``server`` + ``candidates``)?"""
+    return SWEEP_KEY in config
+
+
+def _switch_key(s: Switch) -> tuple[str, str]:
+    return s.kind, s.name
+
+
+def _sweep_switches(changes: Sequence[Change]) -> tuple[list[Switch], list[str]]:
+    """Every switch any candidate turns, once, in first-seen order: what the control sets at rollback.
+
+    Two candidates may turn the same variable or flag to different values (two quantizations of one
+    flag), but the shared control can hold only one rollback value for it.
+    """
+    union: dict[tuple[str, str], tuple[Switch, str]] = {}
+    problems = []
+    for i, ch in enumerate(changes):
+        for j, s in enumerate(ch.switches):
+            seen = union.get(_switch_key(s))
+            if seen is None:
+                union[_switch_key(s)] = (s, f"candidates[{i}].switches[{j}]")
+            elif seen[0].rollback != s.rollback:
+                problems.append(f"candidates[{i}].switches[{j}].rollback: {s.name} rolls back to {s.rollback!r}, "
+                                f"{seen[1]} to {seen[0].rollback!r} (allowed: one rollback value per variable or "
+                                "flag: every candidate is compared to the same control)")
+    return [s for s, _ in union.values()], problems
+
+
+def candidate_arm(server: Mapping[str, Any], union: Sequence[Switch], change: Change) -> dict:
+    """One candidate's arm: its own switches on, every other candidate's at rollback (as in the control)."""
+    own = {_switch_key(s): s for s in change.switches}
+    merged = Change(name=change.name, switches=tuple(own.get(_switch_key(s), s) for s in union),
+                    description=change.description)
+    return arm_config(server, merged, change.names)
+
+
+def _stated_rollbacks(server: Any, cfg: Any, where: str) -> tuple[Any, list[str]]:
+    """``server`` without the variables ``cfg`` switches whose rollback value server.env already states; the
+    problems where it states another value.
+
+    In a sweep, server.env may state a switch's variable at its rollback value: the control is then the
+    same server whichever candidates are listed, so adding or removing a candidate changes no control
+    work (a variable only a switch sets is added to the control with the switch, changing it).
+    """
+    env = server.get("env") if isinstance(server, dict) else None
+    switches = cfg.get("switches") if isinstance(cfg, dict) else None
+    if not isinstance(env, dict) or not isinstance(switches, list):
+        return server, []
+    normalize_switch_keys(cfg)
+    stated, problems = set(), []
+    for j, sw in enumerate(switches):
+        var = sw.get("env") if isinstance(sw, dict) else None
+        if not isinstance(var, str) or var not in env or "rollback" not in sw:
+            continue
+        if str(env[var]) != str(sw["rollback"]):
+            problems.append(f"{where}.switches[{j}].rollback: {sw['rollback']!r}, but server.env sets {var} to "
+                            f"{env[var]!r} (allowed: in a sweep server.env may state a switch's variable only at "
+                            "its rollback value: the control's)")
+        stated.add(var)
+    if not stated:
+        return server, problems
+    return {**server, "env": {k: v for k, v in env.items() if k not in stated}}, problems
+
+
+def parse_sweep(server: Any, raw: Any) -> tuple[list[Change], list[str]]:
+    """The candidates of a sweep, or the problems: each candidate as the change section, names unique and
+    safe as paths, none named like the control, none empty, no two with the same switches and values."""
+    if not isinstance(raw, list) or not raw:
+        return [], [f"{SWEEP_KEY}: {raw!r} (allowed: a non-empty list of changes, each with name and switches)"]
+    changes: list[Change] = []
+    problems: list[str] = []
+    names: dict[str, int] = {}
+    same: dict[frozenset, int] = {}
+    for i, cfg in enumerate(raw):
+        where = f"{SWEEP_KEY}[{i}]"
+        own_server, stated = _stated_rollbacks(server, cfg, where)
+        problems += stated
+        ch, ps = parse_change(cfg, own_server, where=where)
+        problems += ps
+        name = cfg.get("name") if isinstance(cfg, dict) else None
+        if isinstance(name, str):
+            if name == CONTROL:
+                problems.append(f"{where}.name: {name!r} is the control's arm name (allowed: any other name)")
+            elif not _CANDIDATE_RE.match(name):
+                problems.append(f"{where}.name: {name!r} is no safe arm name (allowed: letters, digits and _ . + -, "
+                                "starting with a letter or digit)")
+            elif name in names:
+                problems.append(f"{where}.name: {name!r} is already the name of {SWEEP_KEY}[{names[name]}] "
+                                "(allowed: a name no other candidate has)")
+            else:
+                names[name] = i
+        if ch is None:
+            continue
+        key = frozenset((s.kind, s.name, s.rollback, s.on) for s in ch.switches)
+        if key in same:
+            problems.append(f"{where}: {ch.name!r} has the same switches and values as {SWEEP_KEY}[{same[key]}] "
+                            f"{changes[same[key]].name!r} (allowed: candidates that differ from each other)")
+            continue
+        same.setdefault(key, len(changes))
+        changes.append(ch)
+    return changes, problems
+
+
+def sweep_arms(server: Mapping[str, Any], changes: Sequence[Change]) -> tuple[dict[str, dict], list[str]]:
+    """control (every candidate's switches at rollback) + one arm per candidate, named by it; the problems."""
+    union, problems = _sweep_switches(changes)
+    if problems:
+        return {}, problems
+    control_change = Change(name=CONTROL, switches=tuple(union))
+    arms = {CONTROL: arm_config(server, control_change, ())}
+    for ch in changes:
+        arms[ch.name] = candidate_arm(server, union, ch)
+        problems += [p.replace("change:", f"{SWEEP_KEY} {ch.name}:", 1)
+                     for p in _check_derived(ch, {"control": arms[CONTROL], "candidate": arms[ch.name]})]
+    return arms, problems
+
+
+def candidate_names(config: Mapping[str, Any]) -> list[str]:
+    """The sweep's candidates in config order; ``["candidate"]`` for a two-arm config."""
+    if not is_sweep(config):
+        return ["candidate"]
+    return [c["name"] for c in config[SWEEP_KEY]]
+
+
+def candidate_config(config: Mapping[str, Any], name: str) -> dict:
+    """The two-arm config the sweep's candidate ``name`` would have on its own: ``change`` its change,
+    ``server`` the sweep's with every other candidate's switches at rollback (as the shared control sets
+    them), ``arms`` the shared control and its arm as the candidate (what its decision and bisection read)."""
+    if not is_sweep(config):
+        return dict(config)
+    raw = next((c for c in config[SWEEP_KEY] if c.get("name") == name), None)
+    if raw is None:
+        raise KeyError(f"no candidate {name!r} in this sweep (candidates: {candidate_names(config)})")
+    out = {k: v for k, v in config.items() if k not in (SWEEP_KEY, "arms")}
+    out["change"] = copy.deepcopy(raw)
+    changes, problems = parse_sweep(config.get("server"), copy.deepcopy(config[SWEEP_KEY]))
+    if problems:
+        raise ChangeError("\n".join(problems))
+    union, _ = _sweep_switches(changes)
+    own = {_switch_key(s) for c in changes if c.name == name for s in c.switches}
+    others = Change(name=CONTROL, switches=tuple(s for s in union if _switch_key(s) not in own))
+    base, _ = _stated_rollbacks(config["server"], copy.deepcopy(raw), SWEEP_KEY)
+    out["server"] = arm_config(base, others, ()) if others.switches else copy.deepcopy(base)
+    arms = config.get("arms") or {}
+    if CONTROL in arms and name in arms:
+        out["arms"] = {"control": copy.deepcopy(arms[CONTROL]), "candidate": copy.deepcopy(arms[name])}
+    return out
+
+
+def _derive_sweep(config: dict) -> list[str]:
+    """``config["arms"]`` from ``server`` + ``candidates`` (in place); the problems, [] when fine."""
+    both = [k for k in ("arms", "change") if k in config]
+    if both:
+        return [f"{' and '.join(both)} and {SWEEP_KEY}: two forms at once (allowed: {SWEEP_KEY} with server only; "
+                "a --configfile in one form merged over a config in another does this: pass "
+                "--replace-workflow-config)"]
+    server = config.get("server")
+    if not isinstance(server, dict):
+        return [f"server: {'missing' if server is None else type(server).__name__} (allowed: a mapping of the keys "
+                f"of a launch arm: {SWEEP_KEY} derive every arm from it)"]
+    problems: list[str] = []
+    if server.get("mode", "launch") != "launch":
+        problems.append(f"server.mode: {server.get('mode')!r} (allowed: launch: pairaudit starts each arm's server "
+                        "and sets its candidate's switches)")
+    changes, sweep_problems = parse_sweep(server, config[SWEEP_KEY])
+    problems += sweep_problems
+    if problems:
+        return problems
+    arms, problems = sweep_arms(server, changes)
     if not problems:
         config["arms"] = arms
     return problems

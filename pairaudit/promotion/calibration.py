@@ -112,12 +112,15 @@ def calibration_config(config: Mapping[str, Any]) -> dict:
         raise ValueError(f"audit {config.get('audit')!r} is already a calibration (calibration.of is set)")
     out = copy.deepcopy(dict(config))
     out["audit"] = f"{config['audit']}{SUFFIX}"
-    out["arms"]["candidate"] = copy.deepcopy(config["arms"]["control"])
-    # A/A has no change under audit: the change form's server + change (from
-    # which the arms were derived at load) would state one, so the calibration
-    # keeps only its two (identical) arms.
+    # A sweep's calibration is the same one: its shared control against itself, once for every candidate.
+    out["arms"] = {"control": copy.deepcopy(config["arms"]["control"]),
+                   "candidate": copy.deepcopy(config["arms"]["control"])}
+    # A/A has no change under audit: the change form's server + change (or a
+    # sweep's candidates), from which the arms were derived at load, would
+    # state one, so the calibration keeps only its two (identical) arms.
     out.pop("server", None)
     out.pop("change", None)
+    out.pop("candidates", None)
     out["calibration"] = {**(config.get("calibration") or {}), "of": config["audit"]}
     return out
 

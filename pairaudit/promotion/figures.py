@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from pairaudit.core.artifacts import ArtifactError
-from pairaudit.core.contracts import ARMS
+from pairaudit.core.contracts import ARMS, arm_role
 from pairaudit.core.readers import ArchivedStart, DivergenceDoc, Paired, ScoresHeader, SpeedDecisionDoc, as_record
 
 OUTCOME_COLORS = {"both correct": "#4c9a5b", "control only": "#d9822b",
@@ -120,7 +120,7 @@ def load_item_outcomes(paired: Mapping[str, Paired | Mapping[str, Any]],
     for p in score_paths:
         header_doc, records = read_jsonl(p)
         header = ScoresHeader.from_json(header_doc, where=p)
-        ds, arm = header.dataset, header.arm
+        ds, arm = header.dataset, arm_role(header.arm)   # a sweep's candidate arm is named by its change
         if ds not in paired or arm not in ARMS:
             raise ArtifactError(f"{p}: scores for {ds}/{arm}, which has no paired result")
         check_consumed(_paired(ds, paired[ds]).raw, [p], where=f"paired {ds}")

@@ -40,7 +40,7 @@ from pairaudit.core.artifacts import (
     sha256_file,
     write_json,
 )
-from pairaudit.core.contracts import ARMS, MANIFEST_SCHEMA
+from pairaudit.core.contracts import ARMS, MANIFEST_SCHEMA, arm_role
 from pairaudit.core.jsonlog import read_log
 from pairaudit.core.readers import (
     AnswersPhase,
@@ -96,13 +96,19 @@ def manifest(paths: Sequence[str | os.PathLike]) -> dict:
 
 
 def _load_keyed(paths: Sequence[str | os.PathLike], record: type[R], key: str) -> dict[str, R]:
-    """Read artifacts through their record, key them by a field; a duplicate key is an error."""
+    """Read artifacts through their record, key them by a field; a duplicate key is an error.
+
+    Keyed by ``arm``, an artifact is keyed by the arm's role: a sweep's candidate arm, named by its
+    change, is this decision's candidate (``contracts.arm_role``).
+    """
     out: dict[str, R] = {}
     for p in paths:
         doc = record.read(p)
         k = getattr(doc, key)
         if not k:
             raise ArtifactError(f"{p}: no {key!r}")
+        if key == "arm":
+            k = arm_role(k)
         if k in out:
             raise ArtifactError(f"{p}: a second artifact for {key} {k!r}")
         out[k] = doc
@@ -156,8 +162,9 @@ def _load_later(later: Mapping[str, Any] | None) -> tuple[dict, list[str], Later
         answers: dict[str, AnswersPhase] = _load_keyed(later["answers"], AnswersPhase, "arm")
         docs.answers = answers
         per_arm = {arm: answers[arm].failure if arm in answers else None for arm in ARMS}
-        if bracket_failure and per_arm.get(bracket_failure["arm"]) is None:
-            per_arm[bracket_failure["arm"]] = bracket_failure
+        failed_arm = arm_role(bracket_failure["arm"]) if bracket_failure else None
+        if bracket_failure and failed_arm and per_arm.get(failed_arm) is None:
+            per_arm[failed_arm] = bracket_failure
         kw["servers"] = gates.rule("server-failure-v1", "servers").apply(per_arm)
         paths += [str(p) for p in later["answers"]]
     return kw, paths, docs

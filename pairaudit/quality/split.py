@@ -65,6 +65,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, TypedDict, get_args
 
+from pairaudit.core.contracts import arm_role
 from pairaudit.quality import sandbox
 
 ExpectKind = Literal["eq", "ne", "is", "is_not", "truthy", "falsy", "isclose", "abs_within", "constant"]
@@ -544,5 +545,6 @@ def judged_counts(score_paths: Sequence[str | os.PathLike]) -> dict[str, dict[st
             if r.get("judged_by") in counts:
                 counts[r["judged_by"]] += 1
         if any(counts.values()):
-            out.setdefault(str(header.get("dataset")), {})[str(header.get("arm"))] = counts
+            # by role: a sweep's candidate arm is named by its change
+            out.setdefault(str(header.get("dataset")), {})[arm_role(str(header.get("arm")))] = counts
     return out

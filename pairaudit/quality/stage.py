@@ -7,7 +7,7 @@ from typing import cast
 
 from pairaudit import gates
 from pairaudit.core import artifacts, contracts, stats
-from pairaudit.core.contracts import ARMS, PAIRED_SCHEMA, SAMPLED_SCHEMA, SCORES_SCHEMA, SampledRecord, ScoreRecord
+from pairaudit.core.contracts import ARMS, PAIRED_SCHEMA, arm_role, SAMPLED_SCHEMA, SCORES_SCHEMA, SampledRecord, ScoreRecord
 from pairaudit.quality import scoring
 
 
@@ -54,7 +54,8 @@ def paired_stage(*, dataset_path: str, sampled_paths: dict, score_paths: dict, o
         artifacts.check_schema(c_header, SCORES_SCHEMA, score_paths[arm])
         artifacts.check_consumed(c_header, [dataset_path, sampled_paths[arm]], where=score_paths[arm])
         artifacts.check_consumed(s_header, [dataset_path], where=sampled_paths[arm])
-        if s_header.get("arm") != arm or c_header.get("arm") != arm:
+        # by role: a sweep's candidate arm is named by its change (contracts.arm_role)
+        if any(not isinstance(h.get("arm"), str) or arm_role(h["arm"]) != arm for h in (s_header, c_header)):
             raise artifacts.ArtifactError(f"{sampled_paths[arm]}: holds arm {s_header.get('arm')!r}, expected {arm}")
     failed = {arm: headers[arm]["arm_failed"] for arm in ARMS if headers[arm].get("arm_failed")}
     if failed:

@@ -66,7 +66,7 @@ from typing import Any, Mapping
 
 from pairaudit.core import artifacts
 from pairaudit.core.artifacts import sha256_json
-from pairaudit.core.contracts import ARM_SPEC_SCHEMA
+from pairaudit.core.contracts import ARM_SPEC_SCHEMA, arm_role
 from pairaudit.core.settings import is_int, is_num, is_str  # the settings records check their fields alike
 from pairaudit.serving import modelid
 
@@ -356,7 +356,8 @@ def spec_doc(spec: ArmSpec, *, provenance: dict) -> dict[str, Any]:
 def read_spec(path: str | os.PathLike, *, arm: str | None = None) -> ArmSpec:
     """The arm spec a ``specs/<arm>.json`` file holds (its content hash checked), refused naming the file.
 
-    ``arm``: the arm the caller expects; a spec of another arm is refused.
+    ``arm``: the arm the caller expects, by name or, for ``candidate``, by role (a sweep's candidate arm is
+    named by its change, ``contracts.arm_role``); a spec of another arm is refused.
     The recorded ``spec_sha256`` must be the record's own identity hash: a
     file written under other identity rules is refused rather than trusted.
     """
@@ -365,7 +366,7 @@ def read_spec(path: str | os.PathLike, *, arm: str | None = None) -> ArmSpec:
         spec = ArmSpec.from_json(doc.get("spec"), where=f"{path}: spec")
     except ArmSpecError as exc:
         raise artifacts.ArtifactError(str(exc)) from None
-    if arm is not None and spec.arm != arm:
+    if arm is not None and spec.arm != arm and arm_role(spec.arm) != arm:
         raise artifacts.ArtifactError(f"{path}: the spec of arm {spec.arm!r}, expected arm {arm!r}")
     if doc.get("spec_sha256") != spec.spec_sha256:
         raise artifacts.ArtifactError(f"{path}: spec_sha256 {doc.get('spec_sha256')} is not the identity hash "
