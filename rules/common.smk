@@ -1,3 +1,4 @@
+import hashlib
 import json
 import os
 import re
@@ -79,16 +80,8 @@ JOURNAL = artifact(contracts.JOURNAL)
 JOURNAL_SAMPLED = artifact(contracts.JOURNAL_SAMPLED)
 LOGS = artifact(contracts.LOGS)
 
-# A sweep's speed: one shared-control bracket (C, T1, C, T2, ..., C) writing one decision per
-# candidate, where this tree's speed stage has it (its module speed.sweep); until then one bracket
-# per candidate (docs/sweeps.md). Read from the workflow's own tree, which its jobs import.
-SHARED_SPEED = SWEEP and (BASE / "pairaudit" / "speed" / "sweep.py").is_file()
-SPEED_STREAMS = (
-    artifact(contracts.SPEED_STREAMS_SCHEMA)
-    if SHARED_SPEED
-    else per_candidate(contracts.SPEED_STREAMS_SCHEMA)
-)
-SPEED_LOG = f"{LOGS}/speed.log" if SHARED_SPEED else per_candidate_log("speed.log")
+SPEED_STREAMS = artifact(contracts.SPEED_STREAMS_SCHEMA)
+SPEED_LOG = f"{LOGS}/speed.log"
 
 
 def server_log(name):
@@ -274,18 +267,64 @@ def diagnostics_inputs(wildcards):
     }
 
 
+# A sweep's speed: shared-control brackets (C, T1, C, T2, ..., C; pairaudit/speed/sweep.py), each
+# writing one decision per candidate it measured (docs/sweeps.md). Candidates measured together
+# stay together: a candidate whose speed decision is on disk keeps the bracket it was measured in
+# (the decision records that bracket's candidates), and the candidates without one share a new
+# bracket. So adding a candidate to a finished sweep measures only the new one, against control
+# starts of its own, and removing one reruns no bracket: the measured decisions stay as they are.
+def recorded_bracket(candidate):
+    """The candidates of the bracket the candidate's speed decision on disk was measured in, or None."""
+    try:
+        doc = json.loads(Path(fill(SPEED_DECISION, candidate)).read_text())
+    except (OSError, ValueError):
+        return None
+    members = (doc.get("sweep") or {}).get("candidates") if isinstance(doc, dict) else None
+    if not isinstance(members, list) or candidate not in members:
+        return None
+    return [str(m) for m in members]
+
+
+def bracket_name(members):
+    """A bracket's name from its candidates in bracket order: the same candidates, the same bracket."""
+    return "bracket-" + hashlib.sha256(",".join(members).encode()).hexdigest()[:10]
+
+
+def speed_brackets():
+    """Bracket name -> its candidates in bracket order (a sweep's; see above)."""
+    brackets, placed = {}, set()
+    for c in CANDIDATES:
+        members = None if c in placed else recorded_bracket(c)
+        if members and not placed.intersection(members):
+            brackets[bracket_name(members)] = members
+            placed.update(members)
+    new = [c for c in CANDIDATES if c not in placed]
+    if new:
+        brackets[bracket_name(new)] = new
+    return brackets
+
+
+def bracket_inputs(members):
+    """Every arm's spec, launch receipt and rehearsal, keyed by its name: the control and each candidate.
+    A candidate since removed from the config keeps its files on disk, and its bracket is not rerun."""
+    return {
+        f"{k}_{a}": p
+        for a in ["control", *members]
+        for k, p in (
+            ("spec", SPEC.format(arm=a)),
+            ("launch", answered(LAUNCH, a)),
+            ("preflight", answered(PREFLIGHT, a)),
+        )
+    }
+
+
+def bracket_streams(name):
+    """A bracket's streams.jsonl: beside the two-arm audit's, in a folder named after the bracket."""
+    folder, file = os.path.split(SPEED_STREAMS)
+    return f"{folder}/{name}/{file}"
+
+
 def speed_inputs(wildcards):
-    if SHARED_SPEED:
-        # every arm's, keyed by its name: the bracket's control and each candidate
-        return {
-            f"{k}_{a}": p
-            for a in ARMS
-            for k, p in (
-                ("spec", SPEC.format(arm=a)),
-                ("launch", answered(LAUNCH, a)),
-                ("preflight", answered(PREFLIGHT, a)),
-            )
-        }
     c = cand(wildcards)
     return {
         **{f"spec_{r}": p for r, p in role_inputs(SPEC, c).items()},
@@ -300,22 +339,11 @@ def speed_inputs(wildcards):
     }
 
 
-def speed_outputs():
-    """The decision (one per candidate in a shared-control bracket) and the streams."""
-    if SHARED_SPEED:
-        return {f"decision_{c}": fill(SPEED_DECISION, c) for c in CANDIDATES}
-    return {"decision": SPEED_DECISION}
-
-
 def speed_server_logs(wildcards):
     """One per start the bracket may grow to: control, candidate, control, ..."""
-    if SHARED_SPEED:
-        # the stage names every later start's log after the first's, with its start and arm
-        return {"s1": server_log("speed-s1-control")}
-    prefix = f"speed-{cand(wildcards)}-" if SWEEP else "speed-"
     return {
         f"s{k + 1}": server_log(
-            f"{prefix}s{k + 1}-{'control' if k % 2 == 0 else 'candidate'}"
+            f"speed-s{k + 1}-{'control' if k % 2 == 0 else 'candidate'}"
         )
         for k in range(SETTINGS.speed.max_starts)
     }

@@ -11,18 +11,17 @@
 # `speed: {enabled: false}` leaves the rule out: the decision then lists the
 # speed gate as not evaluated (INCONCLUSIVE), never as passed.
 #
-# In a sweep, one shared-control bracket for every candidate (C, T1, C, T2, ...,
-# C), its decisions under candidates/<name>/speed/; where the speed stage has
-# no shared bracket, one bracket per candidate (SHARED_SPEED, rules/common.smk).
+# In a sweep, shared-control brackets (C, T1, C, T2, ..., C), their decisions
+# under candidates/<name>/speed/.
 
 
-if SPEED_ON:
+if SPEED_ON and not SWEEP:
 
     rule speed:
         input:
             unpack(speed_inputs),
         output:
-            **speed_outputs(),
+            decision=SPEED_DECISION,
             streams=SPEED_STREAMS,
         log:
             SPEED_LOG,
@@ -34,7 +33,6 @@ if SPEED_ON:
             gpu=BOTH_ARMS_GPUS,
             slurm_partition=BOTH_ARMS_PARTITION,
         params:
-            **({"candidates": CANDIDATES} if SHARED_SPEED else {}),
             speed=SETTINGS.speed.to_json(),
             audit=config["audit"],
             starts_log=STARTS_LOG,
@@ -44,3 +42,38 @@ if SPEED_ON:
             code=code("speed"),
         script:
             "../scripts/speed.py"
+
+
+# A sweep: one rule per bracket (speed_brackets, rules/common.smk), named after it, since the
+# decisions a bracket writes are its candidates'.
+if SPEED_ON and SWEEP:
+    for _bracket, _members in speed_brackets().items():
+
+        rule:
+            name:
+                f"speed_{_bracket.replace('-', '_')}"
+            input:
+                **bracket_inputs(_members),
+            output:
+                **{f"decision_{c}": fill(SPEED_DECISION, c) for c in _members},
+                streams=bracket_streams(_bracket),
+            log:
+                f"{LOGS}/speed-{_bracket}.log",
+            conda:
+                "../envs/serving.yaml"
+            threads: 2
+            resources:
+                server_slots=1,
+                gpu=BOTH_ARMS_GPUS,
+                slurm_partition=BOTH_ARMS_PARTITION,
+            params:
+                candidates=_members,
+                speed=SETTINGS.speed.to_json(),
+                audit=config["audit"],
+                starts_log=STARTS_LOG,
+                # the stage names every later start's log after the first's, with its start and arm
+                server_logs={"s1": server_log(f"speed-{_bracket}-s1-control")},
+                archive=SETTINGS.speed.archive,
+                code=code("speed"),
+            script:
+                "../scripts/speed.py"

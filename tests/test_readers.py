@@ -104,3 +104,13 @@ def test_the_answers_phases_failure_reaches_the_servers_gate_and_a_renamed_one_i
     with pytest.raises(FieldError, match=rf"{answers[1]}: field 'failure' is missing"):
         report.promotion_stage(ins["paired"], ins["launch"], ins["preflight"], **outputs(tmp_path / "o2"),
                                later={"answers": answers})
+
+
+def test_a_sweep_decision_names_each_starts_role_for_its_candidate():
+    two_arm = SpeedDecisionDoc.from_json({"schema": "pairaudit.speed_decision/v1", "gate": None})
+    assert two_arm.start_roles(5) == ["control", "candidate", "control", "candidate", "control"]
+    shared = SpeedDecisionDoc.from_json({"schema": "pairaudit.speed_decision/v1", "gate": None, "sweep": {
+        "candidate": "b", "candidates": ["a", "b"], "arms": ["control", "a", "control", "b", "control"]}})
+    assert shared.start_roles(5) == ["control", "other", "control", "candidate", "control"]
+    # a record shorter than the series it is asked about is not trusted: the two-arm alternation
+    assert shared.start_roles(7)[:2] == ["control", "candidate"]

@@ -29,6 +29,10 @@ def decision(project: Path, name: str) -> dict:
     return json.loads((project / "results" / "sweep" / "candidates" / name / "promotion" / "decision.json").read_text())
 
 
+def speed_decision(project: Path, name: str) -> Path:
+    return project / "results" / "sweep" / "candidates" / name / "speed" / "decision.json"
+
+
 def answers_starts(project: Path) -> dict[str, int]:
     """How often each arm's answers-phase server became ready (the starts log)."""
     counts: dict[str, int] = {}
@@ -63,11 +67,11 @@ def test_the_example_sweep_decides_as_planted_and_adds_a_candidate_alone(tmp_pat
     assert verdict(project) == EXIT["REJECT"]
     assert verdict(project, "--candidate", "fast") == EXIT["PROMOTE"]
 
-    # Removing a candidate reruns nothing but the summary; adding one runs only its own jobs (and the summary).
-    # A shared-control speed bracket (rules/common.smk, SHARED_SPEED) is one job over every candidate: adding
-    # or removing one reruns it, and with it every candidate's decision. One bracket per candidate keeps them apart.
-    joint = {"promotion"} | ({"speed", "decision"} if (project / "pairaudit" / "speed" / "sweep.py").is_file()
-                             else set())
+    # Removing a candidate reruns nothing but the summary; adding one runs only its own jobs (and the summary):
+    # the three measured candidates keep their speed bracket, the fourth gets one of its own.
+    speed_jobs = [rule for rule, _ in jobs if rule.startswith("speed_bracket")]
+    assert len(speed_jobs) == 1, speed_jobs   # one shared-control bracket for the three candidates
+    joint = {"promotion"}
     fewer = {**config, "candidates": [c for c in config["candidates"] if c["name"] != "slow"]}
     (project / "config" / "config.yaml").write_text(yaml.safe_dump(fewer, sort_keys=False))
     removed = planned_jobs(project, "promotion")
@@ -75,12 +79,18 @@ def test_the_example_sweep_decides_as_planted_and_adds_a_candidate_alone(tmp_pat
     more = {**config, "candidates": [*config["candidates"], FOURTH]}
     (project / "config" / "config.yaml").write_text(yaml.safe_dump(more, sort_keys=False))
     added = planned_jobs(project, "promotion")
+    brackets = [rule for rule, _ in added if rule.startswith("speed_bracket")]
+    assert len(brackets) == 1 and brackets != speed_jobs, (brackets, speed_jobs)   # the fourth's own bracket
     others = [(rule, wc) for rule, wc in added
-              if rule not in joint and "short" not in (wc.get("arm"), wc.get("candidate"))]
+              if rule not in joint and rule not in brackets and "short" not in (wc.get("arm"), wc.get("candidate"))]
     assert others == [], others
     assert ("answers", {"arm": "short"}) in added and ("decision", {"candidate": "short"}) in added
     assert ("diagnostics", {"candidate": "short"}) in added
+    measured = {n: speed_decision(project, n).read_bytes() for n in PLANTED}
     snake(project, "promotion", timeout=600)
+    # the measured candidates' speed decisions stand as they were; the fourth's bracket is its own
+    assert {n: speed_decision(project, n).read_bytes() for n in PLANTED} == measured
+    assert json.loads(speed_decision(project, "short").read_text())["sweep"]["candidates"] == ["short"]
     assert answers_starts(project) == {"control": 1, "fast": 1, "tail": 1, "slow": 1, "short": 1}
     assert decision(project, "short")["decision"] == "PROMOTE"
     assert verdict(project, "--candidate", "fast", "--candidate", "short") == EXIT["PROMOTE"]

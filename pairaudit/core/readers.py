@@ -506,8 +506,20 @@ class SpeedDecisionDoc(Record):
     archive: SpeedArchive | None = None
     hosts: list | None = None
     bench_serve: dict[str, dict[str, BenchServeRow | None]] = field(default_factory=dict)
+    # one candidate of a sweep's shared-control bracket: its name, the bracket's candidates and every
+    # start's arm in run order (pairaudit.speed.sweep); None in a two-arm audit
+    sweep: dict | None = None
 
     MEASURED: ClassVar[tuple[str, ...]] = ("bar", "win2")
+
+    def start_roles(self, n: int) -> list[str]:
+        """Each of ``n`` starts' role for this decision: control, candidate, or other (another candidate's
+        start in a shared-control bracket); a two-arm bracket alternates control, candidate, ..."""
+        arms = (self.sweep or {}).get("arms")
+        if not isinstance(arms, list) or len(arms) < n:
+            return ["control" if k % 2 == 0 else "candidate" for k in range(n)]
+        me = (self.sweep or {}).get("candidate")
+        return ["control" if a == "control" else "candidate" if a == me else "other" for a in arms[:n]]
 
     def validate(self, artifact: str, prefix: str) -> None:
         if self.series is not None:

@@ -270,12 +270,18 @@ def plot_speed(doc: SpeedDecisionDoc | Mapping[str, Any], out_png: str | os.Path
             vals = [float("nan") if v is None else float(v) for v in starts]
             n = len(vals)
             xs = [r - 0.3 + 0.6 * k / max(1, n - 1) for k in range(n)]   # the starts in run order within a repeat
-            ctrl = sum(vals[0::2]) / len(vals[0::2])
-            ax.plot(xs[0::2], vals[0::2], color="#999", lw=0.8, zorder=1)
-            ax.scatter(xs[0::2], vals[0::2], marker="s", color="#d9822b",
-                       label="control starts (s1, s3, ...)" if r == 0 else None, zorder=3)
-            ax.scatter(xs[1::2], vals[1::2], marker="o", color="#3b75af", s=50,
-                       label="candidate starts (s2, ...)" if r == 0 else None, zorder=3)
+            # in a sweep's shared bracket the other candidates' starts sit between the control's
+            roles = speed.start_roles(n)
+            pick = {role: [k for k in range(n) if roles[k] == role] for role in ("control", "candidate", "other")}
+            cx, cv = [xs[k] for k in pick["control"]], [vals[k] for k in pick["control"]]
+            ctrl = sum(cv) / len(cv)
+            ax.plot(cx, cv, color="#999", lw=0.8, zorder=1)
+            ax.scatter(cx, cv, marker="s", color="#d9822b", label="control starts" if r == 0 else None, zorder=3)
+            ax.scatter([xs[k] for k in pick["candidate"]], [vals[k] for k in pick["candidate"]], marker="o",
+                       color="#3b75af", s=50, label="candidate starts" if r == 0 else None, zorder=3)
+            if pick["other"]:
+                ax.scatter([xs[k] for k in pick["other"]], [vals[k] for k in pick["other"]], marker="x",
+                           color="#bbb", label="other candidates' starts" if r == 0 else None, zorder=2)
             edge = ctrl * (1 - win_pct / 100) if lower else ctrl * (1 + win_pct / 100)
             ax.fill_between([r - 0.35, r + 0.35], [ctrl] * 2, [edge] * 2, color="#c0392b", alpha=0.15,
                             label=f"{win_pct:g} % bar over control mean" if r == 0 else None)
