@@ -279,7 +279,9 @@ def recorded_bracket(candidate):
         doc = json.loads(Path(fill(SPEED_DECISION, candidate)).read_text())
     except (OSError, ValueError):
         return None
-    members = (doc.get("sweep") or {}).get("candidates") if isinstance(doc, dict) else None
+    members = (
+        (doc.get("sweep") or {}).get("candidates") if isinstance(doc, dict) else None
+    )
     if not isinstance(members, list) or candidate not in members:
         return None
     return [str(m) for m in members]
@@ -287,7 +289,7 @@ def recorded_bracket(candidate):
 
 def bracket_name(members):
     """A bracket's name from its candidates in bracket order: the same candidates, the same bracket."""
-    return "bracket-" + hashlib.sha256(",".join(members).encode()).hexdigest()[:10]
+    return f"bracket-{hashlib.sha256(','.join(members).encode()).hexdigest()[:10]}"
 
 
 def speed_brackets():
@@ -306,7 +308,8 @@ def speed_brackets():
 
 def bracket_inputs(members):
     """Every arm's spec, launch receipt and rehearsal, keyed by its name: the control and each candidate.
-    A candidate since removed from the config keeps its files on disk, and its bracket is not rerun."""
+    A candidate since removed from the config keeps its files on disk, and its bracket is not rerun.
+    """
     return {
         f"{k}_{a}": p
         for a in ["control", *members]

@@ -542,7 +542,7 @@ def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
     assert g["point_gain_pct"] == 100.0  # drafts accepted against none: better, never a loss
     assert g["guard_verdict"] == "OK"
     # the verdict follows the stored series (timing noise here decides it; the rule must not drift)
-    again = gates.win2_v3(saved["series"], primary="pooled_rate_tps", guards=["accepted_per_round", "decode_tps"],
+    again = gates.win2_v4(saved["series"], primary="pooled_rate_tps", guards=["accepted_per_round", "decode_tps"],
                           reported=["ms_per_round", "ttft_s"], lower_is_better=["ms_per_round", "ttft_s"],
                           decide=["rep-c1"], max_starts=5, evidence=saved["evidence"], start_noise_pct=50.0)
     assert again["verdict"] == saved["gate"]["verdict"]

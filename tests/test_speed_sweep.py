@@ -372,7 +372,9 @@ def test_two_candidates_share_the_control_starts_on_the_reference_server(tmp_pat
     from pairaudit.speed import archive as speedarchive
 
     slow = _arm(0)
-    slow["env"] = {**slow["env"], "PAIRAUDIT_REF_STEP_DELAY_US": "50000"}   # 50 ms after every engine step
+    # 200 ms after every engine step: several times a step on this CPU, so the loss stands out of a window
+    # of one degree of freedom even when a loaded machine makes the control starts differ by a third
+    slow["env"] = {**slow["env"], "PAIRAUDIT_REF_STEP_DELAY_US": "200000"}
     arms = {"control": _arm(0), "ngram": _arm(4), "slow": slow}
     n = 16
     cfg = {"cells": [{"name": "rep-c1", "prompt": "repetitive", "input_len": 40, "concurrency": 1}],
