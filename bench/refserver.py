@@ -91,6 +91,15 @@ class Server:
         self.stop(keep_log=True)
         raise RuntimeError(f"{name} not healthy after {timeout:.0f} s; log {self.log.name}")
 
+    def metrics(self, names: tuple[str, ...]) -> dict[str, float]:
+        """Each named counter's value (summed over its labels) from one scrape of /metrics."""
+        totals = dict.fromkeys(names, 0.0)
+        for line in requests.get(self.url + "/metrics", timeout=60).text.splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in totals:
+                totals[name] += float(line.rsplit(" ", 1)[1])
+        return totals
+
     def log_text(self) -> str:
         return Path(self.log.name).read_text(errors="replace")
 

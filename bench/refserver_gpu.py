@@ -41,6 +41,7 @@ MODEL = "SmolLM2-135M-Instruct"
 PROMPTS = ["Write a short story about a robot.", "Explain why the sky is blue.", "List some fruits.",
            "Describe a busy city street."]
 CONCURRENCY = (1, 4)
+REPLAYS = "pairaudit:decode_graph_replays_total"
 
 
 class Server(bench_refserver.Server):
@@ -54,12 +55,6 @@ class Server(bench_refserver.Server):
     def info(self) -> dict:
         return requests.get(self.url + "/version", timeout=10).json()["pairaudit"]
 
-    def metric(self, name: str) -> float:
-        total = 0.0
-        for line in requests.get(self.url + "/metrics", timeout=10).text.splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
 
 
 def chat_body(prompt: str, n: int) -> dict:
@@ -129,14 +124,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{mode}: started in {s.start_seconds:.1f} s on {info['device']} ({info['device_name']}), "
                   f"torch {info['torch']}, CUDA {info['cuda']}, decode {info['decode']['mode']}", flush=True)
             warm_up(s, args.tokens)
-        before = {m: s.metric("pairaudit:decode_graph_replays_total") for m, s in servers.items()}
+        before = {m: s.metrics((REPLAYS,))[REPLAYS] for m, s in servers.items()}
         for r in range(args.rounds):
             for c in CONCURRENCY:
                 for mode, s in servers.items():
                     rate = decode_rate(s.url, c, args.tokens)
                     rates.setdefault((mode, c), []).append(rate)
                     print(f"  round {r + 1} {mode:8s} c={c}: {rate:8.1f} tok/s", flush=True)
-        replays = {m: s.metric("pairaudit:decode_graph_replays_total") - before[m] for m, s in servers.items()}
+        replays = {m: s.metrics((REPLAYS,))[REPLAYS] - before[m] for m, s in servers.items()}
     finally:
         for s in servers.values():
             s.stop()

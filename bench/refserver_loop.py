@@ -62,15 +62,6 @@ class Server(bench_refserver.Server):
     def info(self) -> dict:
         return requests.get(self.url + "/version", timeout=30).json()["pairaudit"]
 
-    def metrics(self, names: tuple[str, ...]) -> dict[str, float]:
-        """Each named counter's value (summed over its labels) from one scrape."""
-        totals = dict.fromkeys(names, 0.0)
-        for line in requests.get(self.url + "/metrics", timeout=60).text.splitlines():
-            name = line.split("{", 1)[0].split(" ", 1)[0]
-            if name in totals:
-                totals[name] += float(line.rsplit(" ", 1)[1])
-        return totals
-
 
 # the engine's own account of a phase's steps (pairaudit/refserver/metrics.py)
 STEP_COUNTERS = ("pairaudit:engine_steps_total", "pairaudit:decode_steps_total", "pairaudit:step_rows_total",

@@ -66,8 +66,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=2026)
     a = ap.parse_args()
     t0 = time.perf_counter()
-    kw = dict(primary="primary", guards=GUARDS, lower_is_better=(), win_pct=2.0, alpha_win=0.05, alpha_loss=0.05,
-              start_noise_pct=3.0, min_df=2, evidence_f_alpha=0.05, spending="obf", loss_pooled_share=0.5)
+    # win2-v4's registered parameters, as a sweep's decision uses them
+    kw = dict(primary="primary", guards=GUARDS, lower_is_better=(), **gates.WIN2_V4)
     print(f"win2-v4 per candidate in a shared-control bracket, up to {a.max_starts} starts of each candidate's own "
           f"bracket; {a.windows} brackets per row, {a.cells} deciding cells, {a.repeats} repeats, prompt effect "
           f"{PROMPT_SD} %, seed {a.seed}\n")
