@@ -570,6 +570,10 @@ def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
         assert all(r["cell"] != "warmup" for r in mine[3:])
         assert all(dt.datetime.fromisoformat(r["started_at"]) >= max(warm, dt.datetime.fromisoformat(
             r["wave_started_at"])) for r in mine[3:])
+        # each measured wave carries the host's CPU share over it (this Linux host has /proc/stat)
+        assert all(r["wave_host_cpu"] is None for r in mine[:3])
+        shares = [r["wave_host_cpu"] for r in mine[3:]]
+        assert all(0.0 <= sh["busy_pct"] <= 100.0 and 0.0 <= sh["steal_pct"] <= 100.0 for sh in shares)
     salts = [r["cache_salt"] for r in recs]
     assert len(set(salts)) == len(salts)  # a fresh salt per stream
     seeds = {st: [r["seed"] for r in recs if r["start"] == st] for st in every}
@@ -623,3 +627,23 @@ def test_a_win2_v2_speed_decision_reaches_the_promotion(tmp_path):
     assert d["decision"] == "PROMOTE", d["reasons"]
     assert d["gates"]["speed"]["rule"] == "win2-v2" and d["gates"]["speed"]["rates"]["assumed"]["false_win"] <= 0.05
     assert "## Speed (win2-v2)" in (out / "r.md").read_text()
+
+
+def test_host_cpu_share_known_answers(tmp_path):
+    from pairaudit.speed.clock import host_cpu_share, host_cpu_times
+    # user nice system idle iowait irq softirq steal, as /proc/stat's aggregate line gives them
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 800 10 0 0 40 0 0\ncpu0 1 2 3 4 5 6 7 8\n")
+    before = host_cpu_times(str(stat))
+    assert before == (100, 0, 50, 800, 10, 0, 0, 40)
+    # 200 jiffies pass: 60 busy (40 user + 20 system), 100 idle, 10 iowait, 30 stolen by the hypervisor
+    after = (140, 0, 70, 900, 20, 0, 0, 70)
+    assert host_cpu_share(before, after) == {"busy_pct": 30.0, "steal_pct": 15.0, "iowait_pct": 5.0}
+    # a quiet guest: nothing stolen
+    assert host_cpu_share(before, (140, 0, 70, 930, 20, 0, 0, 40))["steal_pct"] == 0.0
+    # unknown or no time passed: no share rather than a made-up one
+    assert host_cpu_share(None, after) is None and host_cpu_share(before, before) is None
+    assert host_cpu_times(str(tmp_path / "absent")) is None
+    # an older kernel's line without steal reads as zero steal
+    stat.write_text("cpu  1 2 3 4 5 6 7\n")
+    assert host_cpu_times(str(stat)) == (1, 2, 3, 4, 5, 6, 7, 0)

@@ -4,7 +4,8 @@
 #
 #   bench/gpu/h200.sh stash DIR...   copy carried parts (wheels, model parts) out of the checkout
 #   bench/gpu/h200.sh install        offline install from the stashed wheels (the host's torch kept)
-#   bench/gpu/h200.sh audit CONFIG   promotion, then calibrate, on CONFIG; timings in $OUT
+#   bench/gpu/h200.sh audit CONFIG [TARGET...]
+#                                    promotion, then calibrate (or the TARGETs), on CONFIG; timings in $OUT
 #   bench/gpu/h200.sh collect        the evidence worth committing as numbers, tarred into $OUT
 #   bench/gpu/h200.sh proof CONFIG   detached: the server-loop bench, the speed gate's proof runs
 #                                    (bench/gpu/speed_proof.py), then the GPU tests; into $STASH/proof
@@ -12,6 +13,7 @@
 #                                    PROOF_TESTS=first runs them before the speed runs,
 #                                    PROOF_ONLY=a,b names the runs,
 #                                    PROOF_BUDGET_S stops starting runs after that many seconds)
+#   bench/gpu/h200.sh stop           end a detached driver and the servers it started (before starting another)
 #   bench/gpu/h200.sh poll [SECS]    wait up to SECS (default 540) for the proof, then tar it into $OUT
 #
 # Real vLLM for the host, carried the same way (docs/vllm.md); the first two on the connected machine:
@@ -27,6 +29,10 @@
 #                                    offline into $STASH/venv-vllm, which sees the host's torch; the import
 #                                    checked.  The later commands use it ($PAIRAUDIT_VLLM_PYTHON).
 #   bench/gpu/h200.sh vllm-join DIR  check and join the staged parts into DIR only (what vllm-install does first)
+#   bench/gpu/h200.sh vllm-proof [CONFIG]
+#                                    detached (poll as for proof): CONFIG's promotion (default
+#                                    config/examples/vllm-gpu.yaml), the vLLM bench with its API contract recorded
+#                                    (--record), then calibrate; evidence, logs and timings into $STASH/proof
 #   bench/gpu/h200.sh vllm-bench [ARGS]
 #                                    the reference server against vLLM on this GPU, one run
 #                                    (bench/gpu/vllm_vs_ref.py ARGS), JSON into $OUT/vllm-vs-ref.json
@@ -41,7 +47,8 @@ OUT=${OUT:-/tmp/out}
 # (vllm-split runs on the connected machine: no stash there)
 [ "${1:-}" = vllm-split ] || mkdir -p "$STASH" "$OUT"
 REPO=$PWD
-export PYTHONPATH=$REPO:$SITE${PYTHONPATH:+:$PYTHONPATH} PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1
+# the plugins folder: Snakemake finds the terminal logger plugin (profiles/default) by scanning sys.path
+export PYTHONPATH=$REPO:$REPO/pairaudit/cli/plugins:$SITE${PYTHONPATH:+:$PYTHONPATH} PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1
 export PAIRAUDIT_CACHE=$STASH/cache
 VPARTS=$STASH/vllm-parts VWHEELS=$STASH/vllm-wheels VVENV=$STASH/venv-vllm
 MANIFEST=vllm-parts.sha256
@@ -80,8 +87,8 @@ install)
     python3 -m pairaudit.serving.modelstore > "$OUT/modelstore.txt" 2>&1 || { tail "$OUT/modelstore.txt"; exit 4; }
     echo "install_s $((SECONDS - t0))" | tee -a "$OUT/timings.txt" ;;
 audit)
-    cfg=$2
-    for target in promotion calibrate; do
+    cfg=$2; shift 2
+    for target in ${@:-promotion calibrate}; do
         t0=$SECONDS
         python3 -m snakemake --cores 16 "$target" --configfile "$cfg" --replace-workflow-config \
             > "$OUT/snakemake-$target.log" 2>&1
@@ -98,6 +105,8 @@ collect)
         "results/$audit/launch" "results/$audit-calibration/promotion" \
         "results/$audit-calibration/speed/decision.json" "results/$audit-calibration/servers/starts.jsonl" \
         results/ledger.jsonl 2>&1 | tail -3
+    # every server's log (vLLM's names its attention backend, compile-cache hits and time to healthy)
+    find results -name '*.log' -path '*serv*' -print0 2>/dev/null | tar czf "$OUT/serverlogs.tgz" --null -T - 2>&1 | tail -2
     ls -la "$OUT" ;;
 proof)
     cfg=${2:-config/examples/gpu-refserver.yaml}
@@ -134,17 +143,44 @@ proof)
         touch '$P/DONE'
     " > "$P/driver.log" 2>&1 < /dev/null &
     echo "proof started: $P" ;;
+vllm-proof)
+    # detached, like proof: promotion, then vLLM's API contract recorded + the bench, then calibrate
+    cfg=${2:-config/examples/vllm-gpu.yaml}
+    P=$STASH/proof
+    mkdir -p "$P" && rm -f "$P/DONE"
+    rm -rf "$STASH/repo" && cp -r "$REPO" "$STASH/repo"
+    # VLLM_PROOF_STEPS (default "promotion bench calibrate") runs a subset, in its order
+    setsid nohup bash -c "
+        cd '$STASH/repo'
+        export OUT='$P' PYTHONPATH='$SITE'
+        for step in \${VLLM_PROOF_STEPS:-promotion bench calibrate}; do
+            case \$step in
+            bench) bash bench/gpu/h200.sh vllm-bench --record '$P' \${VLLM_BENCH_ARGS:-} ;;
+            *) bash bench/gpu/h200.sh audit '$cfg' \$step ;;
+            esac
+        done
+        touch '$P/DONE'
+    " > "$P/driver.log" 2>&1 < /dev/null &
+    echo "vllm proof started: $P" ;;
 poll)
     P=$STASH/proof
     end=$((SECONDS + ${2:-540}))
     while [ ! -e "$P/DONE" ] && [ $SECONDS -lt $end ]; do sleep 10; done
     cat "$P/timings.txt" 2>/dev/null
     tail -20 "$P/speed.log" 2>/dev/null
+    tail -12 "$P/driver.log" 2>/dev/null
     # the streams (every inter-token gap) come back too: where a start's offset comes from is read there
     tar czf "$OUT/proof.tgz" -C "$STASH" --exclude='*.safetensors' proof 2>&1 | tail -2
     nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu --format=csv,noheader \
         >> "$OUT/nvsmi.txt" 2>&1
     [ -e "$P/DONE" ] && echo PROOF-DONE || echo PROOF-RUNNING ;;
+stop)
+    # A detached driver and every server it started, ended. The patterns live here, not on the call's
+    # command line: a `pkill -f PATTERN` typed into the call matches the call's own shell and ends it.
+    pkill -f "touch '$STASH/proof/DONE'"
+    pkill -f 'vllm_vs_ref[.]py|speed_proof[.]py|refserver_loop[.]py|snakemake|vllm[.]entrypoints|pairaudit[.]refserver|VLLM::EngineCore'
+    sleep 3
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;
 vllm-split)
     wh=${2:?vllm-split WHEELHOUSE [PARTS]} parts=${3:-.stage/vllm} mib=${VLLM_PART_MIB:-60}
     [ -f "$wh/vllm-version.txt" ] || { echo "vllm-split: $wh is not a vLLM wheelhouse (./install.sh --wheelhouse DIR --vllm)" >&2; exit 2; }

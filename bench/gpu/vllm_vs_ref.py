@@ -25,6 +25,11 @@ measures that example's candidate).  Its interpreter is
 with ``--only ref``) only the reference server is measured and the vLLM
 entries say why.
 
+4. With ``--record DIR``, before measuring, vLLM's answers to the API
+   contract checks (``pairaudit.serving.conformance``) through a recording
+   proxy, kept in ``DIR/vllm-conformance.json`` with the checks' outcomes
+   and how they differ from vLLM 0.32's; the recording is replayed in CI.
+
 Prints one JSON object on stdout (progress on stderr), also written to ``--out``.
 
 On an H200 (through bench/gpu/h200.sh, which sets $PAIRAUDIT_VLLM_PYTHON):
@@ -39,6 +44,7 @@ import json
 import statistics
 import sys
 import time
+import types
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,6 +53,9 @@ sys.path[:0] = [str(REPO / "bench"), str(REPO)]
 import refserver as bench_refserver  # noqa: E402  (bench/refserver.py: server processes, decode rate)
 import refserver_loop as bench_loop  # noqa: E402  (bench/refserver_loop.py: the reference server, items/s)
 
+import requests  # noqa: E402
+
+from pairaudit.serving import conformance, recording  # noqa: E402
 from pairaudit.serving.modelstore import EMBEDDED_NAME, resolve_model  # noqa: E402
 
 CONCURRENCY = bench_loop.CONCURRENCY
@@ -92,7 +101,20 @@ def measure(server: bench_refserver.Server, args: argparse.Namespace) -> dict:
             "completion_tokens_per_s_c16": round(items_per_s * tokens / args.items, 1)}
 
 
-def run_one(name: str, start, args: argparse.Namespace) -> dict:
+def record_conformance(server: bench_refserver.Server, out: Path, about: dict) -> dict:
+    """The API contract checks through a recording proxy: the recording to ``out``, the differences returned."""
+    with recording.RecordingProxy(server.url) as proxy:
+        outcomes = conformance.run(conformance.Target(proxy.url, EMBEDDED_NAME, MAX_MODEL_LEN))
+        version = requests.get(server.url + "/version", timeout=30).json().get("version")
+        proxy.save(out, {**about, "version": version, "max_model_len": MAX_MODEL_LEN, "model": EMBEDDED_NAME},
+                   outcomes)
+    diff = conformance.differences(outcomes, conformance.known(EMBEDDED_NAME, MAX_MODEL_LEN))
+    log(f"  {server.name} {version}: {len(outcomes) - len(diff)} of {len(outcomes)} contract checks as vLLM 0.32;"
+        f" differ: {sorted(diff) or 'none'}; recorded in {out}")
+    return {"version": version, "recording": out.name, "outcomes": outcomes, "differences_from_0_32": diff}
+
+
+def run_one(name: str, start, args: argparse.Namespace, about: dict | None = None) -> dict:
     t0 = time.monotonic()
     try:
         server = start()
@@ -101,7 +123,10 @@ def run_one(name: str, start, args: argparse.Namespace) -> dict:
         return {"measured": False, "why": str(exc)}
     try:
         log(f"{name}: healthy in {server.start_seconds:.1f} s")
-        return {"measured": True, **measure(server, args), "wall_s": round(time.monotonic() - t0, 1)}
+        contract = {}
+        if args.record is not None and about is not None:
+            contract = {"conformance": record_conformance(server, args.record / f"{name}-conformance.json", about)}
+        return {"measured": True, **measure(server, args), **contract, "wall_s": round(time.monotonic() - t0, 1)}
     finally:
         server.stop()
 
@@ -122,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="tiny sizes for a CPU rehearsal: 16 tokens, 2 streams, 16 items of 8 tokens")
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    ap.add_argument("--attach", default=None, metavar="URL",
+                    help="measure (and --record) an already healthy vLLM at URL instead of starting one")
+    ap.add_argument("--record", type=Path, default=None,
+                    help="run the API contract checks on vLLM through a recording proxy first; the recording "
+                         "(DIR/vllm-conformance.json) is what tests/data/recordings/ keeps for CI")
     args = ap.parse_args(argv)
     if args.quick:
         args.tokens, args.streams, args.items, args.max_tokens = 16, 2, 16, 8
@@ -138,13 +168,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.only in ("both", "ref"):
         result["ref"] = run_one("ref", lambda: start_ref(device, dtype, args.threads), args)
     python = bench_refserver.vllm_python()
-    if args.only == "ref":
+    if args.attach:
+        attached = types.SimpleNamespace(url=args.attach.rstrip("/"), name="vllm", start_seconds=float("nan"),
+                                         stop=lambda: None)
+        about = {"device": result["device_name"], "dtype": dtype, "torch": result["torch"], "attached": True}
+        result["vllm"] = run_one("vllm", lambda: attached, args, about)
+    elif args.only == "ref":
         result["vllm"] = {"measured": False, "why": "--only ref"}
     elif python is None:
         result["vllm"] = {"measured": False, "why": "neither $PAIRAUDIT_VLLM_PYTHON nor .venv-vllm/bin/python exists"}
     else:
+        about = {"device": result["device_name"], "dtype": dtype, "torch": result["torch"],
+                 "flags": ["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(CONCURRENCY),
+                           "--enable-prefix-caching", *args.vllm_arg]}
         result["vllm"] = run_one("vllm", lambda: start_vllm(python, device, dtype, args.vllm_arg, args.vllm_timeout),
-                                 args)
+                                 args, about)
         result["vllm"]["python"] = str(python)
     ref, vllm = result.get("ref", {}), result["vllm"]
     if ref.get("measured") and vllm.get("measured"):

@@ -138,7 +138,7 @@ from pairaudit.gates import server_failure
 from pairaudit.gates import SEQUENTIAL_RULES
 from pairaudit.serving import failures
 from pairaudit.serving.client import Endpoint, clamping, metrics_delta
-from pairaudit.speed.clock import expected_cap_errors
+from pairaudit.speed.clock import expected_cap_errors, host_cpu_share, host_cpu_times
 from pairaudit.speed.decision import RULES
 from pairaudit.speed.metrics import (
     COUNTERS,
@@ -320,17 +320,20 @@ def failed_streams(streams: Sequence[dict]) -> list[tuple[int, dict]]:
 def run_wave(ep: Endpoint, bodies: Sequence[dict], *, timeout_s: float) -> dict:
     """Start every stream of the wave together; /metrics right before and once all are booked after."""
     before = _scrape(ep)
+    cpu0 = host_cpu_times()
     t0 = time.perf_counter()
     started_at = utc_now("milliseconds")
     results = send_together(ep, bodies, timeout_s=timeout_s)
     duration = time.perf_counter() - t0
+    host_cpu = host_cpu_share(cpu0, host_cpu_times())
     ok = sum(1 for r in results if r is not None and r.get("error") is None)
     if ok < len(results):
         # The caller reports the failed stream; a scrape now could only fail on a server that died of it.
-        return {"started_at": started_at, "duration_s": duration, "delta": None, "streams": results}
+        return {"started_at": started_at, "duration_s": duration, "host_cpu": host_cpu, "delta": None,
+                "streams": results}
     after = settled_scrape(ep, before.get(COUNTERS["requests"], 0.0) + ok)
     delta = metrics_delta(before, after)
-    return {"started_at": started_at, "duration_s": duration,
+    return {"started_at": started_at, "duration_s": duration, "host_cpu": host_cpu,
             "delta": {name: delta.get(name, 0.0) for name in COUNTERS.values()}, "streams": results}
 
 
@@ -375,7 +378,8 @@ def warm_up(ep: Endpoint, *, model: str, cfg: Mapping[str, Any], prompts: Mappin
         for i, (b, st) in enumerate(zip(bodies, streams)):
             records.append(_stream_record(st, start=start, arm=arm, cell="warmup", warmup_of=c["name"], repeat=None,
                                           wave=None, stream=i, seed=b["seed"], cache_salt=b["cache_salt"],
-                                          prompt_tokens=len(b["prompt"]), wave_started_at=None))
+                                          prompt_tokens=len(b["prompt"]), wave_started_at=None,
+                                          wave_host_cpu=None))
     return durations, records
 
 
@@ -442,7 +446,8 @@ def run_start(ep: Endpoint, *, model: str, cfg: Mapping[str, Any], prompts: Mapp
                     records.append(_stream_record(s, start=start, arm=arm, cell=c["name"], repeat=r, wave=w,
                                                   stream=i, seed=b["seed"], cache_salt=b["cache_salt"],
                                                   prompt_tokens=len(b["prompt"]),
-                                                  wave_started_at=wave["started_at"]))
+                                                  wave_started_at=wave["started_at"],
+                                                  wave_host_cpu=wave["host_cpu"]))
                 if progress is not None:
                     progress.step()
     result = {name: {"pooled": [pool_repeat(ws) for ws in pc["waves"]],

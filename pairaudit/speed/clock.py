@@ -25,7 +25,11 @@ its last wave (``clock_check``):
   accept_unverifiable_clock: true``, then listed as a deviation.
 
 CPU MHz, load average, GPU SM clock, power draw and temperature are recorded,
-not decisive.
+not decisive.  So is the host's CPU share over each measured wave
+(``host_cpu_share``: busy, steal and iowait percent of all cores, from
+/proc/stat), kept in the stream records: on a virtual machine, whose clock
+and neighbours are invisible from inside, time stolen by the hypervisor is
+the one trace of a neighbour that slowed a repeat.
 """
 
 from __future__ import annotations
@@ -227,6 +231,42 @@ def clock_findings(clock: Mapping[str, Any], cfg: Mapping[str, Any]) -> tuple[li
             incon.append(f"clock unverifiable ({what}); speed.accept_unverifiable_clock: true accepts this "
                          "as a reported deviation")
     return incon, devs
+
+
+# ------------------------------------------------------------ host CPU share
+
+# /proc/stat's aggregate "cpu" line: user nice system idle iowait irq softirq steal (guest time is in user)
+_STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def host_cpu_times(path: str = "/proc/stat") -> tuple[int, ...] | None:
+    """The host's cumulative CPU time counters (jiffies), or None where /proc/stat cannot be read."""
+    try:
+        with open(path, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("cpu "):
+                    vals = [int(v) for v in line.split()[1:1 + len(_STAT_FIELDS)]]
+                    return tuple(vals + [0] * (len(_STAT_FIELDS) - len(vals)))
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def host_cpu_share(before: tuple[int, ...] | None, after: tuple[int, ...] | None) -> dict | None:
+    """Busy, steal and iowait as percent of all cores' time between two readings; None when unknown.
+
+    Busy is user + nice + system + irq + softirq; steal is time the hypervisor
+    gave another guest while this one wanted the core.
+    """
+    if before is None or after is None:
+        return None
+    d = dict(zip(_STAT_FIELDS, (a - b for a, b in zip(after, before))))
+    total = sum(d.values())
+    if total <= 0:
+        return None
+    busy = d["user"] + d["nice"] + d["system"] + d["irq"] + d["softirq"]
+    return {"busy_pct": round(100.0 * busy / total, 2), "steal_pct": round(100.0 * d["steal"] / total, 2),
+            "iowait_pct": round(100.0 * d["iowait"] / total, 2)}
 
 
 # -------------------------------------------------------------------- stage
