@@ -24,7 +24,6 @@ ARMS = ["control", *CANDIDATES]
 # pairaudit/core/settings.py): the rules hand each job its section's record as JSON.
 DATASETS = {d.name: d for d in SETTINGS.datasets}
 BASE = Path(workflow.basedir)
-CACHE = str(Path(workflow.basedir) / ".cache")
 
 
 # Where each artifact lands is its contract's (pairaudit.core.contracts.PATHS): under

@@ -10,9 +10,8 @@ rule dataset:
     conda:
         "../envs/scoring.yaml"
     params:
+        # no paths: the script finds the project beside itself, so a moved project reruns nothing
         dataset=dataset_settings,
-        cache_dir=CACHE,
-        base_dir=str(BASE),
         code=code("dataset"),
     script:
         "../scripts/dataset.py"

@@ -9,7 +9,11 @@ module and session fixtures start once:
   /etc/slurm and starts daemons; the vLLM install test reruns install.sh,
   which reinstalls the project into the venv every other test imports from.
   They run after everything else, alone (the machine lock below);
-- ``vllm``: every real-vLLM test, around the session's vLLM pair;
+- ``vllm``: every real-vLLM test, around the session's vLLM pair, then the
+  ``timed`` tests: a verdict they assert is decided from speed measured on a
+  real server, and a vLLM server working beside it (its engine loop holds a
+  core) slowed one start of a bracket far more than the next. In this group
+  they run in the vLLM tests' worker, one after the other, never beside them;
 - ``tiny-audit``: test_workflow.py and test_report_html.py, around one run of
   the tiny audit (``tiny_audit``);
 - otherwise the test's file, so a module fixture never starts twice.
@@ -111,7 +115,7 @@ def pytest_configure(config):
 def group_of(item) -> str:
     if item.get_closest_marker(SERIAL) or item.get_closest_marker("cluster"):
         return SERIAL
-    if item.get_closest_marker("vllm"):
+    if item.get_closest_marker("vllm") or item.get_closest_marker("timed"):
         return "vllm"
     if item.path.name in TINY_AUDIT_FILES:
         return "tiny-audit"

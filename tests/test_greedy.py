@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from types import SimpleNamespace
 
 import fake_server
@@ -13,7 +14,7 @@ from refserver_fixture import module_server
 
 from pairaudit import gates
 from pairaudit.core.artifacts import sha256_json
-from pairaudit.core.jsonlog import read_log
+from pairaudit.core.jsonlog import AppendLog, read_log
 from pairaudit.diagnostics import greedy as g
 from pairaudit.diagnostics.divergence import find_divergences, probe_arm
 from pairaudit.diagnostics.plan import GreedyPlan
@@ -385,3 +386,42 @@ def test_a_greedy_run_past_the_context_records_the_servers_clamp(control):
     assert rec["clamp"]["asked"] == 8 and rec["clamp"]["completion_tokens"] == 3
     # an unclamped run of the same prompt says so
     assert g.greedy_one(ep, MODEL, ids[:20], max_tokens=4, index=1)["clamped"] is False
+
+
+def test_a_journal_shared_with_another_job_is_waited_for_then_read_so_nothing_is_asked_twice(fake, tmp_path, caplog):
+    """A sweep's candidates share the control's greedy journal: a job that finds another one writing it waits,
+    then reads what that job wrote, and asks only what is still missing (here nothing)."""
+    import logging
+
+    shared = tmp_path / "journal" / "greedy" / "ds" / "control.jsonl"
+    first = _determinism(fake, tmp_path / "first")  # what the other candidate's job asks the control
+    asked = len(fake.calls)
+    assert asked == 4
+    waiting = GreedyPlan(DATASET, PAIRED, REPEATS, {}, shared)
+    assert len(waiting.todo) == 4
+    caplog.set_level(logging.INFO, logger="pairaudit.core.jsonlog")
+    other = AppendLog(shared, owner="greedy control (the other candidate)")
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with _session(fake, tmp_path) as ps:
+                waiting.run(ps.get(), "control")
+        except BaseException as exc:  # noqa: BLE001 -- reported by the assertion below
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.monotonic() + 30
+    while "waiting for" not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "the other candidate" in caplog.text, caplog.text
+    for rec in read_log(tmp_path / "first" / "journal" / "greedy.jsonl"):
+        other.append(rec)
+    other.close()
+    t.join(30)
+    assert not t.is_alive() and errors == []
+    assert len(fake.calls) == asked  # every run came from the other job's records
+    (got, got_runs), (want, want_runs) = (p.header_and_records("control", []) for p in (waiting, first))
+    assert got_runs == want_runs and got["determinism"] == want["determinism"]  # the provenance names its journal
+    assert "is free after" in caplog.text

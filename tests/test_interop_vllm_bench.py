@@ -32,10 +32,12 @@ def stream(start, arm, cell, repeat, k, *, at, ttft, e2el, out=4, prompt=10, err
             "wave_started_at": None}
 
 
-def bracket(tmp_path, *, failed_stream=False):
+def bracket(tmp_path, *, failed_stream=False, roles=ROLES, candidates=None):
+    """A speed decision and its streams; ``candidates`` ({name: how many starts its decision holds}) makes it
+    a sweep's bracket, one decision per candidate, with ``roles`` naming each start's arm."""
     recs, bench, pooled, durations = [], {}, {}, {"short-c1": 1.2, "random-c2": 2.0}
-    for start, _, arm in ROLES:
-        base = {"s1": 0, "s2": 100, "s3": 200}[start]
+    for start, _, arm in roles:
+        base = 100 * (int(start[1:]) - 1)
         # short-c1: two requests one second apart (one per repeat), TTFT 0.1 / 0.3, E2EL 0.4 / 0.6, 4 tokens
         recs.append(stream(start, arm, "short-c1", 0, 0, at=base, ttft=0.1, e2el=0.4))
         recs.append(stream(start, arm, "short-c1", 1, 0, at=base + 1.0, ttft=0.3, e2el=0.6))
@@ -47,22 +49,39 @@ def bracket(tmp_path, *, failed_stream=False):
         for c in CELLS:
             mine = [x for x in recs if x["start"] == start and x["cell"] == c["name"]]
             bench.setdefault(c["name"], {})[start] = bench_serve_table(mine, durations[c["name"]])
-            spec = {"accepted": 3.0, "drafts": 2.0, "draft_tokens": 4.0} if arm == "candidate" else \
+            spec = {"accepted": 3.0, "drafts": 2.0, "draft_tokens": 4.0} if arm != "control" else \
                 {"accepted": 0.0, "drafts": 0.0, "draft_tokens": 0.0}
             pooled.setdefault(c["name"], {})[start] = [dict(spec), dict(spec)]
-    starts = [{"start": s, "role": role, "arm": arm, "started_at": (T0 + dt.timedelta(seconds=b)).isoformat(),
-               "stopped_at": (T0 + dt.timedelta(seconds=b + 50)).isoformat()}
-              for (s, role, arm), b in zip(ROLES, (0, 100, 200))]
+    starts = [{"start": s, "role": role, "arm": arm,
+               "started_at": (T0 + dt.timedelta(seconds=100 * k)).isoformat(),
+               "stopped_at": (T0 + dt.timedelta(seconds=100 * k + 50)).isoformat()}
+              for k, (s, role, arm) in enumerate(roles)]
     root = tmp_path / "results" / "demo"
-    dpath, spath = root / "speed" / "decision.json", root / "speed" / "streams.jsonl"
-    artifacts.write_jsonl(spath, {"schema": "pairaudit.speed_streams/v1", "audit": "demo", "provenance": {}}, recs)
-    artifacts.write_json(dpath, {"schema": "pairaudit.speed_decision/v1", "audit": "demo", "starts": starts,
-                                 "cells": CELLS, "pooled": pooled, "bench_serve": bench,
-                                 "params": {"output_len": 4, "repeats": 2, "waves": 1},
-                                 "gate": {"rule": "win2-v2", "verdict": "NO_WIN", "reasons": []},
-                                 "streams": str(spath)})
-    for arm in ("control", "candidate"):
+
+    def decision(dpath, spath, n, sweep=None):
+        keep = {st for st, _, _ in roles[:n]}
+        artifacts.write_json(dpath, {"schema": "pairaudit.speed_decision/v1", "audit": "demo", "starts": starts[:n],
+                                     "cells": CELLS, "pooled": {c: {st: v for st, v in by.items() if st in keep}
+                                                                for c, by in pooled.items()},
+                                     "bench_serve": {c: {st: v for st, v in by.items() if st in keep}
+                                                     for c, by in bench.items()},
+                                     "params": {"output_len": 4, "repeats": 2, "waves": 1},
+                                     "gate": {"rule": "win2-v2", "verdict": "NO_WIN", "reasons": []},
+                                     "streams": str(spath), **({"sweep": sweep} if sweep else {})})
+
+    header = {"schema": "pairaudit.speed_streams/v1", "audit": "demo", "provenance": {}}
+    if candidates:
+        spath = root / "speed" / "bracket-0123456789" / "streams.jsonl"
+        artifacts.write_jsonl(spath, header, recs)
+        for c, n in candidates.items():
+            decision(root / "candidates" / c / "speed" / "decision.json", spath, n, sweep={"candidate": c})
+    else:
+        spath = root / "speed" / "streams.jsonl"
+        artifacts.write_jsonl(spath, header, recs)
+        decision(root / "speed" / "decision.json", spath, len(roles))
+    for arm in {a for _, _, a in roles}:
         artifacts.write_json(root / "launch" / f"{arm}.json", {"schema": "pairaudit.launch/v1", "arm": arm,
+                                                                "mode": "launch", "spec_sha256": "0" * 64,
                                                                 "model": "SmolLM2-135M-Instruct",
                                                                 "served_model_name": "smol"})
     return root
@@ -104,6 +123,38 @@ def test_known_answers_of_one_start_and_cell(tmp_path):
     assert c["max_concurrency"] == 2 and c["max_concurrent_requests"] == 2
 
 
+def test_every_start_of_a_sequential_bracket_is_written_with_its_own_role(tmp_path):
+    from pairaudit.speed.metrics import start_roles
+
+    root = bracket(tmp_path, roles=tuple(start_roles(5)))
+    ex = vllm_bench.export_audit(root)
+    assert ex.skipped == [] and sorted(ex.written) == ["s1", "s2", "s3", "s4", "s5"]
+    r = json.loads(Path(ex.written["s4"]["short-c1"]).read_text())
+    assert (r["pairaudit"]["start"], r["pairaudit"]["role"], r["pairaudit"]["arm"]) == ("s4", "candidate_2", "candidate")
+    assert Path(ex.written["s5"]["random-c2"]) == root / "exports/vllm-bench/s5-control/random-c2.json"
+
+
+def test_a_sweeps_bracket_writes_each_start_once_under_the_bracket(tmp_path):
+    roles = (("s1", "control", "control"), ("s2", "candidate", "fast"), ("s3", "control", "control"),
+             ("s4", "candidate", "slow"), ("s5", "control", "control"))
+    # fast was decided on its first window (its decision holds s1-s3), slow's holds the whole bracket
+    root = bracket(tmp_path, roles=roles, candidates={"fast": 3, "slow": 5})
+    assert vllm_bench.has_speed(root)
+    ex = vllm_bench.export_audit(root)
+    assert ex.skipped == []
+    assert sorted(ex.written) == [f"bracket-0123456789/s{k}" for k in range(1, 6)]
+    out = root / "exports" / "vllm-bench" / "bracket-0123456789"
+    assert sorted(p.name for p in out.iterdir()) == ["s1-control", "s2-fast", "s3-control", "s4-slow", "s5-control"]
+    r = json.loads((out / "s4-slow" / "random-c2.json").read_text())
+    assert (r["pairaudit"]["role"], r["pairaudit"]["arm"]) == ("candidate", "slow")
+    assert r["spec_decode_num_drafts"] == 4 and r["model_id"] == "smol"
+    # s1-s3 come from the first decision that holds them (fast's), s4-s5 from slow's
+    consumed = {st: next(iter(json.loads((out / f"{st}-{a}" / "short-c1.json").read_text())["pairaudit"]["consumed"]))
+                for st, _, a in roles}
+    assert {st: Path(p).parent.parent.name for st, p in consumed.items()} == {
+        "s1": "fast", "s2": "fast", "s3": "fast", "s4": "slow", "s5": "slow"}
+
+
 def test_a_failed_request_keeps_vllms_defaults(tmp_path):
     root = bracket(tmp_path, failed_stream=True)
     ex = vllm_bench.export_audit(root)
@@ -136,7 +187,9 @@ def test_an_edited_streams_file_is_refused_by_its_hash(tmp_path):
 def test_a_bracket_not_run_exports_nothing_and_says_why(tmp_path):
     root = tmp_path / "results" / "demo"
     artifacts.write_json(root / "speed" / "decision.json", {"schema": "pairaudit.speed_decision/v1", "audit": "demo",
-                                                            "not_run": "the candidate preflight is FAIL"})
+                                                            "not_run": "the candidate preflight is FAIL",
+                                                            "gate": {"rule": "win2-v4", "verdict": "INCONCLUSIVE",
+                                                                     "reasons": ["not run"]}})
     artifacts.write_jsonl(root / "speed" / "streams.jsonl", {"schema": "pairaudit.speed_streams/v1"}, [])
     ex = vllm_bench.export_audit(root)
     assert ex.written == {} and ex.skipped == ["the bracket was not run: the candidate preflight is FAIL"]

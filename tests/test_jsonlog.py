@@ -3,6 +3,7 @@
 import json
 import multiprocessing
 import os
+import threading
 
 import pytest
 
@@ -36,19 +37,27 @@ def test_a_shared_log_repairs_a_cut_line_on_every_append(tmp_path):
     assert [r["i"] for r in read_log(p)] == [0, 2]
 
 
-def _hold(path, ready, release):
-    with AppendLog(path, owner="holder"):
+def _hold(path, ready, release, last=None):
+    with AppendLog(path, owner="holder") as log:
         ready.set()
         release.wait(30)
+        if last is not None:
+            log.append(last)
+
+
+def _holder(path, last=None):
+    """A process holding the log (appending ``last`` before it lets go), once it holds it; and its release."""
+    ctx = multiprocessing.get_context("fork")
+    ready, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold, args=(path, ready, release, last))
+    holder.start()
+    assert ready.wait(30)
+    return holder, release
 
 
 def test_a_second_writer_is_refused_by_name_and_the_lock_dies_with_its_holder(tmp_path):
     p = tmp_path / "j.jsonl"
-    ctx = multiprocessing.get_context("fork")
-    ready, release = ctx.Event(), ctx.Event()
-    holder = ctx.Process(target=_hold, args=(p, ready, release))
-    holder.start()
-    assert ready.wait(30)
+    holder, _ = _holder(p)
     with pytest.raises(LogBusy) as err:
         AppendLog(p)
     assert str(p) in str(err.value) and f"pid {holder.pid}" in str(err.value)
@@ -57,6 +66,18 @@ def test_a_second_writer_is_refused_by_name_and_the_lock_dies_with_its_holder(tm
     with AppendLog(p) as log:
         log.append({"ok": True})
     assert read_log(p) == [{"ok": True}]
+
+
+def test_a_waiting_writer_gets_the_log_when_its_holder_lets_go_and_reads_what_it_wrote(tmp_path):
+    p = tmp_path / "j.jsonl"
+    holder, release = _holder(p, last={"by": "holder"})
+    threading.Timer(0.5, release.set).start()
+    with AppendLog(p, wait=True) as log:
+        assert not holder.is_alive() or release.is_set()
+        assert read_log(p) == [{"by": "holder"}]  # the holder's line is there before this writer's
+        log.append({"by": "waiter"})
+    holder.join(30)
+    assert read_log(p) == [{"by": "holder"}, {"by": "waiter"}]
 
 
 def test_io_errors_name_the_file(tmp_path):

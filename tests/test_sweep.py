@@ -53,10 +53,10 @@ def test_the_example_derives_a_shared_control_and_one_arm_per_candidate():
     arms = cfg["arms"]
     assert list(arms) == ["control", "fast", "tail", "slow"]
     # the control sets every candidate's switch at its rollback value, explicitly
-    assert arms["control"]["env"][DELAY] == "20000" and arms["control"]["env"][TAIL] == "0"
+    assert arms["control"]["env"][DELAY] == "50000" and arms["control"]["env"][TAIL] == "0"
     assert (arms["fast"]["env"][DELAY], arms["fast"]["env"][TAIL]) == ("0", "0")
-    assert (arms["tail"]["env"][DELAY], arms["tail"]["env"][TAIL]) == ("20000", "16")
-    assert (arms["slow"]["env"][DELAY], arms["slow"]["env"][TAIL]) == ("100000", "0")
+    assert (arms["tail"]["env"][DELAY], arms["tail"]["env"][TAIL]) == ("50000", "16")
+    assert (arms["slow"]["env"][DELAY], arms["slow"]["env"][TAIL]) == ("150000", "0")
     for name in ("fast", "tail", "slow"):
         diff = changes.arm_differences(arms["control"], arms[name])
         assert len(diff["env"]) == 1 and not diff["command"] and diff["other"] == []
@@ -131,7 +131,7 @@ def test_a_candidate_on_its_own_has_the_shared_control():
     assert "candidates" not in one and one["change"]["name"] == "tail"
     assert one["arms"] == {"control": cfg["arms"]["control"], "candidate": cfg["arms"]["tail"]}
     # the others' switches at rollback are part of its server: its change alone gives the same two arms
-    assert one["server"]["env"][DELAY] == "20000" and TAIL not in one["server"]["env"]
+    assert one["server"]["env"][DELAY] == "50000" and TAIL not in one["server"]["env"]
     alone = {"server": one["server"], "change": one["change"]}
     assert changes.derive_arms(alone) == []
     assert alone["arms"]["control"]["env"] == cfg["arms"]["control"]["env"]

@@ -17,12 +17,12 @@ from test_workflow import REPO, make_project, planned_jobs, read_jsonl, refserve
 
 from pairaudit.cli.codes import EXIT
 
-pytestmark = pytest.mark.workflow
+pytestmark = [pytest.mark.workflow, pytest.mark.timed]
 
 EXAMPLE = REPO / "config" / "examples" / "sweep.yaml"
 PLANTED = {"fast": "PROMOTE", "tail": "REJECT", "slow": "REJECT"}
-FOURTH = {"name": "short", "description": "a 1 us step delay instead of the control's 20 ms (a known speedup)",
-          "switches": [{"env": "PAIRAUDIT_REF_STEP_DELAY_US", "rollback": "20000", "on": "1"}]}
+FOURTH = {"name": "short", "description": "a 1 us step delay instead of the control's 50 ms (a known speedup)",
+          "switches": [{"env": "PAIRAUDIT_REF_STEP_DELAY_US", "rollback": "50000", "on": "1"}]}
 
 
 def decision(project: Path, name: str) -> dict:

@@ -185,6 +185,15 @@ def test_rerun_same_config_runs_nothing_even_after_touch(tiny):
     assert planned_jobs(project, "promotion") == []
 
 
+def test_a_moved_project_reruns_nothing(tiny, tmp_path):
+    """A finished audit copied elsewhere (times kept, Snakemake's records with it) is up to date there: no rule
+    holds a path of the project's own location in what Snakemake compares between runs."""
+    project, _ = tiny
+    moved = tmp_path / "elsewhere" / "project"
+    shutil.copytree(project, moved, symlinks=True)
+    assert planned_jobs(moved, "promotion") == []
+
+
 def test_disabled_gates_leave_their_stages_out_and_only_redecide(tiny, tmp_path):
     project, config = tiny
     changed = json.loads(json.dumps(config))

@@ -62,9 +62,9 @@ def read_journal(path: Path) -> list[JournalAttempt]:
     return cast(list[JournalAttempt], read_log(path))  # the journal holds what ask() wrote
 
 
-def Journal(path: Path, *, owner: str = "") -> AppendLog:
-    """The item journal: one writer at a time (a second one is refused by name)."""
-    return AppendLog(path, owner=owner)
+def Journal(path: Path, *, owner: str = "", wait: bool = False) -> AppendLog:
+    """The item journal: one writer at a time (a second one is refused by name, or with ``wait`` waits)."""
+    return AppendLog(path, owner=owner, wait=wait)
 
 
 def ask(endpoint: Endpoint, index: int, body: dict, attempt: int, server: dict, timeout_s: float) -> JournalAttempt:

@@ -4,8 +4,8 @@
 
 lm-eval: ``exports/lm-eval/<arm>/samples_<dataset>.jsonl`` and
 ``results.json`` (``pairaudit.interop.lmeval``); vLLM: the speed bracket's
-starts as ``exports/vllm-bench/<start>-<arm>/<cell>.json``
-(``pairaudit.interop.vllm_bench``). Both by default. The artifacts are read
+starts as ``exports/vllm-bench/<start>-<arm>/<cell>.json``, a sweep's under
+``<bracket>/`` (``pairaudit.interop.vllm_bench``). Both by default. The artifacts are read
 through their content-hash checks and never changed. Exit 0; 2 when an
 artifact is missing or refused.
 """
@@ -41,8 +41,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"lm-eval {arm}: {ex.results} and {len(ex.samples)} sample log(s): "
                       + ", ".join(ex.samples.values()))
         if both or args.vllm_bench:
-            if not (root / "speed" / "decision.json").is_file():
-                print(f"vllm bench: {root}/speed/decision.json not found: the speed stage has not run (skipped)")
+            if not vllm_bench.has_speed(root):
+                print(f"vllm bench: no speed decision under {root}: the speed stage has not run (skipped)")
             else:
                 bench = vllm_bench.export_audit(root)
                 for start, cells in bench.written.items():
@@ -64,7 +64,7 @@ def after_run(audit_dirs: list[str | Path], since: float) -> str:
     lines = []
     for root in map(Path, audit_dirs):
         decision = root / "promotion" / "decision.json"
-        # a sweep's run ends on its summary: its answers are exported for every arm, its brackets are not yet
+        # a sweep's run ends on its summary: its answers are exported for every arm, its brackets bracket by bracket
         summary = root / SWEEP_PATHS[SWEEP_SUMMARY]
         sweep = summary.is_file() and summary.stat().st_mtime >= since
         if not sweep and (not decision.is_file() or decision.stat().st_mtime < since):
@@ -72,7 +72,7 @@ def after_run(audit_dirs: list[str | Path], since: float) -> str:
         try:
             arms = lmeval.export_audit(root)
             written = [f"lm-eval: {len(ex.samples)} sample log(s) per arm" for ex in list(arms.values())[:1]]
-            if not sweep and (root / "speed" / "decision.json").is_file():
+            if vllm_bench.has_speed(root):
                 bench = vllm_bench.export_audit(root)
                 written.append(f"vllm bench serve: {sum(len(c) for c in bench.written.values())} result file(s)")
             lines.append(f"exports of {root}: {'; '.join(written)} under {root / 'exports'}")

@@ -8,16 +8,30 @@ parse.  A second process that tries to write the same log while the first
 still holds it is refused by name (``LogBusy``): two writers on one journal
 would ask the same items twice.  The lock is an ``flock`` on the log file
 itself, so the kernel releases it when the holder dies, however it dies.
+A journal that several jobs share by design (a sweep's control arm, which
+each candidate's diagnostics job asks for what the journal lacks) is opened
+with ``wait=True`` instead: the second writer waits for the first, then
+reads what it wrote before asking anything.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
+
+from pairaudit.core import lifecycle
+
+
+log = logging.getLogger(__name__)
+
+# How often a writer waiting for a shared journal says who holds it.
+WAIT_REPORT_S = 60.0
 
 
 class LogBusy(RuntimeError):
@@ -61,9 +75,13 @@ class AppendLog:
 
     ``exclusive=False`` is for shared logs (ledger, archive) that many audits
     append to: each append then takes the lock only for its own line.
+    ``wait=True`` waits for another process's exclusive hold to end instead of
+    refusing (``LogBusy``), logging the holder every ``WAIT_REPORT_S``: the
+    caller must then read the log again, since the holder may have written
+    what the caller was about to ask.
     """
 
-    def __init__(self, path: str | os.PathLike, *, exclusive: bool = True, owner: str = ""):
+    def __init__(self, path: str | os.PathLike, *, exclusive: bool = True, owner: str = "", wait: bool = False):
         self.path = Path(path)
         self.exclusive = exclusive
         self._lock = threading.Lock()
@@ -73,18 +91,41 @@ class AppendLog:
         except OSError as exc:
             raise LogIOError(exc.errno, f"cannot open {self.path} for appending: {exc.strerror}") from exc
         if exclusive:
-            try:
-                fcntl.flock(self._f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                self._f.close()
-                raise LogBusy(f"{self.path} is being written by another process ({_holder(self.path)}); "
-                              "a second writer would ask the same items twice: wait for it to finish or "
-                              "stop it") from None
+            self._lock_exclusive(wait)
             try:
                 Path(f"{self.path}.writer").write_text(f"pid {os.getpid()} {owner}".strip() + "\n")
             except OSError:
                 pass
             self._end_line()
+
+    def _lock_exclusive(self, wait: bool) -> None:
+        since = time.monotonic()
+        reported: float | None = None
+        while True:
+            try:
+                fcntl.flock(self._f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not wait:
+                    self._f.close()
+                    raise LogBusy(f"{self.path} is being written by another process ({_holder(self.path)}); "
+                                  "a second writer would ask the same items twice: wait for it to finish or "
+                                  "stop it") from None
+            now = time.monotonic()
+            if reported is None or now - reported >= WAIT_REPORT_S:
+                reported = now
+                log.info("waiting for %s: written by another process (%s) for %.0f s", self.path,
+                         _holder(self.path), now - since)
+            # polled, not a blocking flock: a blocked flock call can neither report the wait nor see a stop
+            try:
+                lifecycle.check_stop()
+            except lifecycle.Interrupted:
+                self._f.close()
+                raise
+            time.sleep(0.2)
+        if reported is not None:
+            log.info("%s is free after %.0f s: reading what the other writer added", self.path,
+                     time.monotonic() - since)
 
     def _end_line(self) -> None:
         # Look at the last byte in binary: a cut line may end inside a multi-byte character.

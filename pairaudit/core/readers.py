@@ -486,6 +486,26 @@ class SpeedGate(RuleResult):
 
 
 @dataclass(frozen=True, kw_only=True)
+class SpeedStartRecord(Record):
+    """One start of ``speed/decision.json`` ``starts`` (``speed.stage``, ``speed.sweep``): its arm and role, when."""
+    start: str
+    arm: str
+    role: str | None = None        # control_before, candidate, ...; a sweep's: control or candidate
+    started_at: str | None = None
+    stopped_at: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeedCellRecord(Record):
+    """One cell of ``speed/decision.json`` ``cells``, as it ran."""
+    name: str
+    concurrency: int = 1
+    prompt: str | None = None
+    input_len: int | None = None
+    prompt_tokens: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class SpeedDecisionDoc(Record):
     """``speed/decision.json`` (``contracts.SpeedDecision``): the bracket and its gate.
 
@@ -509,6 +529,11 @@ class SpeedDecisionDoc(Record):
     # one candidate of a sweep's shared-control bracket: its name, the bracket's candidates and every
     # start's arm in run order (pairaudit.speed.sweep); None in a two-arm audit
     sweep: dict | None = None
+    starts: list[SpeedStartRecord] = field(default_factory=list)   # in run order
+    cells: list[SpeedCellRecord] = field(default_factory=list)
+    pooled: dict[str, dict[str, list]] = field(default_factory=dict)  # cell -> start -> per repeat server counters
+    params: dict = field(default_factory=dict)                   # the bracket's settings as run
+    streams: str | None = None                                   # where its streams.jsonl was written
 
     MEASURED: ClassVar[tuple[str, ...]] = ("bar", "win2")
 
@@ -552,6 +577,7 @@ class ArchivedStart(Record):
 @dataclass(frozen=True, kw_only=True)
 class LatencySummary(Record):
     """One latency summary of ``vllm bench serve``'s table (``speed.metrics.bench_serve_table``), in ms."""
+    mean: float | None = None
     median: float | None = None
     p99: float | None = None
 
@@ -561,6 +587,8 @@ class BenchServeRow(Record):
     """``bench_serve[cell][start]`` of ``speed/decision.json``: the client's view of one start."""
     completed: int | None
     failed: int | None
+    duration_s: float | None = None          # the cell's waves' wall time in this start
+    total_output_tokens: int | None = None
     output_throughput: float | None
     ttft_ms: LatencySummary
     tpot_ms: LatencySummary

@@ -22,16 +22,22 @@ def probe_arm(ps: PhaseServer, divergences: Sequence[DivergenceRecord], prompt_i
               journal: Path) -> list[ProbeResult]:
     """Top-20 probes of one arm at every divergence, journaled: a rerun probes only what is missing."""
     done: dict[tuple, ProbeResult] = {}
-    for r in cast(list[ProbeResult], read_log(journal)):  # the journal holds what this function wrote
-        status = r.get("status")
-        if status is not None and status < 500:
-            done.setdefault((r["index"], r.get("prefix_key")), r)
+
+    def read() -> None:
+        for r in cast(list[ProbeResult], read_log(journal)):  # the journal holds what this function wrote
+            status = r.get("status")
+            if status is not None and status < 500:
+                done.setdefault((r["index"], r.get("prefix_key")), r)
+
+    read()
     out: list[ProbeResult] = []
     want = [(d, _prefix_key(prompt_ids[d["index"]], d["shared_prefix"] or [])) for d in divergences]
     if any((d["index"], k) not in done for d, k in want):
         srv = ps.get()
         model = ps.spec.served_model_name
-        with Journal(journal, owner=f"probes {ps.spec.arm}") as jl:
+        # shared by a sweep's candidates, as the greedy journal is: wait for another writer, then read again
+        with Journal(journal, owner=f"probes {ps.spec.arm}", wait=True) as jl:
+            read()
             for d, k in want:
                 if (d["index"], k) in done:
                     continue

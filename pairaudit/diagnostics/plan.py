@@ -43,7 +43,10 @@ class GreedyPlan:
                     "chat_template_kwargs": chat_template_kwargs}
         self.chat_template_kwargs = chat_template_kwargs
         self.done: dict[tuple[str, Any], GreedyRecord] = {}
-        for rec in cast(list[GreedyRecord], read_log(journal)):  # the journal holds what run() wrote
+        self._read()
+
+    def _read(self) -> None:
+        for rec in cast(list[GreedyRecord], read_log(self.journal)):  # the journal holds what run() wrote
             if rec.get("key") == self.key and is_final(rec):
                 self.done.setdefault((rec["run"], rec["slot"]), rec)
 
@@ -52,13 +55,17 @@ class GreedyPlan:
         return [w for w in self.want if w not in self.done]
 
     def run(self, srv: Server, arm: str) -> None:
-        todo = self.todo
-        if not todo:
+        if not self.todo:
             return
         model = srv.spec.served_model_name
         prompts: dict = {}
-        progress = Progress(len(self.want), f"greedy {self.dataset['name']}/{arm}", done=len(self.want) - len(todo))
-        with Journal(self.journal, owner=f"greedy {arm}") as journal:
+        # A sweep's candidates share the control's journal: another candidate's job may be writing it. Wait
+        # for it, then read what it wrote, so that no run is asked twice.
+        with Journal(self.journal, owner=f"greedy {arm}", wait=True) as journal:
+            self._read()
+            todo = self.todo
+            progress = Progress(len(self.want), f"greedy {self.dataset['name']}/{arm}",
+                                done=len(self.want) - len(todo))
             for kind, slot in todo:
                 lifecycle.check_stop()
                 index = slot if kind == "greedy" else self.det_index

@@ -55,12 +55,14 @@ import numpy as np
 
 from pairaudit.core import artifacts
 from pairaudit.core.contracts import (
+    CANDIDATES_DIR,
     EXPORTS_VLLM_BENCH,
-    LAUNCH_SCHEMA,
     PATHS,
     SPEED_DECISION_SCHEMA,
     SPEED_STREAMS_SCHEMA,
+    arm_role,
 )
+from pairaudit.core.readers import BenchServeRow, LaunchReceipt, SpeedDecisionDoc
 from pairaudit.speed.metrics import START_ROLES, bench_serve_table
 
 VLLM_VERSION = "0.32.0"  # the release whose serve.py this module follows (docs/interop.md)
@@ -77,7 +79,7 @@ class VllmBenchExportError(ValueError):
 @dataclass(frozen=True)
 class ExportedStart:
     """What ``export_speed`` wrote: per start and cell a result file, and what it left out and why."""
-    written: dict[str, dict[str, str]] = field(default_factory=dict)   # start -> cell -> path
+    written: dict[str, dict[str, str]] = field(default_factory=dict)   # start (a sweep: bracket/start) -> cell -> path
     skipped: list[str] = field(default_factory=list)
 
 
@@ -178,14 +180,14 @@ def bench_result(streams: Sequence[Mapping[str, Any]], *, duration_s: float, mod
     return result
 
 
-def _check_against_decision(streams: Sequence[Mapping[str, Any]], stored: Mapping[str, Any], where: str) -> None:
+def _check_against_decision(streams: Sequence[Mapping[str, Any]], stored: BenchServeRow, where: str) -> None:
     """The streams must give the table the speed stage stored for this cell and start (same function, same data)."""
-    again = bench_serve_table(streams, stored["duration_s"])
+    again = bench_serve_table(streams, stored.duration_s or 0.0)
     for key in ("completed", "failed", "total_output_tokens"):
-        if again[key] != stored.get(key):
+        if again[key] != getattr(stored, key):
             raise VllmBenchExportError(f"{where}: streams.jsonl gives {key} {again[key]}, decision.json recorded "
-                                       f"{stored.get(key)}: the two artifacts are not of the same bracket")
-    a, b = again["ttft_ms"]["mean"], (stored.get("ttft_ms") or {}).get("mean")
+                                       f"{getattr(stored, key)}: the two artifacts are not of the same bracket")
+    a, b = again["ttft_ms"]["mean"], stored.ttft_ms.mean
     if (a is None) != (b is None) or (a is not None and b is not None and abs(a - b) > 1e-9 * max(1.0, abs(b))):
         raise VllmBenchExportError(f"{where}: streams.jsonl gives mean TTFT {a} ms, decision.json recorded {b} ms")
 
@@ -197,35 +199,40 @@ def _date(iso: str | None) -> str:
 
 def export_speed(decision_path: str | os.PathLike, streams_path: str | os.PathLike, out_dir: str | os.PathLike, *,
                  launch_paths: Mapping[str, str | os.PathLike] | None = None, detailed: bool = True,
-                 percentiles: Sequence[float] = PERCENTILES) -> ExportedStart:
+                 percentiles: Sequence[float] = PERCENTILES, done: frozenset[str] = frozenset()) -> ExportedStart:
     """Every measured start and cell of the bracket as a result file under ``out_dir/<start>-<arm>/<cell>.json``.
 
-    A bracket that was not run (``not_run``) or broke at a start writes what
-    was measured in full and lists the rest in ``skipped`` with the reason.
+    The starts are the decision's own records, each with its role and arm (a
+    sequential bracket has up to ``max_starts``, a sweep's arms are its
+    candidates); ``done`` names starts already written from another decision
+    of the same bracket. A bracket that was not run (``not_run``) or broke at
+    a start writes what was measured in full and lists the rest in
+    ``skipped`` with the reason.
     """
-    doc = artifacts.check_schema(artifacts.read_json(decision_path), SPEED_DECISION_SCHEMA, decision_path)
+    doc = SpeedDecisionDoc.read(decision_path)
     header, records = artifacts.read_jsonl(streams_path)
     artifacts.check_schema(header, SPEED_STREAMS_SCHEMA, streams_path)
     models: dict[str, tuple[str | None, str | None]] = {}
     for arm, p in (launch_paths or {}).items():
-        rec = artifacts.check_schema(artifacts.read_json(p), LAUNCH_SCHEMA, p)
-        models[arm] = (rec.get("served_model_name") or rec.get("model"), rec.get("model"))
+        rec = LaunchReceipt.read(p)
+        models[arm] = (rec.served_model_name or rec.model, rec.model)
     exported = ExportedStart()
-    if doc.get("not_run"):
-        exported.skipped.append(f"the bracket was not run: {doc['not_run']}")
+    if doc.not_run:
+        exported.skipped.append(f"the bracket was not run: {doc.not_run}")
         return exported
-    bench = doc.get("bench_serve") or {}
-    starts = {s.get("start"): s for s in doc.get("starts") or []}
-    cells = {c["name"]: c for c in doc.get("cells") or []}
-    pooled = doc.get("pooled") or {}
-    audit = doc.get("audit")
-    for start, role, arm in START_ROLES:
-        srec = starts.get(start)
-        if srec is None:
-            exported.skipped.append(f"{start} ({arm}): not measured (the bracket stopped before it)")
+    audit = doc.audit
+    # the registered three-start bracket of a two-arm audit names a start it never reached
+    missing = [] if doc.sweep else [(st, arm) for st, _, arm in START_ROLES
+                                    if st not in {s.start for s in doc.starts}]
+    exported.skipped.extend(f"{st} ({arm}): not measured (the bracket stopped before it)" for st, arm in missing)
+    for srec in doc.starts:
+        start, arm = srec.start, srec.arm
+        role = srec.role or arm_role(arm)
+        if start in done:
             continue
-        for name, cell in cells.items():
-            stored = (bench.get(name) or {}).get(start)
+        for cell in doc.cells:
+            name = cell.name
+            stored = (doc.bench_serve.get(name) or {}).get(start)
             where = f"{streams_path}: start {start} cell {name}"
             if stored is None:
                 exported.skipped.append(f"{start} ({arm}) cell {name}: decision.json has no bench_serve table for it")
@@ -236,22 +243,21 @@ def export_speed(decision_path: str | os.PathLike, streams_path: str | os.PathLi
                 raise VllmBenchExportError(f"{where}: no stream records, though decision.json has its table")
             _check_against_decision(streams, stored, where)
             spec: dict[str, float] = {}
-            for rep in ((pooled.get(name) or {}).get(start) or []):
+            for rep in ((doc.pooled.get(name) or {}).get(start) or []):
                 for k in ("accepted", "drafts", "draft_tokens"):
                     spec[k] = spec.get(k, 0.0) + float(rep.get(k) or 0.0)
             model_id, tokenizer_id = models.get(arm, (None, None))
             label = f"pairaudit-{audit}-{start}-{arm}-{name}"
-            result = bench_result(streams, duration_s=float(stored["duration_s"]), model_id=model_id,
+            result = bench_result(streams, duration_s=float(stored.duration_s or 0.0), model_id=model_id,
                                   tokenizer_id=tokenizer_id, label=label,
-                                  date=_date(srec.get("stopped_at") or srec.get("started_at")),
-                                  concurrency=int(cell.get("concurrency") or 1), spec=spec, detailed=detailed,
+                                  date=_date(srec.stopped_at or srec.started_at),
+                                  concurrency=cell.concurrency, spec=spec, detailed=detailed,
                                   percentiles=percentiles)
             result["pairaudit"] = {
                 "audit": audit, "start": start, "role": role, "arm": arm, "cell": name,
-                "prompt": cell.get("prompt"), "input_len": cell.get("input_len"),
-                "prompt_tokens": cell.get("prompt_tokens"),
-                "output_len": (doc.get("params") or {}).get("output_len"),
-                "repeats": (doc.get("params") or {}).get("repeats"), "waves": (doc.get("params") or {}).get("waves"),
+                "prompt": cell.prompt, "input_len": cell.input_len, "prompt_tokens": cell.prompt_tokens,
+                "output_len": doc.params.get("output_len"), "repeats": doc.params.get("repeats"),
+                "waves": doc.params.get("waves"),
                 "workload": "waves of max_concurrency streams released together; duration = the waves' wall "
                             "times summed; every output forced to output_len tokens (ignore_eos, min_tokens)",
                 "percentile_metrics": list(PERCENTILE_METRICS), "metric_percentiles": list(percentiles),
@@ -268,10 +274,44 @@ def export_speed(decision_path: str | os.PathLike, streams_path: str | os.PathLi
     return exported
 
 
-def export_audit(audit_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None, **kw: Any) -> ExportedStart:
-    """``export_speed`` on ``results/<audit>``'s speed artifacts, into ``exports/vllm-bench`` by default."""
+def has_speed(audit_dir: str | os.PathLike) -> bool:
+    """Whether ``results/<audit>`` holds a speed decision: its own, or a sweep candidate's."""
     root = Path(audit_dir)
-    launch = {arm: root / "launch" / f"{arm}.json" for arm in ("control", "candidate")}
-    return export_speed(root / "speed" / "decision.json", root / "speed" / "streams.jsonl",
-                        Path(out_dir) if out_dir is not None else root / EXPORT_DIR,
-                        launch_paths={a: p for a, p in launch.items() if p.is_file()}, **kw)
+    return (root / PATHS[SPEED_DECISION_SCHEMA]).is_file() or any(
+        (root / CANDIDATES_DIR).glob(f"*/{PATHS[SPEED_DECISION_SCHEMA]}"))
+
+
+def export_audit(audit_dir: str | os.PathLike, out_dir: str | os.PathLike | None = None, **kw: Any) -> ExportedStart:
+    """``export_speed`` on ``results/<audit>``'s speed artifacts, into ``exports/vllm-bench`` by default.
+
+    A sweep (``candidates/<name>/speed/decision.json``) writes each of its
+    brackets under ``<bracket>/``: every start once, from the first candidate
+    decision that holds it (a candidate's decision holds the bracket's starts
+    up to the one that decided it); ``written`` is keyed ``<bracket>/<start>``.
+    """
+    root = Path(audit_dir)
+    out = Path(out_dir) if out_dir is not None else root / EXPORT_DIR
+    launch = {p.stem: p for p in sorted((root / "launch").glob("*.json"))}
+    decisions = sorted((root / CANDIDATES_DIR).glob(f"*/{PATHS[SPEED_DECISION_SCHEMA]}"))
+    if (root / PATHS[SPEED_DECISION_SCHEMA]).is_file() or not decisions:
+        return export_speed(root / PATHS[SPEED_DECISION_SCHEMA], root / PATHS[SPEED_STREAMS_SCHEMA], out,
+                            launch_paths=launch, **kw)
+    exported = ExportedStart()
+    done: dict[str, set[str]] = {}
+    for dpath in decisions:
+        doc = SpeedDecisionDoc.read(dpath)
+        if doc.not_run:
+            exported.skipped.append(f"{dpath.parent.parent.name}: the bracket was not run: {doc.not_run}")
+            continue
+        # the bracket's streams sit in a folder named after it, beside a two-arm audit's streams file
+        bracket = Path(doc.streams or "").parent.name
+        streams = root / Path(PATHS[SPEED_STREAMS_SCHEMA]).parent / bracket / Path(PATHS[SPEED_STREAMS_SCHEMA]).name
+        if not bracket or not streams.is_file():
+            raise VllmBenchExportError(f"{dpath}: its bracket's streams file {streams} is missing")
+        one = export_speed(dpath, streams, out / bracket, launch_paths=launch,
+                           done=frozenset(done.setdefault(bracket, set())), **kw)
+        for start, cells in one.written.items():
+            exported.written[f"{bracket}/{start}"] = cells
+            done[bracket].add(start)
+        exported.skipped.extend(one.skipped)
+    return exported
