@@ -186,9 +186,30 @@ def _write_diagnostics(tmp: Path, divergences: list[dict], records: list[dict], 
     dpath.parent.mkdir(parents=True, exist_ok=True)
     artifacts.write_jsonl(gpath, {"schema": GREEDY_SCHEMA, "dataset": name, "arm": "control",
                                   "provenance": artifacts.provenance([])}, records)
+    # the bisection reads the divergences only; grid-tie's verdict is the diagnostics' own (None: not decided here)
     artifacts.write_json(dpath, {"schema": DIVERGENCE_SCHEMA, "dataset": name, "divergences": divergences,
-                                 "provenance": artifacts.provenance([gpath])})
+                                 "grid_tie": None, "provenance": artifacts.provenance([gpath])})
     return {name: str(dpath)}, {name: str(gpath)}
+
+
+def test_the_items_to_bisect_are_the_divergences_with_a_token_in_each_arm_and_a_prompt(tmp_path):
+    recs = [{"index": i, "prompt_ids": [1, 2, 3 + i]} for i in range(3)]
+    divs = [{"index": 0, "diverged": True, "first_divergence": 2, "control_token_id": 7, "candidate_token_id": 9,
+             "shared_prefix": [5, 6]},
+            {"index": 1, "diverged": True, "first_divergence": 4, "control_token_id": 7, "candidate_token_id": None},
+            {"index": 2, "diverged": False},
+            {"index": 3, "diverged": True, "first_divergence": 0, "control_token_id": 1, "candidate_token_id": 2}]
+    d, g = _write_diagnostics(tmp_path, divs, recs)
+    items, skipped, notes = bstage.divergent_items(d, g)
+    assert [(it.index, it.first_divergence, it.control_token_id, it.candidate_token_id, it.prompt_ids,
+             it.shared_prefix) for it in items] == [(0, 2, 7, 9, (1, 2, 3), (5, 6))]
+    assert [(s["index"], s["reason"].split(":")[0]) for s in skipped] == [
+        (1, "one arm's output ends at the divergence"), (3, "no prompt ids for the item in " + g["t"])]
+    assert notes == []
+    # a divergence record that does not fit its type is refused naming the file and the field
+    d, g = _write_diagnostics(tmp_path, [{**divs[0], "diverged": "yes"}], recs)
+    with pytest.raises(artifacts.ArtifactError, match=r"divergence/t\.json.*divergences\[0\]\.diverged"):
+        bstage.divergent_items(d, g)
 
 
 def _stage(tmp: Path, dpaths, gpaths, arms, server=None, change=None, out="bisect"):

@@ -80,9 +80,10 @@ def write_inputs(root: Path) -> dict[str, Path]:
         plan_stage.arm_spec_stage(arm=arm, arm_cfg=DEAD_ARM, out_path=str(p[f"spec_{arm}"]))
         spec = armspec.read_spec(p[f"spec_{arm}"])
         artifacts.write_json(p[f"launch_{arm}"], {"schema": "pairaudit.launch/v1", "arm": arm,
+                                                  "mode": "launch", "model": "m",
                                                   "spec_sha256": spec.spec_sha256, "max_model_len": 256})
         artifacts.write_json(p[f"preflight_{arm}"], {"schema": "pairaudit.preflight/v1", "arm": arm,
-                                                     "verdict": "PASS"})
+                                                     "verdict": "PASS", "failed_probe": None, "probes": []})
         artifacts.write_jsonl(p[f"sampled_{arm}"], {"schema": "pairaudit.sampled/v1", "dataset": "ds", "arm": arm},
                               [{"index": 0, "text": "#### 2"}])
         artifacts.write_jsonl(p[f"scores_{arm}"], {"schema": "pairaudit.scores/v1", "dataset": "ds", "arm": arm},

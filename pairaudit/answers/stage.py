@@ -11,6 +11,7 @@ from pairaudit.boundary import cases as boundary
 from pairaudit.core import artifacts, contracts
 from pairaudit.core.contracts import PHASE_SCHEMA, BoundaryCase, JournalAttempt, journal_path
 from pairaudit.core.jsonlog import AppendLog, append_record, read_log
+from pairaudit.core.readers import AnswersPhase, LaunchReceipt, Preflight
 from pairaudit.gates import server_failure
 from pairaudit.plans import requests as plans
 from pairaudit.plans.requests import bodies, read_requests
@@ -204,13 +205,13 @@ def assemble(*, dataset_path: str, requests_path: str, journal_path: str, out_pa
     """The workflow's sampled job: the answers phase's journal for the planned requests of one dataset."""
 
     req = read_requests(requests_path)
-    preflight = artifacts.check_schema(artifacts.read_json(preflight_path), contracts.PREFLIGHT_SCHEMA, preflight_path)
-    receipt = artifacts.check_schema(artifacts.read_json(receipt_path), contracts.LAUNCH_SCHEMA, receipt_path)
-    phase = artifacts.check_schema(artifacts.read_json(phase_path), PHASE_SCHEMA, phase_path)
+    preflight = Preflight.read(preflight_path)
+    receipt = LaunchReceipt.read(receipt_path)
+    phase = AnswersPhase.read(phase_path)
     # Recorded as consumed, so checked like every input read: an edited dataset is refused here too.
     artifacts.verify_file(dataset_path)
-    mml = preflight.get("max_model_len") or receipt.get("max_model_len")
+    mml = preflight.max_model_len or receipt.max_model_len
     return assemble_records(name=req["dataset"], arm=req["arm"], bodies=bodies(req), journal_path=journal_path,
                             out_path=out_path,
                             consumed=[dataset_path, requests_path, receipt_path, preflight_path],
-                            params={}, failure=phase.get("failure"), max_model_len=mml)
+                            params={}, failure=phase.failure, max_model_len=mml)

@@ -55,12 +55,12 @@ from pairaudit.core.artifacts import sha256_json
 from pairaudit.core.contracts import (
     BISECT_PROBES_SCHEMA,
     BISECT_SCHEMA,
-    DIVERGENCE_SCHEMA,
     GREEDY_SCHEMA,
     BisectItemResult,
     BisectProbe,
     ProbeResult,
 )
+from pairaudit.core.readers import DivergenceDoc
 from pairaudit.diagnostics import greedy
 from pairaudit.plans import change as changes
 from pairaudit.serving import armspec
@@ -123,31 +123,31 @@ def divergent_items(divergence_paths: Mapping[str, str], greedy_paths: Mapping[s
     """
     items, skipped, notes = [], [], []
     for name, path in divergence_paths.items():
-        doc = artifacts.check_schema(artifacts.read_json(path), DIVERGENCE_SCHEMA, path)
-        if doc.get("not_run"):
-            notes.append(f"{name}: no greedy runs ({doc['not_run']})")
+        doc = DivergenceDoc.read(path)
+        if doc.not_run:
+            notes.append(f"{name}: no greedy runs ({doc.not_run})")
             continue
         header, records = artifacts.read_jsonl(greedy_paths[name])
         artifacts.check_schema(header, GREEDY_SCHEMA, greedy_paths[name])
-        artifacts.check_consumed(doc, [greedy_paths[name]], where=str(path))
+        artifacts.check_consumed(doc.raw, [greedy_paths[name]], where=str(path))
         prompts = {r["index"]: r.get("prompt_ids") for r in records}
-        for d in doc.get("divergences") or []:
-            if d.get("diverged") is not True:
+        for d in doc.divergences:
+            if d.diverged is not True:
                 continue
-            why = None
-            prompt = prompts.get(d["index"])
-            if d.get("control_token_id") is None or d.get("candidate_token_id") is None:
+            prompt = prompts.get(d.index)
+            ctl, cand, first = d.control_token_id, d.candidate_token_id, d.first_divergence
+            if ctl is None or cand is None:
                 why = "one arm's output ends at the divergence: there is no token of that arm to reproduce"
+            elif first is None:
+                why = f"{path} records no first divergence for the item"
             elif not prompt:
                 why = f"no prompt ids for the item in {greedy_paths[name]}"
-            if why:
-                skipped.append({"dataset": name, "index": d["index"], "reason": why})
+            else:
+                items.append(BisectItem(dataset=name, index=d.index, first_divergence=first, control_token_id=ctl,
+                                        candidate_token_id=cand, prompt_ids=tuple(prompt),
+                                        shared_prefix=tuple(d.shared_prefix or ())))
                 continue
-            items.append(BisectItem(dataset=name, index=d["index"], first_divergence=d["first_divergence"],
-                                    control_token_id=d["control_token_id"],
-                                    candidate_token_id=d["candidate_token_id"],
-                                    prompt_ids=tuple(prompt or ()),   # not empty: checked above
-                                    shared_prefix=tuple(d["shared_prefix"] or ())))
+            skipped.append({"dataset": name, "index": d.index, "reason": why})
     return items, skipped, notes
 
 

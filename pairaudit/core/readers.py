@@ -350,6 +350,7 @@ class Preflight(Record):
     verdict: str | None
     failed_probe: str | None
     probes: list[PreflightProbe]
+    max_model_len: int | None = None             # as the probes discovered it; None: not learned
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -380,6 +381,7 @@ class Divergence(Record):
     candidate_len: int | None = None
     control_token_id: int | None = None
     candidate_token_id: int | None = None
+    shared_prefix: list[int] | None = None        # the token ids both arms produced before it; None: not known
 
 
 @dataclass(frozen=True, kw_only=True)
