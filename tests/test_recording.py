@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 import requests
-from pairaudit.serving.modelstore import EMBEDDED_NAME as MODEL
 
 from pairaudit.answers.sampled import is_final
 from pairaudit.serving import conformance, recording
 from pairaudit.serving.client import Endpoint, clamping, error_message, safe_salt
+from pairaudit.serving.modelstore import EMBEDDED_NAME as MODEL
 from pairaudit.serving.preflight import CONTEXT_REFUSAL_RE
 
 MML = 512
