@@ -168,21 +168,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.only in ("both", "ref"):
         result["ref"] = run_one("ref", lambda: start_ref(device, dtype, args.threads), args)
     python = bench_refserver.vllm_python()
+    # what the recording says of the server it came from
+    about = {"device": result["device_name"], "dtype": dtype, "torch": result["torch"]}
     if args.attach:
         attached = types.SimpleNamespace(url=args.attach.rstrip("/"), name="vllm", start_seconds=float("nan"),
                                          stop=lambda: None)
-        about = {"device": result["device_name"], "dtype": dtype, "torch": result["torch"], "attached": True}
-        result["vllm"] = run_one("vllm", lambda: attached, args, about)
+        result["vllm"] = run_one("vllm", lambda: attached, args, {**about, "attached": True})
     elif args.only == "ref":
         result["vllm"] = {"measured": False, "why": "--only ref"}
     elif python is None:
         result["vllm"] = {"measured": False, "why": "neither $PAIRAUDIT_VLLM_PYTHON nor .venv-vllm/bin/python exists"}
     else:
-        about = {"device": result["device_name"], "dtype": dtype, "torch": result["torch"],
-                 "flags": ["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(CONCURRENCY),
-                           "--enable-prefix-caching", *args.vllm_arg]}
+        flags = ["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(CONCURRENCY),
+                 "--enable-prefix-caching", *args.vllm_arg]
         result["vllm"] = run_one("vllm", lambda: start_vllm(python, device, dtype, args.vllm_arg, args.vllm_timeout),
-                                 args, about)
+                                 args, {**about, "flags": flags})
         result["vllm"]["python"] = str(python)
     ref, vllm = result.get("ref", {}), result["vllm"]
     if ref.get("measured") and vllm.get("measured"):

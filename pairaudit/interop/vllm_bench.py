@@ -222,8 +222,8 @@ def export_speed(decision_path: str | os.PathLike, streams_path: str | os.PathLi
         return exported
     audit = doc.audit
     # the registered three-start bracket of a two-arm audit names a start it never reached
-    missing = [] if doc.sweep else [(st, arm) for st, _, arm in START_ROLES
-                                    if st not in {s.start for s in doc.starts}]
+    measured = {s.start for s in doc.starts}
+    missing = [] if doc.sweep else [(st, arm) for st, _, arm in START_ROLES if st not in measured]
     exported.skipped.extend(f"{st} ({arm}): not measured (the bracket stopped before it)" for st, arm in missing)
     for srec in doc.starts:
         start, arm = srec.start, srec.arm
