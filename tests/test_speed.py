@@ -196,8 +196,8 @@ def test_informational_gate_only_rejects_on_loss():
 NO_CLOCK = {**QUIET, "governor": None, "scaling_max_freq_khz": None}   # a VM: no cpufreq, no GPU
 
 
-def test_default_rule_is_win2_v4_and_win2_v2_decides_over_the_deciding_cells_as_a_deviation():
-    assert speed.resolve_config({"cells": CELLS})["rule"] == "win2-v4"
+def test_default_rule_is_win2_v5_and_win2_v2_decides_over_the_deciding_cells_as_a_deviation():
+    assert speed.resolve_config({"cells": CELLS})["rule"] == "win2-v5"
     res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
     win2, _, gate = speeddecision.decide(res, CFG_V2, quiet_clock())
     assert CFG_V2["rule"] == "win2-v2"
@@ -505,7 +505,7 @@ def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
                      {"name": "rnd-c2", "prompt": "random", "input_len": 16, "concurrency": 2, "decide": False}],
            "repeats": 2, "waves": 1, "output_len": n, "archive": str(archive),
            "accept_unverifiable_clock": True,
-           # win2-v4 with a start-noise fallback no 3-start window can beat: the bracket must grow to
+           # the default rule with a start-noise fallback no 3-start window can beat: the bracket must grow to
            # five starts (at five the window's own 3 degrees of freedom replace the fallback)
            "max_starts": 5, "start_noise_pct": 50.0, "repeat_s": None}
     out, streams = tmp_path / "speed" / "decision.json", tmp_path / "speed" / "streams.jsonl"
@@ -515,7 +515,7 @@ def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
                             out_path=str(out), streams_path=str(streams), archive_path=str(archive),
                             server_logs=logs)
     saved = artifacts.check_schema(artifacts.read_json(out), contracts.SPEED_DECISION_SCHEMA, out)
-    assert saved["gate"] == doc["gate"] and saved["gate"]["rule"] == "win2-v4"
+    assert saved["gate"] == doc["gate"] and saved["gate"]["rule"] == "win2-v5"
     # five fresh servers, alternating, in bracket order, on one host; the first look asked for more
     assert [(s["start"], s["arm"]) for s in saved["starts"]] == [
         ("s1", "control"), ("s2", "candidate"), ("s3", "control"), ("s4", "candidate"), ("s5", "control")]
@@ -542,7 +542,7 @@ def test_ngram_on_vs_off_bracket_end_to_end(tmp_path):
     assert g["point_gain_pct"] == 100.0  # drafts accepted against none: better, never a loss
     assert g["guard_verdict"] == "OK"
     # the verdict follows the stored series (timing noise here decides it; the rule must not drift)
-    again = gates.win2_v4(saved["series"], primary="pooled_rate_tps", guards=["accepted_per_round", "decode_tps"],
+    again = gates.win2_v5(saved["series"], primary="pooled_rate_tps", guards=["accepted_per_round", "decode_tps"],
                           reported=["ms_per_round", "ttft_s"], lower_is_better=["ms_per_round", "ttft_s"],
                           decide=["rep-c1"], max_starts=5, evidence=saved["evidence"], start_noise_pct=50.0)
     assert again["verdict"] == saved["gate"]["verdict"]

@@ -5,8 +5,9 @@ one line per finished control start and cell: {schema:
 pairaudit.control_archive/v1, audit, window (one bracket run: the control
 starts of one window are what :mod:`pairaudit.speed.evidence` reads the
 host's start-to-start noise from), time, start, cell, config_hash
-(sha256 of the cell, output_len, waves, repeat_s, sampling and the control
-arm's identity fields), metrics
+(sha256 of the cell, output_len, waves, repeats, repeat_s, sampling and the
+control arm's identity fields), plan_hash (sha256 of the wave plan the
+window's first start realised), metrics
 {metric: mean over repeats}, per_repeat {metric: [..]}, clock, host}.
 """
 
@@ -32,6 +33,7 @@ from pairaudit.speed.metrics import METRICS, finite_json, spread_stats
 def config_hash(cell: Mapping[str, Any], cfg: Mapping[str, Any], control_spec: ArmSpec) -> str:
     """Which archived control starts are comparable: same cell, request shape and control server."""
     return artifacts.sha256_json({"cell": dict(cell), "output_len": cfg["output_len"], "waves": cfg["waves"],
+                                  "repeats": cfg["repeats"],
                                   **({"repeat_s": cfg["repeat_s"]} if cfg.get("repeat_s") is not None else {}),
                                  "sampling": {"temperature": 1.0, "top_p": 1.0, "ignore_eos": True},
                                  "control": control_spec.identity()})
@@ -71,9 +73,14 @@ def archive_spread(records: Sequence[Mapping[str, Any]], cell: str, chash: str, 
     return spread_stats(vals)
 
 
+def plan_hash(plan: Mapping[str, Any] | None) -> str | None:
+    """Which windows measured the same waves: the sha256 of the wave plan a bracket's first start realised."""
+    return None if plan is None else artifacts.sha256_json(dict(plan))
+
+
 def archive_line(*, audit: str, start: str, cell: Mapping[str, Any], chash: str, pooled: Sequence[Mapping],
-                  clock: Mapping, host: str, window: str | None = None) -> dict:
+                  clock: Mapping, host: str, window: str | None = None, plan_hash: str | None = None) -> dict:
     per_repeat = {m: [p[m] for p in pooled] for m in METRICS}
     means = {m: (float(np.mean(v)) if all(x is not None for x in v) else None) for m, v in per_repeat.items()}
     return {"audit": audit, "window": window, "time": utc_now("milliseconds"), "start": start, "cell": cell["name"],
-            "config_hash": chash, "metrics": means, "per_repeat": per_repeat, "clock": dict(clock), "host": host}
+            "config_hash": chash, "plan_hash": plan_hash, "metrics": means, "per_repeat": per_repeat, "clock": dict(clock), "host": host}

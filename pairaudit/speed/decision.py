@@ -17,6 +17,7 @@ The gate's fields: the ``gate`` and ``win2`` entries of the speed decision
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Mapping, Sequence
 
 from pairaudit import gates
@@ -25,13 +26,6 @@ from pairaudit.speed.metrics import LOWER_IS_BETTER, START_ROLES, series_for
 
 # the registered speed rules, the default first (speed.rule selects): a view of gates.REGISTERED, not a table
 RULES = gates.rules_of("speed")
-_WHY_NOT = {
-    "win2-v3": "win2-v3 tests at alpha / looks at every look and gives every loss test an equal share, so it "
-               "needs more starts to decide at the same false WIN/LOSS rates",
-    "win2-v2": "win2-v2 floors the start-to-start noise at start_noise_pct whatever the host's evidence, so a "
-               "2 % bar is out of reach of one bracket",
-    "win2-v1": "win2-v1 does not bound its false WIN/LOSS under start-level noise",
-}
 
 
 def combine(cell_verdicts: Mapping[str, Mapping[str, Any]], decision_cells: Sequence[str], *,
@@ -63,7 +57,7 @@ def _rule_deviations(rule: str, res: Mapping[str, Any]) -> list[dict]:
              f"registered {v['registered']!r}"} for k, v in (res.get("deviations") or {}).items()]
     if rule != RULES[0]:
         devs.append({"gate": "speed", "what": "rule", "detail": f"speed.rule {rule} instead of the default "
-                     f"{RULES[0]} ({_WHY_NOT[rule]})"})
+                     f"{RULES[0]} ({gates.rule(rule, 'speed').need('why_not')})"})
     return devs
 
 
@@ -108,20 +102,40 @@ def _rule_pooled(spec: gates.Rule, series: Mapping[str, Mapping], cfg: Mapping[s
                      max_starts=cfg["max_starts"], evidence=evidence, **sweep)
     if "evidence" not in spec.takes:
         return res   # win2-v2 states its own rates
-    spend = {k: res["params"][k] for k in ("spending", "loss_pooled_share") if k in res["params"]}
+    if res.get("more_starts"):
+        return res   # the rates are the finished bracket's: a look that grows it states none
     nz = res["noise"]
     zero = [g for g in cfg["guards"] if all(v == 0 for c in deciding for tr in series[c][g] for v in tr)]
-    r = res["rates"] = gates.win2_v3_rates(
-        rep_sd=nz["rep_sd_pct"], start_sd=nz["start_sd_used_pct"], cells=len(deciding), repeats=res["repeats"],
-        max_starts=cfg["max_starts"], guards=cfg["guards"], zero_guards=zero, win_pct=cfg["win_pct"],
-        start_noise_pct=cfg["start_noise_pct"], evidence_df=int(nz["evidence_df"] or 0), **spend)
+    # The simulation adds the per-repeat noise to each start's own offset, so it takes the start component:
+    # the sd of a start's value less what its repeats (pooled over the deciding cells) already put in it.
+    # Passing the start value's sd counted the repeat noise twice.
+    start_sd = start_component_sd(nz["start_sd_used_pct"], nz["rep_sd_pct"], len(deciding), res["repeats"])
+    nz["start_component_sd_pct"] = start_sd
+    common = dict(rep_sd=nz["rep_sd_pct"], start_sd=start_sd, cells=len(deciding), repeats=res["repeats"],
+                  max_starts=cfg["max_starts"], guards=cfg["guards"], zero_guards=zero,
+                  evidence_df=int(nz["evidence_df"] or 0))
+    if spec.params.get("alpha_futility") is not None:
+        params = {k: res["params"][k] for k in spec.params if k in res["params"]}
+        # 1000 brackets: the sized bracket's simulation costs a second or two per hundred on one core
+        r = res["rates"] = gates.win2_v5_rates(**common, n=1000, **params)
+        extra = f", NO_WIN for a +{cfg['win_pct']:g} % one {100 * r['bar_no_win']:.1f} %"
+    else:
+        spend = {k: res["params"][k] for k in ("spending", "loss_pooled_share") if k in res["params"]}
+        r = res["rates"] = gates.win2_v3_rates(**common, win_pct=cfg["win_pct"],
+                                               start_noise_pct=cfg["start_noise_pct"], **spend)
+        extra = ""
     res["reasons"].append(
-        f"{spec.name} at this noise (start to start {nz['start_sd_used_pct']:.2f} %, per repeat "
+        f"{spec.name} at this noise (start to start {start_sd:.2f} % of a start's own, per repeat "
         f"{nz['rep_sd_pct']:.2f} %, up to {cfg['max_starts']} starts): false WIN {100 * r['false_win']:.1f} %, "
-        f"false LOSS {100 * r['false_loss']:.1f} %, WIN for a +{r['power_gain_pct']:g} % change "
-        f"{100 * r['power']:.1f} %, LOSS for a -{r['power_gain_pct']:g} % one {100 * r['power_loss']:.1f} % "
-        f"({r['windows']} simulated brackets, seed {r['seed']})")
+        f"false LOSS {100 * r['false_loss']:.1f} %, NO_WIN on identical arms {100 * r['null_no_win']:.1f} %, WIN for "
+        f"a +{r['power_gain_pct']:g} % change {100 * r['power']:.1f} %, LOSS for a -{r['power_gain_pct']:g} % one "
+        f"{100 * r['power_loss']:.1f} %{extra} ({r['windows']} simulated brackets, seed {r['seed']})")
     return res
+
+
+def start_component_sd(start_value_sd: float, rep_sd: float, cells: int, repeats: int) -> float:
+    """A start's own offset (sd, %): its value's sd less the repeat noise its mean over cells x repeats holds."""
+    return math.sqrt(max(0.0, start_value_sd ** 2 - rep_sd ** 2 / max(1, cells * repeats)))
 
 
 def _decide_pooled(spec: gates.Rule, series: Mapping[str, Mapping], cfg: Mapping[str, Any], clock: Mapping[str, Any],
@@ -172,7 +186,7 @@ def _decide_pooled(spec: gates.Rule, series: Mapping[str, Mapping], cfg: Mapping
 def decide(results: Mapping[str, Mapping[str, Any]], cfg: Mapping[str, Any], clock: Mapping[str, Any],
            archive_pct: Mapping[str, float | None] | None = None, *, starts: Sequence[str] | None = None,
            evidence: Mapping[str, Any] | None = None, arms: Sequence[str] | None = None,
-           candidate: str | None = None) -> tuple[dict, dict, dict]:
+           candidate: str | None = None, start_cost_s: float | None = None) -> tuple[dict, dict, dict]:
     """(win2 per cell, series per cell, gate) from ``results[start][cell]["pooled"]`` under ``cfg["rule"]``.
 
     Clock findings (``clock_findings``) make the gate INCONCLUSIVE under either
@@ -180,7 +194,9 @@ def decide(results: Mapping[str, Mapping[str, Any]], cfg: Mapping[str, Any], clo
     detail}): an accepted unverifiable clock, a non-default rule, rule
     parameters off their registered values. ``arms`` and ``candidate``: one
     candidate of a shared-control bracket (a sequential rule only), decided
-    over its windows.
+    over its windows. ``start_cost_s``: this bracket's mean wall time a start;
+    an undecided bracket that knows how many starts would decide says how
+    many minutes they would take.
     """
     metrics = [cfg["primary"], *cfg["guards"], *cfg["reported"]]
     spec = gates.rule(cfg.get("rule", RULES[0]), "speed")
@@ -197,7 +213,25 @@ def decide(results: Mapping[str, Mapping[str, Any]], cfg: Mapping[str, Any], clo
     else:
         win2, gate = _decide_per_cell(spec, series, cfg, clock, archive_pct or {}, incon)
     rule_res = gate if spec.pooled else next((w for w in win2.values() if w.get("deviations")), {})
+    _say_minutes(gate, start_cost_s)
     gate["stage_deviations"] = devs + _rule_deviations(spec.name, rule_res)
     for d in devs:
         gate["reasons"].append(f"deviation: {d['detail']}")
     return win2, series, gate
+
+
+def _say_minutes(gate: dict, start_cost_s: float | None) -> None:
+    """An undecided, stopped bracket: the starts that would decide it, in minutes at this bracket's start cost."""
+    if gate.get("verdict") != "INCONCLUSIVE" or gate.get("more_starts") or not start_cost_s:
+        return
+    need = (gate.get("plan") or {}).get("starts_needed") or (gate.get("needed") or {}).get("starts_needed")
+    if not need:
+        return
+    minutes = need * start_cost_s / 60.0
+    if isinstance(gate.get("needed"), dict):
+        gate["needed"]["minutes"] = minutes
+        gate["needed"]["start_cost_s"] = start_cost_s
+    gate["reasons"].insert(1 if gate["reasons"] else 0,
+                           f"what would decide: about {need} starts, about {minutes:.0f} min at this bracket's "
+                           f"{start_cost_s:.0f} s a start (speed.max_starts, or a calibration of this host: "
+                           "pairaudit size --speed)")

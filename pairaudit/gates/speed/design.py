@@ -38,31 +38,56 @@ def information_fractions(looks: int) -> tuple[float, ...]:
     return tuple(i / info[-1] for i in info)
 
 
+def obf_spent(alpha: float, t: float) -> float:
+    """The Lan-DeMets O'Brien-Fleming-type spending function: how much of one-sided ``alpha`` may be spent by
+    information fraction ``t``, 2 (1 - Phi(z_{1-alpha/2} / sqrt t)); all of it at t >= 1."""
+    from scipy.stats import norm
+
+    if t >= 1.0:
+        return float(alpha)
+    if t <= 0.0:
+        return 0.0
+    return 2.0 * float(norm.sf(float(norm.ppf(1.0 - alpha / 2.0)) / math.sqrt(t)))
+
+
 @functools.lru_cache(maxsize=512)
 def obf_levels(alpha: float, fractions: tuple[float, ...], grid: int = 801) -> tuple[float, ...]:
     """One-sided nominal levels per look of a group-sequential test, O'Brien-Fleming-type spending.
 
-    The Lan-DeMets spending function alpha(t) = 2 (1 - Phi(z_{1-alpha/2} / sqrt t))
-    gives how much of alpha may be spent by information fraction t; the
-    boundary of each look is solved so that the chance of a first crossing
-    there, under no effect, is exactly that look's increment. The score
-    process is a Brownian motion in the information; its density below the
-    earlier boundaries is carried from look to look on a grid (the
-    Armitage-McPherson-Rowe recursion), so the levels are deterministic.
-    Returns P(Z >= c_k) per look: the level each look tests at.
+    The Lan-DeMets spending function (``obf_spent``) gives how much of alpha may be spent by information
+    fraction t; ``gs_levels`` solves each look's boundary so that the chance of a first crossing there,
+    under no effect, is exactly that look's increment. Returns P(Z >= c_k) per look: the level each look
+    tests at.
+    """
+    return gs_levels(fractions, tuple(obf_spent(alpha, t) for t in fractions), grid)
+
+
+@functools.lru_cache(maxsize=4096)
+def gs_levels(infos: tuple[float, ...], spent: tuple[float, ...], grid: int = 801) -> tuple[float, ...]:
+    """One-sided nominal levels per look of a group-sequential test that has spent ``spent[k]`` of its alpha
+    by look k (cumulative, non-decreasing), the looks at information ``infos`` (any scale: only ratios count).
+
+    The score process is a Brownian motion in the information; its density below the earlier boundaries is
+    carried from look to look on a grid (the Armitage-McPherson-Rowe recursion), so the levels are
+    deterministic. A design whose planned size moves between looks (win2-v5 re-sizes from the variance)
+    passes the fraction each look had of the size planned at that look: what was spent stays spent.
     """
     from scipy.optimize import brentq
-    from scipy.stats import norm
+    from scipy.special import ndtr, ndtri
 
-    z = float(norm.ppf(1.0 - alpha / 2.0))
-    spent = [2.0 * float(norm.sf(z / math.sqrt(t))) for t in fractions]
+    # ndtr and a numpy density, not scipy.stats: the same values without its per-call overhead, which made
+    # a plan of many looks cost seconds
+    def pdf(x):
+        return np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+
+    fractions = [i / infos[-1] for i in infos]
     levels: list[float] = []
     xs = dens = None
     prev_t, prev_spent = 0.0, 0.0
     for t, cum in zip(fractions, spent):
         inc = max(cum - prev_spent, 1e-300)
         if xs is None:
-            b = float(norm.isf(inc)) * math.sqrt(t)
+            b = float(-ndtri(inc)) * math.sqrt(t)
         else:
             sd = math.sqrt(t - prev_t)
             w = np.full(xs.size, xs[1] - xs[0])
@@ -70,21 +95,21 @@ def obf_levels(alpha: float, fractions: tuple[float, ...], grid: int = 801) -> t
             mass = w * dens
 
             def cross(bk, mass=mass, sd=sd, xs=xs):
-                return float((mass * norm.sf((bk - xs) / sd)).sum()) - inc
+                return float((mass * ndtr((xs - bk) / sd)).sum()) - inc
 
             lo, hi = xs[-1] - 10.0 * sd, xs[-1] + 10.0 * sd
             b = float(brentq(cross, lo, hi, xtol=1e-10)) if cross(lo) > 0 > cross(hi) else hi
-        levels.append(float(norm.sf(b / math.sqrt(t))))
+        levels.append(float(ndtr(-b / math.sqrt(t))))
         # the density of the score below this boundary, for the next look
         new = np.linspace(min(b, 0.0) - 9.0 * math.sqrt(t), b, grid)
         if xs is None:
-            dens = norm.pdf(new / math.sqrt(t)) / math.sqrt(t)
+            dens = pdf(new / math.sqrt(t)) / math.sqrt(t)
         else:
             sd = math.sqrt(t - prev_t)
             w = np.full(xs.size, xs[1] - xs[0])
             w[0] = w[-1] = w[0] / 2.0
-            dens = (norm.pdf((new[:, None] - xs[None, :]) / sd) / sd) @ (w * dens)
-        xs, prev_t, prev_spent = new, t, cum
+            dens = (pdf((new[:, None] - xs[None, :]) / sd) / sd) @ (w * dens)
+        xs, prev_t, prev_spent = new, t, max(cum, prev_spent)
     return tuple(levels)
 
 

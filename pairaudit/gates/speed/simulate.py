@@ -10,7 +10,7 @@ import numpy as np
 
 from pairaudit.gates.speed.design import looks_for
 from pairaudit.gates.speed.onebracket import WIN2_V2_RATE_SEED, WIN2_V2_RATE_WINDOWS
-from pairaudit.gates.speed.sequential import _win2_v3_core
+from pairaudit.gates.speed.sequential import WIN2_V5, _sub_evidence, _win2_v3_core, v5_run
 from pairaudit.gates.speed.sweep import sweep_layout, sweep_next, sweep_windows
 
 def simulate_sequences(rng: np.random.Generator, n: int, *, cells: int, repeats: int, rep_sd: float,
@@ -65,18 +65,6 @@ def sequential_verdicts(metrics: Mapping[str, np.ndarray], *, max_starts: int, *
         used[now] = k
         open_ &= ~now
     return verdict.astype(str), used
-
-
-def _sub_evidence(evidence: Mapping[str, Mapping[str, Any]] | None, idx: np.ndarray) -> dict | None:
-    """Simulated per-bracket evidence (arrays over brackets) restricted to the brackets ``idx``."""
-    if not evidence:
-        return None
-
-    def take(e):
-        return None if e is None else (np.asarray(e[0])[idx] if np.ndim(e[0]) else e[0], e[1])
-
-    return {m: {"pooled": take(e.get("pooled")), "cells": [take(c) for c in e.get("cells") or []]}
-            for m, e in evidence.items()}
 
 
 @dataclass(frozen=True)
@@ -173,3 +161,64 @@ def win2_v3_rates(*, rep_sd: float, start_sd: float, cells: int, repeats: int, m
             "null_inconclusive": float((null == "INCONCLUSIVE").mean()), "null_mean_starts": float(used0.mean()),
             "power_gain_pct": power_gain_pct, "power": float((up == "WIN").mean()),
             "power_loss": float((down == "LOSS").mean()), "alt_mean_starts": float(used_up.mean())}
+
+
+def sequential_verdicts_v5(metrics: Mapping[str, np.ndarray], *, max_starts: int,
+                           **kw: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """win2-v5 over simulated full brackets, exactly as the rule runs one (``v5_run``). Returns each bracket's
+    verdict, the starts it ran, and the starts its pilot asked for (0: more than any bracket of up to
+    SIZE_LIMIT)."""
+    run = v5_run(metrics, upto=max_starts, max_starts=max_starts, **kw)
+    need = np.asarray([lk[0]["starts_needed"] or 0 for lk in run.looks])
+    return run.verdict, run.used, need
+
+
+def win2_v5_rates(*, rep_sd: float, start_sd: float, cells: int, repeats: int, max_starts: int,
+                  guards: Sequence[str] = (), zero_guards: Sequence[str] = (), evidence_df: int = 0,
+                  prompt_sd: float = 0.0, n: int = WIN2_V2_RATE_WINDOWS, seed: int = WIN2_V2_RATE_SEED,
+                  gains: Sequence[float] | None = None, **params: Any) -> dict:
+    """Seeded simulated outcomes of win2-v5 at one noise level: ``start_sd`` is the start component (a
+    start's own offset, shared by all its repeats and cells), ``rep_sd`` the per-repeat noise on top of it.
+
+    ``params``: the rule's registered parameters (``WIN2_V5``, a config may override them). Simulates identical
+    arms and true gains of +-power_gain_pct and +-win_pct (``gains`` adds others); reports per gain the share
+    of each verdict and the mean starts, plus the headline rates: false WIN / LOSS and NO_WIN on identical
+    arms, WIN at +power_gain_pct, LOSS at -power_gain_pct, NO_WIN at +win_pct (a gain of the bar called no win).
+    """
+    p = {**WIN2_V5, **params}
+    names = ["primary", *guards]
+    kw: dict[str, Any] = dict(primary="primary", guards=list(guards), lower_is_better=(), win_pct=p["win_pct"],
+                              alpha_win=p["alpha_win"], alpha_loss=p["alpha_loss"],
+                              start_noise_pct=p["start_noise_pct"], min_df=p["min_df"],
+                              evidence_f_alpha=p["evidence_f_alpha"], spending="obf",
+                              loss_pooled_share=p["loss_pooled_share"])
+    g, bar = float(p["power_gain_pct"]), float(p["win_pct"])
+    todo = [0.0, g, -g, bar, -bar, *(gains or ())]
+    rng = np.random.default_rng(seed)
+    by: dict[str, dict[str, float]] = {}
+    for gain in dict.fromkeys(todo):
+        sims = simulate_sequences(rng, n, cells=cells, repeats=repeats, rep_sd=rep_sd, start_sd=start_sd,
+                                  max_starts=max_starts, gain_pct=gain, prompt_sd=prompt_sd, metrics=names,
+                                  zero=zero_guards)
+        ev = None
+        if evidence_df > 0:
+            ctrl = simulate_sequences(rng, n, cells=cells, repeats=repeats, rep_sd=rep_sd, start_sd=start_sd,
+                                      max_starts=evidence_df + 1, prompt_sd=prompt_sd, metrics=names)
+            ev = {}
+            for m in names:
+                pv, cv, df = evidence_from_controls(ctrl[m])
+                ev[m] = {"pooled": (pv, df), "cells": [(c, df) for c in cv]}
+        v, used, need = sequential_verdicts_v5(sims, max_starts=max_starts, pilot_starts=p["pilot_starts"],
+                                               max_looks=p["max_looks"], power=p["power"],
+                                               power_gain_pct=g, alpha_futility=p["alpha_futility"],
+                                               evidence=ev, **kw)
+        by[f"{gain:+g}"] = {**{k: float((v == k).mean()) for k in ("WIN", "LOSS", "NO_WIN", "INCONCLUSIVE")},
+                            "mean_starts": float(used.mean()), "max_starts_run": int(used.max()),
+                            "sized_beyond_max": float(((need == 0) | (need > max_starts)).mean())}
+    zero, up, down, at_bar = by["+0"], by[f"{g:+g}"], by[f"{-g:+g}"], by[f"{bar:+g}"]
+    return {"rule": "win2-v5", "rep_sd_pct": rep_sd, "start_sd_pct": start_sd, "prompt_sd_pct": prompt_sd,
+            "cells": cells, "repeats": repeats, "max_starts": max_starts, "evidence_df": evidence_df, "windows": n,
+            "seed": seed, "false_win": zero["WIN"], "false_loss": zero["LOSS"], "null_no_win": zero["NO_WIN"],
+            "null_inconclusive": zero["INCONCLUSIVE"], "null_mean_starts": zero["mean_starts"],
+            "power_gain_pct": g, "power": up["WIN"], "power_loss": down["LOSS"], "bar_no_win": at_bar["NO_WIN"],
+            "alt_mean_starts": up["mean_starts"], "by_gain": by}
