@@ -11,6 +11,13 @@ values); the discordance, when not given, is what the last audit in
 ``results/ledger.jsonl`` observed per dataset, else the host's latest A/A
 calibration in ``results/calibrations.jsonl``, else a stated default (0.25).
 
+``pairaudit size --speed [--decision FILE | --start-sd PCT] [--start-s S] [--max-starts N] [--json]``
+(win2-v5, the default speed rule): the starts, and the minutes, a bracket needs to decide +-3 % at the
+rule's registered power, from a finished bracket's record (a speed decision.json: an audit's or an A/A
+calibration's; by default the newest under results/) or from a start-to-start sd given in % (the sd of a
+start's value, what the record's noise calls ``start_sd_used_pct``). The arithmetic is the rule's own
+(``gates.win2_v5_size``), with the record's degrees of freedom from the host's evidence.
+
 ``pairaudit size --loss PCT (--discordance D | --calibration results/calibrations.jsonl [--of AUDIT])
 [--alpha 0.05] [--power 0.8] [--max-net-loss 0] [--json]`` (quality-v1's FAIL clause):
 
@@ -36,8 +43,8 @@ from pairaudit.quality import sizing
 
 from .codes import OK, REFUSED
 
-HELP = ("items per dataset quality-v2 needs to rule out its margin (default), or quality-v1's McNemar test to see "
-        "a net loss (--loss)")
+HELP = ("items per dataset quality-v2 needs to rule out its margin (default), quality-v1's McNemar test to see "
+        "a net loss (--loss), or the starts the speed bracket needs to decide (--speed)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -54,6 +61,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--power", type=float, default=stats.MDE_POWER, help="target power (0.8)")
     p.add_argument("--max-net-loss", type=int, default=0, help="quality-v1's tolerated net loss in items (0)")
     p.add_argument("--max-items", type=int, default=sizing.DEFAULT_MAX_ITEMS, help="largest count looked at")
+    p.add_argument("--speed", action="store_true", help="the speed bracket: starts and minutes to decide +-3 %%")
+    p.add_argument("--decision", metavar="FILE", help="--speed: a finished bracket's speed decision.json")
+    p.add_argument("--start-sd", type=float, metavar="PCT", help="--speed: the start-to-start sd (%%) instead")
+    p.add_argument("--start-s", type=float, metavar="S", help="--speed: seconds a start (default: the record's)")
+    p.add_argument("--max-starts", type=int, metavar="N", help="--speed: the bracket's cap (config's max_starts)")
     p.add_argument("--json", action="store_true", help="print the plan(s) as JSON")
 
 
@@ -122,7 +134,91 @@ def run_margin(args: argparse.Namespace) -> int:
     return OK
 
 
+def _newest_speed_decision() -> str | None:
+    import glob
+    import os
+
+    found = [p for p in glob.glob("results/**/speed/**/decision.json", recursive=True)
+             if "candidates" not in p.split(os.sep)[1:2]]
+    return max(found, key=os.path.getmtime) if found else None
+
+
+def _start_cost(doc: dict) -> float | None:
+    """Mean wall seconds of a bracket's starts, from their recorded start and stop times."""
+    import datetime as dt
+
+    spans = []
+    for st in doc.get("starts") or []:
+        try:
+            a = dt.datetime.fromisoformat(st["started_at"])
+            b = dt.datetime.fromisoformat(st["stopped_at"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        spans.append((b - a).total_seconds())
+    return sum(spans) / len(spans) if spans else None
+
+
+def run_speed(args: argparse.Namespace) -> int:
+    from pairaudit import gates
+    from pairaudit.core import artifacts, defaults
+
+    reg = dict(gates.WIN2_V5)
+    max_starts = args.max_starts or int(defaults.section("speed")["max_starts"])
+    start_s, ev_df, source = args.start_s, 0, "--start-sd"
+    doc: dict | None = None
+    if args.start_sd is not None:
+        if not 0 < args.start_sd < 100:
+            print(f"pairaudit size: --start-sd must be in (0, 100), got {args.start_sd}", file=sys.stderr)
+            return REFUSED
+        sd = args.start_sd
+    else:
+        path = args.decision or _newest_speed_decision()
+        if path is None:
+            print("pairaudit size: --speed needs --decision FILE or --start-sd PCT (no speed decision under results/)",
+                  file=sys.stderr)
+            return REFUSED
+        try:
+            doc = artifacts.read_json(path)
+            noise = (doc.get("gate") or {}).get("noise") or {}
+            sd = float(noise["start_sd_used_pct"])
+        except artifacts.ArtifactError as exc:
+            print(f"pairaudit size: {exc}", file=sys.stderr)
+            return REFUSED
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"pairaudit size: {path}: no start-to-start noise recorded ({exc})", file=sys.stderr)
+            return REFUSED
+        ev_df = int(noise.get("evidence_df") or 0)
+        start_s = start_s or _start_cost(doc)
+        source = f"{path} ({len(doc.get('starts') or [])} starts)"
+    if args.max_starts is None and doc is not None:
+        max_starts = int(((doc.get("params") or {}).get("max_starts")) or max_starts)
+    pilot = gates.speed.pilot_of(int(reg["pilot_starts"]), max_starts)
+    need = int(gates.win2_v5_size(sd ** 2, ev_df, pilot=pilot, max_looks=int(reg["max_looks"]), win_pct=reg["win_pct"],
+                                  alpha_win=reg["alpha_win"], alpha_loss=reg["alpha_loss"],
+                                  alpha_futility=reg["alpha_futility"], loss_pooled_share=reg["loss_pooled_share"],
+                                  power=reg["power"], power_gain_pct=reg["power_gain_pct"])[0]) or None
+    minutes = None if need is None or not start_s else need * start_s / 60.0
+    out = {"rule": "win2-v5", "start_sd_pct": sd, "evidence_df": ev_df, "source": source,
+           "power": reg["power"], "gain_pct": reg["power_gain_pct"], "starts_needed": need,
+           "start_s": start_s, "minutes": minutes, "max_starts": max_starts,
+           "fits": need is not None and need <= max_starts}
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return OK
+    what = (f"more than {gates.speed.SIZE_LIMIT} starts" if need is None else
+            f"about {need} starts" + ("" if minutes is None else f", about {minutes:.0f} min at {start_s:.0f} s a start"))
+    print(f"win2-v5 at start-to-start {sd:.2f} % ({source}): {what} to decide +-{reg['power_gain_pct']:g} % at "
+          f"{100 * reg['power']:.0f} % power.")
+    if need is not None and need > max_starts:
+        print(f"  max_starts {max_starts} is fewer: the bracket would stop at its pilot, INCONCLUSIVE. Raise "
+              f"speed.max_starts to {need}, or calibrate this host (snakemake calibrate) so the host's evidence "
+              "narrows the noise, or make speed informational for a change that is not about speed.")
+    return OK
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.speed:
+        return run_speed(args)
     if args.loss is None:
         return run_margin(args)
     if args.discordance is None and not args.calibration:

@@ -398,11 +398,11 @@ def _win2_sequential(
     next_starts: int | None = None
     if v5:
         kw.update(alpha_futility=alpha_futility, moving_only=True)
-    if v5 and layout is None:
+    if alpha_futility is not None and layout is None:
         pilot = pilot_of(pilot_starts, max_starts)
         series = {m: arr(decide, m) for m in [primary, *guards]}
         run = v5_run(series, upto=n_starts, max_starts=max_starts, pilot_starts=pilot_starts, max_looks=max_looks,
-                     power=power, power_gain_pct=power_gain_pct, alpha_futility=float(alpha_futility),
+                     power=power, power_gain_pct=power_gain_pct, alpha_futility=alpha_futility,
                      evidence=ev_for(decide), primary=primary,
                      guards=guards, **{k: v for k, v in kw.items() if k not in ("looks", "layout", "alpha_futility",
                                                                                  "moving_only")})
@@ -764,7 +764,7 @@ def v5_run(metrics: Mapping[str, np.ndarray], *, upto: int, max_starts: int, pil
     nxt = np.full(n_b, pilot, dtype=int)
     looks: list[list[dict[str, Any]]] = [[] for _ in range(n_b)]
     designs: list[tuple[tuple[float, ...], tuple[float, ...]] | None] = [None] * n_b
-    queue: list[tuple[np.ndarray, tuple[tuple[int, float], ...], int]] = [(np.arange(n_b), (), pilot)]
+    queue: list[tuple[np.ndarray, tuple[tuple[int, float, int], ...], int]] = [(np.arange(n_b), (), pilot)]
     while queue:
         idx, path, n = queue.pop()
         nxt[idx] = n
@@ -784,13 +784,17 @@ def v5_run(metrics: Mapping[str, np.ndarray], *, upto: int, max_starts: int, pil
             low_need = win2_v5_size(low, ev_df, pilot=pilot, max_looks=max_looks, **size_kw)
             stop = (low_need == 0) | (low_need > max_starts)
         planned = np.where(stop, n, np.where(beyond, max_starts, np.maximum(need, n)))
+        if path:
+            # a size never shrinks: a variance that reads low at a later look must not make that look the
+            # last and spend the rest of alpha on it (simulated: the bound's +bar rate then exceeds its alpha)
+            planned = np.maximum(planned, path[-1][2])
         if len(path) + 1 >= max_looks:
             planned[:] = n
         for p in sorted(set(planned.tolist())):
             j = np.flatnonzero(planned == p)
             gi = idx[j]
-            path2 = path + ((n, arm_factor(p) / arm_factor(n)),)
-            design = (tuple(1.0 / arm_factor(k) for k, _ in path2), tuple(t for _, t in path2))
+            path2 = path + ((n, arm_factor(p) / arm_factor(n), int(p)),)
+            design = (tuple(1.0 / arm_factor(k) for k, _, _ in path2), tuple(t for _, t, _ in path2))
             core = _win2_v3_core({m: v[j] for m, v in sub.items()}, looks=len(path2), design=design,
                                  evidence=_sub_evidence(sev, j), **kwc)
             v = core["verdict"]

@@ -181,7 +181,7 @@ def win2_v5_rates(*, rep_sd: float, start_sd: float, cells: int, repeats: int, m
     start's own offset, shared by all its repeats and cells), ``rep_sd`` the per-repeat noise on top of it.
 
     ``params``: the rule's registered parameters (``WIN2_V5``, a config may override them). Simulates identical
-    arms and true gains of +-power_gain_pct and +-win_pct (``gains`` adds others); reports per gain the share
+    arms and true gains of +-power_gain_pct and +win_pct (``gains`` adds others); reports per gain the share
     of each verdict and the mean starts, plus the headline rates: false WIN / LOSS and NO_WIN on identical
     arms, WIN at +power_gain_pct, LOSS at -power_gain_pct, NO_WIN at +win_pct (a gain of the bar called no win).
     """
@@ -193,7 +193,7 @@ def win2_v5_rates(*, rep_sd: float, start_sd: float, cells: int, repeats: int, m
                               evidence_f_alpha=p["evidence_f_alpha"], spending="obf",
                               loss_pooled_share=p["loss_pooled_share"])
     g, bar = float(p["power_gain_pct"]), float(p["win_pct"])
-    todo = [0.0, g, -g, bar, -bar, *(gains or ())]
+    todo = [0.0, g, -g, bar, *(gains or ())]
     rng = np.random.default_rng(seed)
     by: dict[str, dict[str, float]] = {}
     for gain in dict.fromkeys(todo):
