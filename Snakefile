@@ -12,6 +12,7 @@ from pairaudit.promotion.calibration import calibration_config, is_calibration
 from pairaudit.cli import export, verdict
 from pairaudit.configcheck import check_at_load, check_yaml_files, derive_at_load
 from pairaudit.core import resume
+from pairaudit.timeplan.plan import write_plan
 
 min_version("9.0")
 
@@ -37,8 +38,10 @@ configfile: "config/config.yaml"
 # every check below see them (pairaudit/plans/change.py).
 derive_at_load(config)
 validate(config, "config/schema.yaml")
-# everything else checkable before a job runs; each section resolved once, for the rules
-SETTINGS = check_at_load(config, workflow).settings
+# everything else checkable before a job runs; each section resolved once, for the rules.
+# It also prints the run's time plan and refuses one that does not fit window_min.
+CHECKED = check_at_load(config, workflow)
+SETTINGS = CHECKED.settings
 
 
 report: "report/workflow.rst"
@@ -67,6 +70,12 @@ rule all:
 # a cluster job parses it again from the config alone.
 if not is_calibration(config):
     RUN_STARTED = time.time()
+
+    # A run with jobs to run (never a dry run) keeps the plan it printed at load as an artifact,
+    # before its first job: the promotion sets it against what each phase took.
+    onstart:
+        if CHECKED.plan is not None:
+            write_plan(CHECKED.plan, config["audit"])
 
     # The terminal ends on the verdict: the front page of every decision this
     # run wrote (or the audit's standing one), as `pairaudit verdict` prints it.

@@ -33,6 +33,10 @@ The schema covers shapes and enums; this covers what needs code or files:
   (:func:`pairaudit.quality.sizing.margin_notes`): a note, never a refusal;
 * the calibration keys (:func:`pairaudit.promotion.calibration.check`): a calibration's
   audit name and identical arms, and no audit named like another's calibration;
+* the audit's time plan on this host (:func:`check_window`,
+  :mod:`pairaudit.timeplan.plan`), printed before any server starts; with
+  ``window_min`` set, a plan whose worst case exceeds the window is refused,
+  naming the phase to shrink and by how much;
 * every artifact already under ``results/<audit>/`` still has the content its
   writer recorded (:func:`pairaudit.core.artifacts.verify_tree`), so an edited
   file is refused by name even when Snakemake would rerun nothing.
@@ -61,19 +65,23 @@ import argparse
 import copy
 import json
 import os
+import socket
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from pairaudit import gates
 from pairaudit.core import artifacts, defaults
-from pairaudit.core.contracts import ARMS, CANDIDATES_DIR, DECISION_SCHEMA, MANIFEST_SCHEMA, PATHS, audit_dir
+from pairaudit.core.contracts import ARMS, CANDIDATES_DIR, DECISION_SCHEMA, MANIFEST_SCHEMA, PATHS, RESULTS, audit_dir
 from pairaudit.core.settings import (
     AuditSettings,
     BoundarySettings,
     DatasetSettings,
     GreedySettings,
     RulesSettings,
+    SamplingSettings,
     SettingsError,
     SpeedSettings,
 )
@@ -109,7 +117,12 @@ class CheckResult:
     boundary: BoundarySettings | None = None
     greedy: GreedySettings | None = None
     rules: RulesSettings | None = None
+    sampling: SamplingSettings | None = None
     settings: AuditSettings | None = None
+    # each arm's resolved spec; and the audit's time plan on this host (pairaudit.timeplan.plan.TimePlan),
+    # made by check_window once every other check passed
+    specs: dict[str, ArmSpec] = field(default_factory=dict)
+    plan: Any = None
 
     def raise_if_problems(self) -> None:
         if self.problems:
@@ -392,20 +405,21 @@ def check_boundary(config: Mapping[str, Any], specs: Mapping[str, ArmSpec], resu
 
 
 def resolve_sections(config: Mapping[str, Any], result: CheckResult) -> None:
-    """The sections that need no code beyond the schema's shapes: greedy and rules, into their records."""
+    """The sections that need no code beyond the schema's shapes: greedy, rules and sampling, into their records."""
     try:
         result.greedy = GreedySettings.from_json(defaults.filled(config.get("greedy"), "greedy"))
         result.rules = RulesSettings.from_json(defaults.filled(config.get("rules"), "rules"))
+        result.sampling = SamplingSettings.from_json(defaults.filled(config.get("sampling"), "sampling"))
     except SettingsError as exc:  # only a config the schema has not seen can get here
         result.problems.append(str(exc))
 
 
 def audit_settings(config: Mapping[str, Any], result: CheckResult) -> AuditSettings | None:
     """Every section's record, once every check passed (else None: the problems say why)."""
-    if result.problems or result.greedy is None or result.rules is None:
+    if result.problems or result.greedy is None or result.rules is None or result.sampling is None:
         return None
     return AuditSettings(speed=result.speed, boundary=result.boundary, greedy=result.greedy, rules=result.rules,
-                         datasets=tuple(result.datasets))
+                         datasets=tuple(result.datasets), sampling=result.sampling)
 
 
 # ----------------------------------------------------------------- entries
@@ -415,6 +429,8 @@ def check_config(config: Mapping[str, Any], *, base_dir: str | os.PathLike,
     """Every load-time check of an already schema-validated config; problems collected, never raised."""
     base = Path(base_dir)
     result = CheckResult()
+    # a registered rule without the fields its gate reads (calibration, report, deviations) is refused here
+    result.problems += gates.registry_problems()
     resolve_sections(config, result)
     specs = check_arms(config, result)
     check_datasets(config, result, base_dir=base, cache_dir=Path(cache_dir) if cache_dir else base / ".cache")
@@ -439,8 +455,31 @@ def check_config(config: Mapping[str, Any], *, base_dir: str | os.PathLike,
     if "change" in config and any(p.startswith("arms.") for p in result.problems):
         result.notes.append("arms.control and arms.candidate are derived from server + change (control: every "
                             "switch at its rollback value, candidate: every switch on); fix the key there")
+    result.specs = specs
     result.settings = audit_settings(config, result)
     return result
+
+
+def check_window(config: Mapping[str, Any], result: CheckResult) -> None:
+    """The audit's time plan on this host (``result.plan``), and with ``window_min`` set, a plan whose worst case
+    exceeds the window refused, naming the phase to shrink (:mod:`pairaudit.timeplan.plan`).
+
+    The host's history is every audit under ``results/`` relative to the working directory, as the rules'
+    outputs are. Planned only once every other check passed (a config that cannot run has no plan), and only
+    by the snakemake that schedules the run: a job loading the workflow mid-run would see a history its own
+    run has grown, and the window was judged when the run began.
+    """
+    if result.settings is None or result.problems:
+        return
+    from pairaudit.timeplan import history, plan as timeplan
+
+    hist = history.host_history(RESULTS, host=socket.gethostname())
+    window = config.get("window_min")
+    result.plan = timeplan.build_plan(result.settings, timeplan.arm_facts(result.specs), hist, audit=str(config["audit"]),
+                                      sampling=config.get("sampling") or {}, window_min=window)
+    problem = timeplan.window_problem(result.plan, result.settings)
+    if problem:
+        result.problems.append(problem)
 
 
 # The promotion's text outputs, written after decision.json and before the manifest.
@@ -525,6 +564,8 @@ def check_at_load(config: dict, workflow) -> CheckResult:
         # The schema validation filled defaults in; check a copy so nothing here can change the config.
         result = check_config(copy.deepcopy(config), base_dir=base)
         _LOADED[id(workflow)] = result.settings
+        if getattr(workflow, "is_main_process", True):
+            check_window(config, result)
     if isinstance(config.get("audit"), str):
         # relative to the working directory, as the rules' outputs are
         result.problems += check_results(audit_dir(config["audit"]))
@@ -535,6 +576,16 @@ def check_at_load(config: dict, workflow) -> CheckResult:
         os.environ[SERVER_SLOTS_ENV] = str(slots)
     for note in result.notes:
         print(f"config check: note: {note}", file=sys.stderr)
+    if result.plan is not None:
+        # every run shows its plan before the first server starts (written as an artifact at onstart)
+        from pairaudit.timeplan import plan as timeplan
+
+        print(timeplan.render_text(result.plan), file=sys.stderr, flush=True)
+        deadline = timeplan.speed_deadline(result.plan, time.time())
+        if deadline is not None:   # the jobs this snakemake starts inherit it; the speed bracket reads it
+            os.environ[timeplan.DEADLINE_ENV] = f"{deadline:.3f}"
+        else:
+            os.environ.pop(timeplan.DEADLINE_ENV, None)
     if result.problems:
         from snakemake_interface_common.exceptions import WorkflowError
 
@@ -616,6 +667,7 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 1
     result = check_config(config, base_dir=base)
+    check_window(config, result)
     if isinstance(config.get("audit"), str):
         result.problems += check_results(base / audit_dir(config["audit"]))
     for note in result.notes:

@@ -79,7 +79,7 @@ rule answers:
         slurm_partition=arm_partition,
     params:
         datasets=list(DATASETS),
-        sampling=config["sampling"],
+        sampling=SETTINGS.sampling.to_json(),
         audit=config["audit"],
         journal_dir=JOURNAL,
         starts_log=STARTS_LOG,

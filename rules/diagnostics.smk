@@ -27,7 +27,7 @@ rule diagnostics:
     params:
         datasets=list(DATASETS),
         greedy=SETTINGS.greedy.to_json(),
-        chat_template_kwargs=config["sampling"].get("chat_template_kwargs", {}),
+        chat_template_kwargs=SETTINGS.sampling.to_json()["chat_template_kwargs"],
         journal_dir=JOURNAL,
         starts_log=STARTS_LOG,
         # params, not logs: see rule answers

@@ -1,6 +1,6 @@
 # Speed: one job runs control, candidate, control (s1, s2, s3), and under
-# win2-v4 (the default) candidate, control more while the gate cannot decide,
-# up to `speed.max_starts`, on the same host, each a fresh server, and decides
+# the sequential rules (win2-v5, the default) more starts while the gate cannot decide, as the rule
+# sizes the bracket, up to `speed.max_starts`, on the same host, each a fresh server, and decides
 # under `speed.rule`. Every finished control start is appended to the control archive
 # outside the audit directory, so a rerun adds to the day-to-day spread.  The
 # receipts and rehearsals are `ancient`: the answers phase rewrites them when it

@@ -11,5 +11,5 @@ inp = snakemake.input  # noqa: F821
 run_job(snakemake.log[0], paired_stage, dataset_path=inp.dataset,  # noqa: F821
         sampled_paths={"control": inp.sampled_control, "candidate": inp.sampled_candidate},
         score_paths={"control": inp.scores_control, "candidate": inp.scores_candidate},
-        out_path=snakemake.output[0], quality_params=QualitySettings.from_json(snakemake.params.quality).to_json(),  # noqa: F821
+        out_path=snakemake.output[0], quality=QualitySettings.from_json(snakemake.params.quality),  # noqa: F821
         datasets=snakemake.params.datasets)  # noqa: F821

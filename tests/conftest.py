@@ -4,23 +4,33 @@
 group here, and one worker runs a group's tests one after the other, so its
 module and session fixtures start once:
 
-- ``serial`` (marker ``serial``, and every ``cluster`` test): tests that own
-  the machine -- the Slurm cluster installs Debian packages, writes
-  /etc/slurm and starts daemons; the vLLM install test reruns install.sh,
+- ``cluster`` (every ``cluster`` test): the real one-node Slurm, queued
+  first, beside the other worker's tests. It installs Debian packages,
+  writes /etc/slurm and starts daemons that no other test uses; what it may
+  not do is leave Slurm installed without its controller while another
+  worker still starts snakemake (the Slurm executor plugin, which every
+  snakemake start imports, then waits 10 s on ``scontrol``). So the
+  cluster stays up for its worker's whole session and is stopped only once
+  no other worker runs tests that start snakemake (the snakemake lock below);
+- ``serial`` (marker ``serial``): the vLLM install test reruns install.sh,
   which reinstalls the project into the venv every other test imports from.
-  They run after everything else, alone (the machine lock below);
-- ``vllm``: every real-vLLM test, around the session's vLLM pair, then the
-  ``timed`` tests: a verdict they assert is decided from speed measured on a
-  real server, and a vLLM server working beside it (its engine loop holds a
-  core) slowed one start of a bracket far more than the next. In this group
-  they run in the vLLM tests' worker, one after the other, never beside them;
-- ``tiny-audit``: test_workflow.py and test_report_html.py, around one run of
+  It runs after everything else, alone (the machine lock below);
+- ``vllm``: every real-vLLM test, around the session's vLLM pair;
+- ``timed``: a verdict they assert is decided from speed measured on a real
+  server, and a vLLM server working beside it (its engine loop holds a
+  core) slowed one start of a bracket far more than the next. They never run
+  beside a vLLM test (the vLLM lock below), but need not wait in the vLLM
+  worker's queue: whichever worker reaches them runs them once no worker
+  runs the vLLM group any more;
+- ``tiny-audit``: test_workflow.py, test_report_html.py and test_verify.py, around one run of
   the tiny audit (``tiny_audit``);
 - otherwise the test's file, so a module fixture never starts twice.
 
-Groups are queued longest first (vLLM, then workflow, then server files, then
-the rest, larger groups first), so the two workers finish close together; the
-serial group last. The groups reach the scheduler through a file the workers
+Groups are queued longest first (the cluster, whose time is mostly Slurm's
+submission and polling, then vLLM, then workflow, then server files, then the
+timed group, so that the vLLM group is most likely over when a worker reaches
+it, then the rest, larger groups first), so the two workers finish close
+together; the serial group last. The groups reach the scheduler through a file the workers
 write at collection (``GroupScheduling``): xdist's own ``--dist loadgroup``
 carries them in the test ids, which pytest 9.2 no longer lets a plugin change,
 so it silently schedules test by test there.
@@ -43,9 +53,12 @@ from pairaudit.serving import slots
 from pairaudit.serving.client import Endpoint
 
 SERIAL = "serial"
+CLUSTER = "cluster"
+VLLM = "vllm"
+TIMED = "timed"
 SHARED_DIR_ENV = "PAIRAUDIT_TESTS_SHARED_DIR"
 # Files whose tests share the tiny audit (one run of tests/data/tiny_config.yaml per worker).
-TINY_AUDIT_FILES = {"test_workflow.py", "test_report_html.py"}
+TINY_AUDIT_FILES = {"test_workflow.py", "test_report_html.py", "test_verify.py"}
 
 
 @pytest.fixture
@@ -113,10 +126,14 @@ def pytest_configure(config):
 
 
 def group_of(item) -> str:
-    if item.get_closest_marker(SERIAL) or item.get_closest_marker("cluster"):
+    if item.get_closest_marker(SERIAL):
         return SERIAL
-    if item.get_closest_marker("vllm") or item.get_closest_marker("timed"):
-        return "vllm"
+    if item.get_closest_marker(CLUSTER):
+        return CLUSTER
+    if item.get_closest_marker(VLLM):
+        return VLLM
+    if item.get_closest_marker(TIMED):
+        return TIMED
     if item.path.name in TINY_AUDIT_FILES:
         return "tiny-audit"
     return item.path.name
@@ -138,12 +155,17 @@ def pytest_collection_modifyitems(config, items):
     groups: dict[str, list] = {}
     for item in items:
         groups.setdefault(group_of(item), []).append(item)
-    # Whole groups in order, each keeping its tests' order: the serial group last, the rest by
-    # their heaviest test, then the larger group first (the unit-test files differ mostly in
-    # their number of tests; the sandbox's hostile suite is the longest of them). Without
-    # workers this is the run order too: the cluster test still runs last (with Slurm installed
-    # and its controller gone, every later snakemake start would wait 10 s on `scontrol`).
-    order = sorted(groups, key=lambda g: (g == SERIAL, min(weight(i) for i in groups[g]), -len(groups[g])))
+    # Whole groups in order, each keeping its tests' order: the cluster first (its worker waits
+    # on Slurm's submission and polling, beside the other worker's vLLM start), the serial group
+    # last, the rest by their heaviest test, then the larger group first (the unit-test files
+    # differ mostly in their number of tests; the sandbox's hostile suite is the longest of
+    # them). Without workers this is the run order too: the cluster's session fixture keeps it
+    # up to the end of the session, so no later snakemake start meets Slurm without its
+    # controller (it would wait 10 s on `scontrol`).
+    # The timed group after the workflow and server groups (a worker that reaches it while the vLLM
+    # group still runs waits, taking nothing else), before the short unit-test files that even out the end.
+    order = sorted(groups, key=lambda g: (g == SERIAL, g != CLUSTER,
+                                          2.5 if g == TIMED else min(weight(i) for i in groups[g]), -len(groups[g])))
     items[:] = [item for g in order for item in groups[g]]
     if is_worker():  # every worker collects the same tests: the last one's identical file stays
         tmp = _groups_file().with_suffix(f".{os.environ['PYTEST_XDIST_WORKER']}.tmp")
@@ -182,25 +204,65 @@ def pytest_xdist_make_scheduler(config, log):
 # that reaches the serial group converts it to exclusive, which waits until every other worker has
 # run its last test and torn down its servers. The serial group is queued last, so no other test
 # starts after it either: its tests run alone, after everything else.
+#
+# The vLLM lock (workers only): a worker holds it shared from its first vLLM test to its last, and
+# exclusive from its first timed test to its last, so a timed test never runs beside a vLLM test
+# (whole groups: a lock taken test by test would let the two groups take turns across the workers).
+#
+# The snakemake lock (workers only): every worker holds it shared while it may still run a test
+# that starts snakemake, i.e. until it reaches the serial group (whose install rerun starts none)
+# or ends. The Slurm cluster's teardown takes it exclusive (``until_no_other_worker_starts_snakemake``),
+# so Slurm's daemons stop only once no other worker will start snakemake any more.
 _lock = None
+_snake_lock = None
+_vllm_lock = None
+_vllm_held: int | None = None   # the mode this worker holds the vLLM lock in, if any
+_VLLM_MODES = {VLLM: fcntl.LOCK_SH, TIMED: fcntl.LOCK_EX}
 
 
 def pytest_sessionstart(session):
-    global _lock
+    global _lock, _snake_lock, _vllm_lock
     if is_worker():
-        _lock = open(Path(os.environ[SHARED_DIR_ENV]) / "machine.lock", "a")
+        shared = Path(os.environ[SHARED_DIR_ENV])
+        _lock = open(shared / "machine.lock", "a")
         fcntl.flock(_lock, fcntl.LOCK_SH)
+        _snake_lock = open(shared / "snakemake.lock", "a")
+        fcntl.flock(_snake_lock, fcntl.LOCK_SH)
+        _vllm_lock = open(shared / "vllm.lock", "a")
+
+
+def until_no_other_worker_starts_snakemake() -> None:
+    """Block until every other worker has reached the serial group or ended (no-op without workers)."""
+    if _snake_lock is not None:
+        fcntl.flock(_snake_lock, fcntl.LOCK_EX)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    if _lock is not None and group_of(item) == SERIAL:
+    global _vllm_held
+    group = group_of(item)
+    if _lock is not None and group == SERIAL:
+        if _snake_lock is not None:
+            fcntl.flock(_snake_lock, fcntl.LOCK_UN)  # before waiting: a cluster's teardown may wait on it
         fcntl.flock(_lock, fcntl.LOCK_EX)  # held to the end of this worker's session
+    mode = _VLLM_MODES.get(group)
+    if _vllm_lock is not None and mode is not None and _vllm_held != mode:
+        fcntl.flock(_vllm_lock, mode)
+        _vllm_held = mode
     yield
+    if _vllm_lock is not None and _vllm_held is not None and (nextitem is None or group_of(nextitem) != group):
+        fcntl.flock(_vllm_lock, fcntl.LOCK_UN)  # the group's last test: the other kind may run
+        _vllm_held = None
 
 
 def pytest_sessionfinish(session):
-    global _lock
+    global _lock, _snake_lock, _vllm_lock
+    if _vllm_lock is not None:
+        _vllm_lock.close()
+        _vllm_lock = None
+    if _snake_lock is not None:
+        _snake_lock.close()
+        _snake_lock = None
     if _lock is not None:
         _lock.close()  # drops the lock: a worker waiting for the serial group goes on
         _lock = None

@@ -8,6 +8,13 @@ and says why), starts exactly the daemons it needs, waits for the node to be
 idle, and on teardown cancels its jobs, stops the daemons it started (never
 one it found running) and restores any ``/etc/slurm/slurm.conf`` it replaced.
 
+The cluster is up for the whole session of the worker that runs the cluster
+tests (they are queued first): every snakemake start imports the Slurm
+executor plugin, which asks ``scontrol`` and waits 10 s for a controller
+that is not there, so Slurm is never left installed without its controller
+while another worker may still start snakemake (``conftest.py``, the
+snakemake lock).
+
 The config must live at ``/etc/slurm/slurm.conf``: the Snakemake jobstep
 plugin drops ``SLURM_CONF`` from the job environment, so ``srun`` inside a job
 would not find a config anywhere else.
@@ -69,11 +76,13 @@ def _apt_install() -> str | None:
     if shutil.which("apt-get") is None:
         return "no apt-get on this machine: cannot install slurm-wlm/munge"
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    # beside the other worker's tests (one may install chromium): wait for dpkg's lock, never fail on it
+    lock = ["-o", "DPkg::Lock::Timeout=600"]
+    cmd = ["apt-get", *lock, "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     if proc.returncode != 0:  # a fresh machine may have no package lists yet
-        subprocess.run(["apt-get", "update", "-q"], capture_output=True, text=True, env=env, timeout=600)
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        subprocess.run(["apt-get", *lock, "update", "-q"], capture_output=True, text=True, env=env, timeout=900)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     if proc.returncode != 0:
         return f"apt-get install {' '.join(PACKAGES)} failed: {proc.stderr.strip()[-500:]}"
     return None
@@ -247,11 +256,17 @@ def _wait(ok, timeout_s: float, what: str, cluster: SlurmCluster) -> None:
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
-    """A running one-node Slurm (see the module docstring); skips where it cannot be had."""
+    """A running one-node Slurm (see the module docstring); skips where it cannot be had.
+
+    Stopped at the end of this worker's session, once no other worker will start snakemake.
+    """
+    from conftest import until_no_other_worker_starts_snakemake
+
     cluster, restore = start_cluster(tmp_path_factory.mktemp("slurm"))
     try:
         yield cluster
     finally:
+        until_no_other_worker_starts_snakemake()
         restore()
 
 

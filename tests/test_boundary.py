@@ -198,7 +198,9 @@ def run_arm(tmp_path, arm, url, cfg=CFG):
     out = tmp_path / f"boundary-{arm}.json"
     with PhaseServer(spec, phase="answers", log_path=str(tmp_path / f"{arm}.log"), receipt=rec,
                      starts_log=str(tmp_path / "starts.jsonl")) as ps:
-        doc = answers_stage.boundary_cases(ps, arm=arm, cfg=artifacts.read_json(plan_path)["params"], audit="test",
+        doc = answers_stage.boundary_cases(ps, arm=arm,
+                                           cfg=BoundarySettings.from_json(artifacts.read_json(plan_path)["params"]),
+                                           audit="test",
                                            journal=tmp_path / f"journal/boundary/{arm}.jsonl",
                                            receipt_path=str(launch_path))
     artifacts.write_json(out, doc)

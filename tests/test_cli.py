@@ -8,6 +8,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from decision_chain import write_chain
 from test_report import launches, paired_doc, passing_later, passing_pair, preflights
 
 from pairaudit.cli import main
@@ -20,20 +21,20 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def audit_with(tmp_path, kind):
-    """results/<audit>/promotion/decision.json decided by the real promotion-v1 on built evidence."""
+    """results/<audit>/promotion/decision.json decided by the real promotion stage on built evidence, with
+    every artifact it consumed beside it (``verdict`` re-derives the decision from them: decision_chain)."""
     pair = passing_pair()
-    later = passing_later(pair)
+    later = True
     if kind == "REJECT":
         pair["mbpp"] = paired_doc("mbpp", both=range(10), control_only=range(20, 28))   # p = 2/256
     elif kind == "HOLD":
         # quality-v1 (selectable) holds an unresolved loss; quality-v2 calls it INCONCLUSIVE
         pair["mbpp"] = paired_doc("mbpp", both=range(10), control_only=(20, 21), rule="quality-v1")   # p = 0.5
     elif kind == "INCONCLUSIVE":
-        later = {}                                                                      # later gates not evaluated
-    d = decision.decide(pair, launches(), preflights(), **later)
-    assert d["decision"] == kind, d["reasons"]
+        later = False                                                                   # later gates not evaluated
     root = tmp_path / "results" / f"audit-{kind.lower()}"
-    write_json(root / "promotion" / "decision.json", d)
+    d = write_chain(root, pair, later=later)
+    assert d["decision"] == kind, d["reasons"]
     return root, d
 
 
@@ -61,9 +62,8 @@ def test_verdict_exit_code_follows_a_loss_not_ruled_out(tmp_path, capsys):
     """Every other gate passes, but 12 items cannot rule out the margin: INCONCLUSIVE, exit 4, the items named."""
     pair = passing_pair()
     pair["mbpp"] = paired_doc("mbpp", both=range(10), candidate_only=(20,), neither=(21,))   # net +1
-    d = decision.decide(pair, launches(), preflights(), **passing_later(pair))
     root = tmp_path / "results" / "small"
-    write_json(root / "promotion" / "decision.json", d)
+    d = write_chain(root, pair)
     assert main(["verdict", str(root)]) == EXIT["INCONCLUSIVE"] == 4
     out = capsys.readouterr().out
     need = d["datasets"]["mbpp"]["needed"]
@@ -128,7 +128,8 @@ def test_verdict_summary_appends_markdown(tmp_path, capsys):
     assert md.startswith("earlier step\n## pairaudit: REJECT")
     rows = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| Gate")
             and not line.startswith("| ---") and not line.startswith("| Dataset")]
-    assert len(rows) == len(d["gates"]) + len(d["datasets"])
+    # one row per gate, per deviation (the built bracket runs the selectable win2-v1) and per dataset
+    assert len(rows) == len(d["gates"]) + len(render.deviations(d)) + len(d["datasets"])
     assert "| quality:mbpp | FAIL | rejects |" in md
 
 

@@ -638,10 +638,10 @@ def test_the_vllm_gpu_example_changes_only_the_kv_cache_dtype_and_is_sized_by_pa
     assert strip == [x for x in cmds["candidate"] if x not in ("--kv-cache-dtype", "fp8")]
     assert specs["control"].env == specs["candidate"].env
     assert cfg["speed"]["accept_unverifiable_clock"] is False
-    # `pairaudit size --margin 5 --discordance 0.3 --datasets 2`, as its comment says
+    # `pairaudit size --margin 5 --discordance 0.25 --datasets 2`, as its comment says
     quality = cfg["rules"]["quality"]
     assert quality["rule"] == "quality-v2" and len(cfg["datasets"]) == 2
-    items = margin_items(quality["margin_pct"], 0.3, quality["level"], len(cfg["datasets"]), MDE_POWER)["items"]
+    items = margin_items(quality["margin_pct"], 0.25, quality["level"], len(cfg["datasets"]), MDE_POWER)["items"]
     assert [d["select"]["count"] for d in cfg["datasets"]] == [items, items]
     result = configcheck.CheckResult()
     configcheck.check_arms(cfg, result)

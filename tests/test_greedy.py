@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -15,6 +16,7 @@ from refserver_fixture import module_server
 from pairaudit import gates
 from pairaudit.core.artifacts import sha256_json
 from pairaudit.core.jsonlog import AppendLog, read_log
+from pairaudit.core.settings import GreedySettings
 from pairaudit.diagnostics import greedy as g
 from pairaudit.diagnostics.divergence import find_divergences, probe_arm
 from pairaudit.diagnostics.plan import GreedyPlan
@@ -306,7 +308,7 @@ def test_probes_force_the_shared_prefix_with_their_own_salt_and_resume_from_the_
 
 DATASET = {"name": "ds", "items": [{"index": 0, "messages": [{"role": "user", "content": "2 + 2 ="}]}]}
 PAIRED = {"table": {"indices": [0], "control_only": [], "candidate_only": []}}
-REPEATS = {"items": "all", "concordant": 0, "seed": 0, "max_tokens": 2, "determinism_repeats": 3}
+REPEATS = GreedySettings(items="all", concordant=0, seed=0, max_tokens=2, determinism_repeats=3)
 
 
 def _determinism(fake, tmp_path, cfg=REPEATS):
@@ -341,7 +343,7 @@ def test_a_repeat_without_an_answer_is_not_a_repeat_until_a_rerun_asks_it_again(
 
 def test_refused_repeats_are_never_counted_as_repeats_that_matched(fake, tmp_path):
     # max_tokens beyond the fake's 256-token context: every repeat gets the same 400, a final answer
-    plan = _determinism(fake, tmp_path, {**REPEATS, "max_tokens": 300})
+    plan = _determinism(fake, tmp_path, dataclasses.replace(REPEATS, max_tokens=300))
     det = plan.header_and_records("control", [])[0]["determinism"]
     assert all(r["status"] == 400 for r in det["records"])
     assert all(h.startswith("error:") for h in det["hashes"]) and len(set(det["hashes"])) == 3

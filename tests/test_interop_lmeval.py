@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from pairaudit.cli import main
-from pairaudit.core import artifacts
+from pairaudit.core import artifacts, defaults
+from pairaudit.core.settings import QualitySettings
 from pairaudit.interop import lmeval
 from pairaudit.plans.requests import body_sha256
 from pairaudit.quality import stage as quality_stage
@@ -62,7 +63,7 @@ def build_audit(root: Path, *, cut: dict | None = None) -> dict:
         paths["sampled"][arm], paths["scores"][arm] = str(sp), str(cp)
     paths["paired"] = quality_stage.paired_stage(dataset_path=str(ds_path), sampled_paths=paths["sampled"],
                                           score_paths=paths["scores"], out_path=str(root / "paired" / "hand.json"),
-                                          quality_params={"max_net_loss": 0, "alpha": 0.05})
+                                          quality=QualitySettings.from_json(defaults.filled({"max_net_loss": 0, "alpha": 0.05}, "rules", "quality")))
     return paths
 
 

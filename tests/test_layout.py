@@ -6,8 +6,8 @@ import still runs), plus the package ``__init__`` that Python runs before a
 submodule of another package. The order of the packages is the README's:
 
     core  <-  formats, gates  <-  serving  <-  boundary, quality, refserver, speed
-          <-  datasets, plans  <-  answers  <-  diagnostics  <-  bisect  <-  promotion  <-  interop
-          <-  cli, configcheck
+          <-  datasets, plans, timeplan  <-  answers  <-  diagnostics  <-  bisect  <-  promotion  <-  interop
+          <-  configcheck  <-  cli
 
 A package imports only packages of earlier layers (and the root
 ``pairaudit/__init__.py``, which holds the version and imports nothing).
@@ -27,19 +27,21 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "pairaudit"
 # Earlier layers first; a package may import any package of an earlier layer, none of its own
-# layer or later. configcheck (the load-time checks) is the one top-level module and the top.
+# layer or later. configcheck (the load-time checks) is the one top-level module; only the command (cli) sits
+# above it.
 LAYERS = [
     {"core"},                                    # contracts, artifacts, logs, defaults, code hash, stats
     {"formats", "gates"},                        # answer formats; the registered rules: pure functions
     {"serving"},                                 # servers over HTTP; a failed server's record, in gates' kinds
     {"refserver", "quality", "boundary", "speed"},
-    {"datasets", "plans"},
+    {"datasets", "plans", "timeplan"},           # timeplan: the audit's time plan, from the host's records
     {"answers"},
     {"diagnostics"},                             # reads the answers' journals
     {"bisect"},                                  # probes the diagnostics' divergences on subsets of the change
     {"promotion"},
     {"interop"},                                 # other tools' formats, read and written from the artifacts
-    {"cli", "configcheck"},
+    {"configcheck"},
+    {"cli"},                                     # `pairaudit plan` runs the workflow's load checks
 ]
 TOP_LEVEL = {"__init__.py", "configcheck.py"}
 

@@ -14,8 +14,9 @@ import pytest
 from test_launch import fake_cfg
 
 from pairaudit.answers import stage as answers_stage
-from pairaudit.core import artifacts, contracts
+from pairaudit.core import artifacts, contracts, defaults
 from pairaudit.core.jsonlog import read_log
+from pairaudit.core.settings import SamplingSettings
 from pairaudit.gates import server_failure
 from pairaudit.plans import stage as plan_stage
 from pairaudit.serving import failures
@@ -42,7 +43,7 @@ def run_answers(tmp_path: Path, arm: str, cfg: dict) -> dict:
     plan_stage.requests_stage(dataset_path=dataset(tmp_path), spec_path=spec, sampling=SAMPLING, audit="t",
                          out_path=requests)
     return answers_stage.answers_phase(
-        arm=arm, spec_path=spec, requests_paths={"tiny": requests}, sampling=SAMPLING, audit="t",
+        arm=arm, spec_path=spec, requests_paths={"tiny": requests}, sampling=SamplingSettings.from_json(defaults.filled({"api": "chat", **SAMPLING}, "sampling")), audit="t",
         boundary_plan_path=None, journal_dir=str(out / "journal"), receipt_path=str(out / f"launch/{arm}.json"),
         preflight_path=str(out / f"preflight/{arm}.json"), phase_path=str(out / f"answers/{arm}.json"),
         boundary_path=None, server_log=str(out / f"logs/answers-{arm}.log"),

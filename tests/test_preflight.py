@@ -140,7 +140,8 @@ def test_preflight_passes_on_the_reference_server(tmp_path, speculative, env):
         pid = srv.pid
         result = run_preflight(srv.endpoint, spec)
         assert result["verdict"] == "PASS", require_pass(result)
-        assert [p["name"] for p in result["probes"]] == probe_names(speculative)
+        # a launched reference server gets a fresh API key: the probe that a request without it is refused runs
+        assert [p["name"] for p in result["probes"]] == probe_names(speculative, keyed=True)
         assert result["max_model_len"] == 8192
         # streaming timings on a real stream (vllm bench serve definitions)
         out = srv.endpoint.stream_completion("/v1/chat/completions", {

@@ -16,7 +16,8 @@ import pytest
 
 from pairaudit.answers import sampled
 from pairaudit.answers.sampled import Journal, SampledError, collect, is_final, pending_items, read_journal, run_items
-from pairaudit.core import artifacts
+from pairaudit.core import artifacts, defaults
+from pairaudit.core.settings import SamplingSettings
 from pairaudit.plans import requests as plan_requests
 from pairaudit.plans.requests import body_sha256, request_body
 from pairaudit.serving.client import Endpoint
@@ -335,7 +336,8 @@ def write_stage_inputs(tmp_path, *, arm_cfg, n=3, seed=1, sampling=SAMPLING):
 
 def phase_kwargs(tmp_path, paths, arm, sampling):
     return dict(arm=arm, spec_path=str(paths[f"spec_{arm}"]), requests_paths={"arith": str(paths[f"requests_{arm}"])},
-                sampling=sampling, audit="t1", boundary_plan_path=None, journal_dir=str(tmp_path / "journal"),
+                sampling=SamplingSettings.from_json(defaults.filled({"api": "chat", **sampling}, "sampling")), audit="t1", boundary_plan_path=None,
+                journal_dir=str(tmp_path / "journal"),
                 receipt_path=str(tmp_path / "launch" / f"{arm}.json"),
                 preflight_path=str(tmp_path / "preflight" / f"{arm}.json"),
                 phase_path=str(tmp_path / "answers" / f"{arm}.json"), boundary_path=None,
@@ -445,7 +447,7 @@ def test_answers_phase_and_assembly_end_to_end_real_server(refserver, tmp_path):
     with PhaseServer(spec, phase="answers", log_path=str(tmp_path / "again.log"), receipt=None,
                      starts_log=str(tmp_path / "starts.jsonl")) as ps, \
             Journal(Path(kw["journal_path"]), owner="answers control") as journal:
-        counts = sampled.answer_dataset(ps.get(), "arith", bodies, journal, sampling=sampling)
+        counts = sampled.answer_dataset(ps.get(), "arith", bodies, journal, sampling=SamplingSettings.from_json(defaults.filled({"api": "chat", **sampling}, "sampling")))
     assert counts == {"items": 2, "from_journal": 2, "asked": 0}
     header = answers_stage.assemble(**kw)
     assert header["n"] == 2

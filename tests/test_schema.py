@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import yaml
 
+from pairaudit import gates
 from pairaudit.core import defaults
+from pairaudit.core.settings import SamplingSettings
 from pairaudit.quality import scoring
 from pairaudit.serving import phase as phases
 from pairaudit.speed import bracket as speed
@@ -26,3 +28,51 @@ def test_no_module_keeps_a_defaults_table_of_its_own():
     # the sandbox limits and the greedy settings come only from the schema
     assert not hasattr(scoring, "DEFAULT_SANDBOX_LIMITS") and not hasattr(phases, "GREEDY_DEFAULTS")
     assert speed.resolve_config({})["output_len"] == RAW["properties"]["speed"]["properties"]["output_len"]["default"]
+
+
+# Where the schema keeps each gate's parameters and the key that selects its rule (None: no config selects it).
+RULE_SECTIONS = {"speed": (("speed",), "rule"), "quality": (("rules", "quality"), "rule"),
+                 "grid_tie": (("rules", "grid_tie"), None)}
+
+
+def _props(path):
+    node = RAW
+    for key in path:
+        node = node["properties"][key]
+    return node["properties"]
+
+
+def test_each_schema_default_is_the_registered_value_it_stands_for():
+    pinned = set()
+    for decides, (path, _) in RULE_SECTIONS.items():
+        props = _props(path)
+        for name in gates.rules_of(decides):
+            for key, registered in gates.REGISTERED[name].params.items():
+                if key in props:
+                    assert props[key].get("default") == registered, (
+                        f"{'.'.join(path)}.{key}: the schema's default {props[key].get('default')!r} is not "
+                        f"{name}'s registered {registered!r}")
+                    pinned.add(f"{'.'.join(path)}.{key}")
+    # every parameter a config may set for a registered rule was compared, none skipped by a rename
+    assert pinned == {"speed.win_pct", "speed.start_noise_pct", "rules.quality.margin_pct", "rules.quality.level",
+                      "rules.quality.max_net_loss", "rules.quality.alpha", "rules.grid_tie.max_divergent"}
+
+
+def test_each_schema_list_of_rule_names_is_the_registry_default_first():
+    for decides, (path, key) in RULE_SECTIONS.items():
+        if key is None:
+            continue
+        prop = _props(path)[key]
+        assert prop["enum"] == list(gates.rules_of(decides)), f"{'.'.join(path)}.{key}"
+        assert prop["default"] == gates.rules_of(decides)[0]
+    # no other rule name is listed anywhere in the schema: the registry's families are the only vocabulary
+    named = {r for text in [defaults.PATH.read_text()] for r in gates.REGISTERED if f"enum: [{r}" in text}
+    assert named == {gates.rules_of("speed")[0], gates.rules_of("quality")[0]}
+
+
+def test_the_sampling_section_keeps_its_defaults_in_the_schema():
+    # the answers phase reads them from the record, never a default of its own
+    filled = defaults.filled({"api": "chat", "base_seed": 1, "temperature": 0.7, "top_p": 0.8, "top_k": 20,
+                              "min_p": 0.0, "max_tokens": 16, "concurrency": 2}, "sampling")
+    assert filled["request_timeout_s"] == 900 and filled["chat_template_kwargs"] == {}
+    assert SamplingSettings.from_json(filled).to_json() == filled

@@ -9,6 +9,7 @@ import pytest
 from shared_data import shared_file
 
 from pairaudit.datasets.formats import load_source, normalize
+from pairaudit.formats import math_boxed
 from pairaudit.formats.boxed import last_boxed
 from pairaudit.quality import scoring
 from pairaudit.quality.scoring import extract_code, score_item, score_records
@@ -132,7 +133,7 @@ def test_math_without_box_is_wrong_even_if_number_present():
 
 
 def test_math_string_fallback_only_for_identical_text(monkeypatch):
-    monkeypatch.setattr(scoring, "_math_verify_equal", lambda g, p: (False, "math-verify could not parse"))
+    monkeypatch.setattr(math_boxed, "math_verify_equal", lambda g, p: (False, "math-verify could not parse"))
     same = score_item(mth(r"\left(1, 2\right)"), r"\boxed{\left( 1,2 \right)}")
     assert same["correct"] is True
     assert same["method"] == "normalized-string"
@@ -142,7 +143,7 @@ def test_math_string_fallback_only_for_identical_text(monkeypatch):
 
 
 def test_math_verify_timeout_is_reported_not_silent(monkeypatch):
-    monkeypatch.setattr(scoring, "MATH_VERIFY_TIMEOUT_S", 1)
+    monkeypatch.setattr(math_boxed, "MATH_VERIFY_TIMEOUT_S", 1)
     rec = score_item(mth("5"), r"\boxed{9^{9^{9^{9}}}}")
     assert rec["correct"] is False
     assert "math-verify timeout (1s)" in rec["reason"]

@@ -20,6 +20,7 @@ from pairaudit.core.settings import (
     GridTieSettings,
     QualitySettings,
     RulesSettings,
+    SamplingSettings,
     SettingsError,
     SpeedCell,
     SpeedSettings,
@@ -62,6 +63,7 @@ def test_each_record_has_exactly_its_schema_sections_keys_in_the_schemas_order()
     assert names(RulesSettings) == props("rules")
     assert names(GridTieSettings) == props("rules", "grid_tie")
     assert names(QualitySettings) == props("rules", "quality")
+    assert names(SamplingSettings) == props("sampling")
 
 
 def test_an_empty_section_resolves_to_the_schemas_defaults_and_no_other():
@@ -86,7 +88,7 @@ def test_filled_is_what_the_schema_validation_fills(path):
     change.derive_arms(raw)
     full = copy.deepcopy(raw)
     validate(full, str(defaults.PATH))
-    for section in ("speed", "greedy", "boundary", "rules", "scoring", "gpus", "calibration"):
+    for section in ("speed", "greedy", "boundary", "rules", "scoring", "gpus", "calibration", "sampling"):
         got = defaults.filled(raw.get(section), section)
         assert got == full[section] and list(got) == list(full[section]), section
 
@@ -102,6 +104,9 @@ def test_a_shipped_configs_records_round_trip_and_give_the_jobs_what_the_config_
     assert RulesSettings.from_json(s.rules.to_json()) == s.rules
     assert s.rules.quality.to_json() == cfg["rules"]["quality"]
     assert s.rules.grid_tie.max_divergent == cfg["rules"]["grid_tie"]["max_divergent"]
+    # what the answers phase reads and records: the section as validated, key order included
+    assert SamplingSettings.from_json(s.sampling.to_json()) == s.sampling
+    assert json.dumps(s.sampling.to_json()) == json.dumps(cfg["sampling"])
     if cfg["speed"]["enabled"]:
         assert SpeedSettings.from_json(s.speed.to_json()) == s.speed
         assert s.speed.to_json() == bracket.resolve_config(cfg["speed"])

@@ -4,8 +4,9 @@ import logging
 
 import pytest
 
-from pairaudit.core import artifacts, jobs
+from pairaudit.core import artifacts, defaults, jobs
 from pairaudit.core.artifacts import ArtifactError
+from pairaudit.core.settings import QualitySettings
 from pairaudit.plans.requests import body_sha256
 from pairaudit.quality import stage as quality_stage
 
@@ -70,7 +71,7 @@ def audit(tmp_path):
 def paired(paths, tmp_path, **quality):
     return quality_stage.paired_stage(dataset_path=paths["dataset"], sampled_paths=paths["sampled"],
                                score_paths=paths["scores"], out_path=str(tmp_path / "paired" / "gsm_hand.json"),
-                               quality_params=quality or {"max_net_loss": 0, "alpha": 0.05})
+                               quality=QualitySettings.from_json(defaults.filled(quality or {"max_net_loss": 0, "alpha": 0.05}, "rules", "quality")))
 
 
 # ---------------------------------------------------------------- score
@@ -134,7 +135,9 @@ def test_paired_identical_arms_are_inconclusive_on_four_items(audit, tmp_path):
     assert artifacts.read_json(tmp_path / "paired" / "gsm_hand.json") == doc
     consumed = doc["provenance"]["consumed"]
     assert set(consumed) == {paths["dataset"], *paths["sampled"].values(), *paths["scores"].values()}
-    assert doc["provenance"]["params"] == {"quality": {"max_net_loss": 0, "alpha": 0.05}, "datasets": 1}
+    # the rule and every parameter as the stage was given them (rules.quality as resolved at load)
+    assert doc["provenance"]["params"] == {"quality": {"rule": "quality-v2", "margin_pct": 3.0, "level": 0.95,
+                                                       "max_net_loss": 0, "alpha": 0.05}, "datasets": 1}
     # quality-v1, selected, passes the same table (net 0)
     v1 = paired(paths, tmp_path, rule="quality-v1", max_net_loss=0, alpha=0.05)
     assert v1["quality"]["rule"] == "quality-v1" and v1["quality"]["verdict"] == "PASS"

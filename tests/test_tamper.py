@@ -22,6 +22,7 @@ from pairaudit.answers.sampled import Journal
 from pairaudit.boundary import cases as boundary_cases
 from pairaudit.boundary import stage as boundary_stage
 from pairaudit.core import artifacts, contracts, defaults
+from pairaudit.core.settings import QualitySettings, SamplingSettings
 from pairaudit.core.artifacts import ArtifactError
 from pairaudit.core.settings import BoundarySettings, GreedySettings
 from pairaudit.diagnostics import stage as diagnostics_stage
@@ -127,7 +128,8 @@ CONSUMERS = {
         ["dataset", "spec_control"]),
     "answers": (lambda p, o: answers_stage.answers_phase(
         arm="control", spec_path=str(p["spec_control"]), requests_paths={"ds": str(p["requests_control"])},
-        sampling=SAMPLING, audit="t", boundary_plan_path=str(p["boundary_plan"]), journal_dir=str(o / "journal"),
+        sampling=SamplingSettings.from_json(defaults.filled({"api": "chat", **SAMPLING}, "sampling")), audit="t", boundary_plan_path=str(p["boundary_plan"]),
+        journal_dir=str(o / "journal"),
         receipt_path=str(o / "launch.json"), preflight_path=str(o / "preflight.json"), phase_path=str(o / "phase.json"),
         boundary_path=str(o / "boundary.json"), server_log=str(o / "s.log"), starts_log=str(o / "starts.jsonl")),
         ["spec_control", "requests_control", "boundary_plan"]),
@@ -144,7 +146,7 @@ CONSUMERS = {
         dataset_path=str(p["dataset"]),
         sampled_paths={a: str(p[f"sampled_{a}"]) for a in ARMS},
         score_paths={a: str(p[f"scores_{a}"]) for a in ARMS}, out_path=str(o / "p.json"),
-        quality_params={}),
+        quality=QualitySettings.from_json(defaults.filled({}, "rules", "quality"))),
         ["dataset", "sampled_control", "sampled_candidate", "scores_control", "scores_candidate"]),
     "diagnostics": (lambda p, o: diagnostics_stage.diagnostics_phase(
         dataset_paths={"ds": str(p["dataset"])}, paired_paths={"ds": str(p["paired"])},
@@ -257,7 +259,9 @@ def test_a_flipped_score_is_refused_by_paired_promotion_and_the_load_check(tmp_p
                            sandbox_limits={})
     paired_path = res / "paired" / "gsm_hand.json"
     quality_stage.paired_stage(dataset_path=str(ds), sampled_paths=paths["sampled"], score_paths=paths["scores"],
-                        out_path=str(paired_path), quality_params={"max_net_loss": 0, "alpha": 0.05})
+                        out_path=str(paired_path),
+                        quality=QualitySettings.from_json(defaults.filled({"max_net_loss": 0, "alpha": 0.05},
+                                                                          "rules", "quality")))
     assert configcheck.check_results(res) == []
 
     scores = Path(paths["scores"]["candidate"])
@@ -267,7 +271,8 @@ def test_a_flipped_score_is_refused_by_paired_promotion_and_the_load_check(tmp_p
 
     with pytest.raises(ArtifactError, match="does not match") as ei:
         quality_stage.paired_stage(dataset_path=str(ds), sampled_paths=paths["sampled"], score_paths=paths["scores"],
-                            out_path=str(tmp_path / "p2.json"), quality_params={})
+                            out_path=str(tmp_path / "p2.json"),
+                            quality=QualitySettings.from_json(defaults.filled({}, "rules", "quality")))
     assert str(scores) in str(ei.value)
     others = write_inputs(tmp_path / "other")
     with pytest.raises(ArtifactError, match="does not match") as ei:

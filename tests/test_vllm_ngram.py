@@ -18,6 +18,8 @@ import pytest
 from vllm_fixture import MML, MODEL, NGRAM, VllmServer, vllm_python_or_skip
 
 from pairaudit.answers import stage as answers_stage
+from pairaudit.core import defaults
+from pairaudit.core.settings import SamplingSettings
 from pairaudit.plans import stage as plan_stage
 from pairaudit.serving.client import Endpoint
 from pairaudit.serving.armspec import resolve_spec
@@ -86,7 +88,8 @@ def test_the_answers_phase_turns_the_engine_death_into_a_confirmed_rejection(tmp
                          audit="ngram", out_path=str(out / "requests/one/candidate.json"))
     doc = answers_stage.answers_phase(
         arm="candidate", spec_path=str(out / "specs/candidate.json"), requests_paths={"one": str(out / "requests/one/candidate.json")},
-        sampling=sampling, audit="ngram", boundary_plan_path=None, journal_dir=str(out / "journal"),
+        sampling=SamplingSettings.from_json(defaults.filled({"api": "chat", **sampling}, "sampling")), audit="ngram", boundary_plan_path=None,
+        journal_dir=str(out / "journal"),
         receipt_path=str(out / "launch/candidate.json"), preflight_path=str(out / "preflight/candidate.json"),
         phase_path=str(out / "answers/candidate.json"), boundary_path=None,
         server_log=str(out / "logs/answers-candidate.log"), starts_log=str(out / "servers/starts.jsonl"))

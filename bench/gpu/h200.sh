@@ -30,9 +30,14 @@
 #                                    checked.  The later commands use it ($PAIRAUDIT_VLLM_PYTHON).
 #   bench/gpu/h200.sh vllm-join DIR  check and join the staged parts into DIR only (what vllm-install does first)
 #   bench/gpu/h200.sh vllm-proof [CONFIG]
-#                                    detached (poll as for proof): CONFIG's promotion (default
-#                                    config/examples/vllm-gpu.yaml), the vLLM bench with its API contract recorded
-#                                    (--record), then calibrate; evidence, logs and timings into $STASH/proof
+#                                    detached (poll as for proof): CONFIG's flags checked against this vLLM,
+#                                    its promotion (default config/examples/vllm-gpu.yaml), the speed stage alone
+#                                    for an --enforce-eager candidate and for an A/A, then calibrate
+#                                    (VLLM_PROOF_STEPS picks and orders them, VLLM_PROOF_BUDGET_S bounds them);
+#                                    evidence, logs, every start's breakdown and timings into $STASH/proof
+#   bench/gpu/h200.sh vllm-speed CONFIG eager|aa
+#                                    the speed stage alone (bench/speed_bracket.py): eager = the candidate
+#                                    --enforce-eager against CUDA graphs, aa = the control against itself
 #   bench/gpu/h200.sh vllm-bench [ARGS]
 #                                    the reference server against vLLM on this GPU, one run
 #                                    (bench/gpu/vllm_vs_ref.py ARGS), JSON into $OUT/vllm-vs-ref.json
@@ -107,6 +112,8 @@ collect)
         results/ledger.jsonl 2>&1 | tail -3
     # every server's log (vLLM's names its attention backend, compile-cache hits and time to healthy)
     find results -name '*.log' -path '*serv*' -print0 2>/dev/null | tar czf "$OUT/serverlogs.tgz" --null -T - 2>&1 | tail -2
+    # every start's breakdown (imports, engine, weights, compile, KV cache, warm-up, graphs, healthy), one table
+    python3 -m pairaudit.serving.startlog "results/$audit/servers/starts.jsonl" > "$OUT/starts-$audit.md" 2>&1
     ls -la "$OUT" ;;
 proof)
     cfg=${2:-config/examples/gpu-refserver.yaml}
@@ -149,16 +156,37 @@ vllm-proof)
     P=$STASH/proof
     mkdir -p "$P" && rm -f "$P/DONE"
     rm -rf "$STASH/repo" && cp -r "$REPO" "$STASH/repo"
-    # VLLM_PROOF_STEPS (default "promotion bench calibrate") runs a subset, in its order
+    # VLLM_PROOF_STEPS (default "flags promotion speed-eager speed-aa calibrate") runs a subset, in its order:
+    #   flags        the config's flags checked against this vLLM's --help (bench/gpu/vllm_flags.py): a flag it
+    #                does not know is replaced or dropped in $P/config-run.yaml, which the later steps run
+    #   promotion, calibrate   the audit's targets (h200.sh audit)
+    #   speed-eager  the speed stage alone, the candidate --enforce-eager against CUDA graphs (a real slowdown)
+    #   speed-aa     the speed stage alone, the control against itself
+    #   bench        the vLLM bench with its API contract recorded
+    #   starts       the control started as configured and with vLLM's debug log (bench/gpu/vllm_starts.py;
+    #                VLLM_STARTS_VARIANTS overrides): where a start's seconds go, step by step
+    # VLLM_PROOF_BUDGET_S: no step starts after that many seconds (default 1500)
     setsid nohup bash -c "
         cd '$STASH/repo'
         export OUT='$P' PYTHONPATH='$SITE'
-        for step in \${VLLM_PROOF_STEPS:-promotion bench calibrate}; do
+        run='$cfg' t_all=\$SECONDS
+        for step in \${VLLM_PROOF_STEPS:-flags promotion speed-eager speed-aa calibrate}; do
+            if [ \$((SECONDS - t_all)) -ge \${VLLM_PROOF_BUDGET_S:-1500} ]; then
+                echo \"\$step skipped: budget \${VLLM_PROOF_BUDGET_S:-1500} s spent\" >> '$P/timings.txt'; continue
+            fi
             case \$step in
+            flags) python3 bench/gpu/vllm_flags.py '$cfg' '$P/config-run.yaml' > '$P/flags.log' 2>&1
+                   cat '$P/flags.log' >> '$P/timings.txt'; run='$P/config-run.yaml' ;;
             bench) bash bench/gpu/h200.sh vllm-bench --record '$P' \${VLLM_BENCH_ARGS:-} ;;
-            *) bash bench/gpu/h200.sh audit '$cfg' \$step ;;
+            speed-eager|speed-aa) bash bench/gpu/h200.sh vllm-speed \"\$run\" \${step#speed-} ;;
+            starts) t0=\$SECONDS
+                    python3 bench/gpu/vllm_starts.py \"\$run\" \${VLLM_STARTS_VARIANTS:---variant as-is --variant debug} \\
+                        --out '$P/starts-bench.jsonl' --logs '$P/starts-bench' > '$P/starts-bench.log' 2>&1
+                    echo \"starts_bench rc=\$? wall_s \$((SECONDS - t0))\" >> '$P/timings.txt' ;;
+            *) bash bench/gpu/h200.sh audit \"\$run\" \$step ;;
             esac
         done
+        python3 -m pairaudit.serving.startlog results/*/servers/starts.jsonl > '$P/starts.md' 2>&1
         touch '$P/DONE'
     " > "$P/driver.log" 2>&1 < /dev/null &
     echo "vllm proof started: $P" ;;
@@ -228,6 +256,27 @@ vllm-install)
         || exit 4
     echo "vllm_install_s $((SECONDS - t0))" | tee -a "$OUT/timings.txt"
     echo "PAIRAUDIT_VLLM_PYTHON=$VVENV/bin/python (this script sets it for its later commands)" ;;
+vllm-speed)
+    # the speed stage alone on CONFIG: `eager` makes the candidate --enforce-eager against the config's control
+    # (CUDA graphs on: a real slowdown, LOSS expected); `aa` the control against itself (NO_WIN expected)
+    cfg=${2:?vllm-speed CONFIG eager|aa} kind=${3:?vllm-speed CONFIG eager|aa}
+    t0=$SECONDS
+    d=$OUT/speed-$kind
+    mkdir -p "$d"
+    if [ "$kind" = eager ]; then
+        python3 -c "import sys, yaml; c = yaml.safe_load(open(sys.argv[1])); c['change'] = {'name': 'enforce-eager',
+    'description': 'CUDA graphs and torch.compile off (--enforce-eager): a known slowdown',
+    'switches': [{'flag': '--enforce-eager', 'rollback': 'absent', 'on': 'present'}]}
+open(sys.argv[2], 'w').write(yaml.safe_dump(c, sort_keys=False))" "$cfg" "$d/config.yaml" || exit 3
+        extra=""
+    else
+        cp "$cfg" "$d/config.yaml"; extra=--aa
+    fi
+    python3 bench/speed_bracket.py --config "$d/config.yaml" --out "$d" --audit "vllm-speed-$kind" \
+        --summary "$OUT/speed-summary.jsonl" $extra > "$d/bracket.log" 2>&1
+    rc=$?
+    echo "speed_$kind rc=$rc wall_s $((SECONDS - t0))" | tee -a "$OUT/timings.txt"
+    tail -25 "$d/bracket.log" ;;
 vllm-bench)
     shift
     t0=$SECONDS

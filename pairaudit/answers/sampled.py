@@ -38,6 +38,7 @@ from pairaudit.core import artifacts, lifecycle
 from pairaudit.core.contracts import SAMPLED_SCHEMA, JournalAttempt, SampledRecord
 from pairaudit.core.jsonlog import AppendLog, read_log
 from pairaudit.core.progress import Progress
+from pairaudit.core.settings import SamplingSettings
 from pairaudit.gates import server_failure
 from pairaudit.plans.requests import body_sha256
 from pairaudit.serving.client import Endpoint
@@ -150,7 +151,7 @@ def collect(bodies: Mapping[int, dict], by_index: Mapping[int, list[JournalAttem
 
 
 def answer_dataset(srv: Server, name: str, bodies: dict[int, dict], journal: AppendLog, *,
-                   sampling: dict) -> dict:
+                   sampling: SamplingSettings) -> dict:
     """Ask the running server every item the journal has no answer for; return counts."""
     by_index, done = pending_items(bodies, read_journal(journal.path))
     todo = {i: b for i, b in bodies.items() if i not in done}
@@ -160,8 +161,8 @@ def answer_dataset(srv: Server, name: str, bodies: dict[int, dict], journal: App
         server = {"url": facts["url"], "pid": facts["pid"]}
         # Items answered by an earlier run count as done (the journal kept them).
         progress = Progress(len(bodies), f"sampled {name}/{arm}", done=len(bodies) - len(todo))
-        run_items(srv.endpoint, todo, journal, concurrency=int(sampling.get("concurrency", 4)),
-                  server=server, timeout_s=float(sampling.get("request_timeout_s", 900)),
+        run_items(srv.endpoint, todo, journal, concurrency=sampling.concurrency,
+                  server=server, timeout_s=float(sampling.request_timeout_s),
                   prior=by_index, alive=srv.assert_alive, progress=progress)
         srv.assert_alive()  # a server that died mid-run fails the phase with its log tail
     log.info("sampled %s/%s: %d items, %d from the journal, %d asked now", name, arm, len(bodies),

@@ -12,6 +12,7 @@ from pairaudit.core import artifacts, contracts
 from pairaudit.core.contracts import PHASE_SCHEMA, BoundaryCase, JournalAttempt, journal_path
 from pairaudit.core.jsonlog import AppendLog, append_record, read_log
 from pairaudit.core.readers import AnswersPhase, LaunchReceipt, Preflight
+from pairaudit.core.settings import BoundarySettings, SamplingSettings
 from pairaudit.gates import server_failure
 from pairaudit.plans import requests as plans
 from pairaudit.plans.requests import bodies, read_requests
@@ -67,7 +68,8 @@ def _confirm(spec: ArmSpec, failure: failures.FailureRecord, *, primary: dict, s
     """The failed request once more on a fresh start of the same server (stored beside the first failure)."""
     conf: dict = {"at": artifacts.utc_now(), "kind": None, "status": None, "error": None, "error_body": None}
     with PhaseServer(spec, phase="answers-confirm", log_path=server_log, receipt=receipt,
-                     starts_log=starts_log) as ps:
+                     starts_log=starts_log, why=f"a fresh start confirms the {failure['stage']} failure "
+                     "(server-failure-v1 asks for one)") as ps:
         try:
             srv = ps.get()
             if failure["stage"] == "preflight":
@@ -92,7 +94,8 @@ def _confirm(spec: ArmSpec, failure: failures.FailureRecord, *, primary: dict, s
     return conf
 
 
-def answers_phase(*, arm: str, spec_path: str, requests_paths: Mapping[str, str], sampling: dict, audit: str,
+def answers_phase(*, arm: str, spec_path: str, requests_paths: Mapping[str, str], sampling: SamplingSettings,
+                  audit: str,
                   boundary_plan_path: str | None, journal_dir: str, receipt_path: str, preflight_path: str,
                   phase_path: str, boundary_path: str | None, server_log: str, starts_log: str) -> dict:
     """Receipt, preflight, every dataset's sampled runs and the boundary cases of one arm on one start.
@@ -102,18 +105,23 @@ def answers_phase(*, arm: str, spec_path: str, requests_paths: Mapping[str, str]
     failure record instead of an error: the outputs are written, the work not
     done is marked so, and a server failure is confirmed once on a fresh
     start (``pairaudit.serving.failures``).  The arm's server is the one
-    ``spec_path`` (``specs/<arm>.json``) describes.
+    ``spec_path`` (``specs/<arm>.json``) describes; ``sampling`` is the section as the workflow resolved it at
+    load, used as it is.
     """
     spec = armspec.read_spec(spec_path, arm=arm)
     rec = launch.receipt(spec)
     requests = {name: plans.bodies(plans.read_requests(p)) for name, p in requests_paths.items()}
-    boundary_cfg = artifacts.read_json(boundary_plan_path)["params"] if boundary_plan_path else None
-    primary = {k: sampling[k] for k in ("temperature", "top_p", "top_k", "min_p")}
+    # the boundary section as the workflow resolved it at load (the plan keeps the record's JSON), used as it is
+    boundary_cfg = (BoundarySettings.from_json(artifacts.read_json(boundary_plan_path)["params"],
+                                               where=f"{boundary_plan_path} params")
+                    if boundary_plan_path else None)
+    primary = sampling.primary
     counts: dict[str, dict] = {}
     boundary_doc = None
     failure: failures.FailureRecord | None = None
     with PhaseServer(spec, phase="answers", log_path=server_log, receipt=rec, starts_log=starts_log,
-                     timeout_s=float(sampling.get("request_timeout_s", 900))) as ps:
+                     timeout_s=float(sampling.request_timeout_s),
+                     why="the arm's answers phase: receipt, preflight, sampled runs, boundary cases") as ps:
         srv = ps.get()
         launch.record_start(rec, spec, srv.facts())
         rec["provenance"] = artifacts.provenance([spec_path], {})
@@ -162,7 +170,8 @@ def answers_phase(*, arm: str, spec_path: str, requests_paths: Mapping[str, str]
         append_record(journal_path(journal_dir, contracts.JOURNAL_FAILURES, arm=arm), dict(failure))
     if boundary_path is not None and boundary_doc is None:
         boundary_doc = {"schema": contracts.BOUNDARY_SCHEMA, "arm": arm, "served_model_name": spec.served_model_name,
-                        "max_model_len": None, "params": boundary.settings(boundary_cfg), "cases": [],
+                        "max_model_len": None, "params": boundary_cfg.to_json() if boundary_cfg else None,
+                        "cases": [],
                         "first_long": None, "not_run": server_failure.summary(failure or {}),
                         "provenance": artifacts.provenance([receipt_path], {})}
     if boundary_path is not None and boundary_doc is not None:
@@ -172,15 +181,17 @@ def answers_phase(*, arm: str, spec_path: str, requests_paths: Mapping[str, str]
            "boundary_cases": len(boundary_doc["cases"]) if boundary_doc else None, "failure": failure,
            "provenance": artifacts.provenance(
                [spec_path, *requests_paths.values(), *([boundary_plan_path] if boundary_plan_path else []),
-                receipt_path, preflight_path], {"sampling": sampling, "audit": audit})}
+                receipt_path, preflight_path], {"sampling": sampling.to_json(), "audit": audit})}
     artifacts.write_json(phase_path, doc)
     return doc
 
 
-def boundary_cases(ps: PhaseServer, *, arm: str, cfg: dict | None, audit: str, journal: Path,
+def boundary_cases(ps: PhaseServer, *, arm: str, cfg: BoundarySettings | None, audit: str, journal: Path,
                    receipt_path: str) -> dict:
     """The boundary cases of one arm, journaled per case: a rerun asks only the cases not yet answered."""
-    params = boundary.settings(cfg)
+    if cfg is None:
+        raise ValueError("boundary cases without the boundary plan's settings")
+    params = cfg.to_json()   # what the cases read, and the key of their journal
     srv = ps.get()
     spec = ps.spec
     model = spec.served_model_name

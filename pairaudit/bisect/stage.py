@@ -217,7 +217,8 @@ class Prober:
         on_t = self.ordered(on)
         receipt = {"spec_sha256": spec.spec_sha256}
         ps = PhaseServer(spec, phase=PHASE, log_path=str(self.server_log_dir / f"bisect-{key[:16]}.log"),
-                         receipt=receipt, starts_log=self.starts_log)
+                         receipt=receipt, starts_log=self.starts_log,
+                         why="a bisection subset of the change's switches: a server of its own by design")
         probes: dict[str, ProbeResult] = {}
         log.info("bisect: starting a server with %s on", ", ".join(on_t) or "no switch")
         try:

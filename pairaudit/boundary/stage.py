@@ -54,7 +54,7 @@ def boundary_gate_stage(*, arm_paths: Mapping[str, str], launch_paths: Mapping[s
                 f"{arm_paths[arm]}: the {arm} cases were answered by the server of spec {receipt.get('spec_sha256')} "
                 f"({launch_paths[arm]}), but {spec_paths[arm]} now describes {spec.spec_sha256}; rerun the {arm} "
                 "answers phase")
-    doc = {"schema": BOUNDARY_GATE_SCHEMA, "gate": gates.boundary_v1(rule_cases(docs)),
+    doc = {"schema": BOUNDARY_GATE_SCHEMA, "gate": gates.default_rule("boundary").apply(rule_cases(docs)),
            "max_model_len": {arm: docs[arm]["max_model_len"] for arm in ARMS},
            "cases": side_by_side(docs), "first_long": {arm: docs[arm]["first_long"] for arm in ARMS},
            "provenance": artifacts.provenance([*arm_paths.values(), *spec_paths.values()], {})}

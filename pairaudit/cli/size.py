@@ -143,24 +143,10 @@ def _newest_speed_decision() -> str | None:
     return max(found, key=os.path.getmtime) if found else None
 
 
-def _start_cost(doc: dict) -> float | None:
-    """Mean wall seconds of a bracket's starts, from their recorded start and stop times."""
-    import datetime as dt
-
-    spans = []
-    for st in doc.get("starts") or []:
-        try:
-            a = dt.datetime.fromisoformat(st["started_at"])
-            b = dt.datetime.fromisoformat(st["stopped_at"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        spans.append((b - a).total_seconds())
-    return sum(spans) / len(spans) if spans else None
-
-
 def run_speed(args: argparse.Namespace) -> int:
     from pairaudit import gates
     from pairaudit.core import artifacts, defaults
+    from pairaudit.speed.starts import start_cost_s
 
     reg = dict(gates.WIN2_V5)
     max_starts = args.max_starts or int(defaults.section("speed")["max_starts"])
@@ -188,7 +174,7 @@ def run_speed(args: argparse.Namespace) -> int:
             print(f"pairaudit size: {path}: no start-to-start noise recorded ({exc})", file=sys.stderr)
             return REFUSED
         ev_df = int(noise.get("evidence_df") or 0)
-        start_s = start_s or _start_cost(doc)
+        start_s = start_s or start_cost_s(doc.get("starts") or [])
         source = f"{path} ({len(doc.get('starts') or [])} starts)"
     if args.max_starts is None and doc is not None:
         max_starts = int(((doc.get("params") or {}).get("max_starts")) or max_starts)

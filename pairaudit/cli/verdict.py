@@ -12,8 +12,15 @@ Markdown (for ``$GITHUB_STEP_SUMMARY``); a refused or missing decision
 appends why. The decision word is re-derived from the gates the file holds
 under the rule it names (promotion-v1): a word they do not give -- a file
 re-sealed to say PROMOTE while its gates say HOLD -- is refused, naming the
-stated and the derived decision. Exit: PROMOTE 0, REJECT 1, HOLD 3, INCONCLUSIVE 4; 2 when
-the decision is missing, unreadable, refused, not a decision or not the one its gates give.
+stated and the derived decision. Then the decision is re-derived from what it consumed
+(``pairaudit.promotion.verify``): every consumed artifact's sha256 (``provenance.consumed``)
+against the file, each stage artifact's gate recomputed from the evidence it records with the
+registered rule it names, and the decision made again from those artifacts; a gate, a decision
+or a reason that does not follow is refused by name. ``--deep`` also follows the chain to the
+primary records (the answer journals, the scores, the speed streams) and recomputes the
+artifacts themselves. What each level proves and cannot: docs/interop.md. Exit: PROMOTE 0,
+REJECT 1, HOLD 3, INCONCLUSIVE 4; 2 when the decision is missing, unreadable, refused, not a
+decision, not the one its gates give, or not what its evidence gives.
 
 A sweep (``results/<audit>`` holding ``candidates/<name>/``, docs/sweeps.md): the table of
 every candidate (``pairaudit.promotion.sweep``), each decision read and checked as above,
@@ -37,6 +44,7 @@ from pairaudit.core.readers import DecisionDoc
 from pairaudit.promotion import render
 from pairaudit.promotion import sweep
 from pairaudit.promotion.decision import DecisionMismatch, check_decision_word
+from pairaudit.promotion.verify import Verification, verify
 
 from .codes import EXIT, REFUSED
 
@@ -50,6 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--summary", metavar="FILE", help="append the front page as Markdown (e.g. $GITHUB_STEP_SUMMARY)")
     p.add_argument("--candidate", metavar="NAME", action="append", default=None,
                    help="a sweep: ask about this candidate only (repeatable; default: every candidate)")
+    p.add_argument("--deep", action="store_true",
+                   help="also recompute the consumed artifacts from the primary records (journals, scores, streams)")
 
 
 def default_audit_dir(cwd: Path | None = None) -> Path:
@@ -88,6 +98,13 @@ def load(path: Path) -> Decision:
     except DecisionMismatch as exc:
         raise artifacts.ArtifactError(f"{path}: {exc} (stated {exc.stated}, derived {exc.derived})") from None
     return cast(Decision, doc)   # its schema, decision and gates checked above
+
+
+def load_verified(path: Path, *, deep: bool = False) -> tuple[Decision, Verification]:
+    """The decision (``load``), re-derived from what it consumed (``promotion.verify``); ArtifactError
+    naming the file, and the gate or field that does not follow, otherwise."""
+    decision = load(path)
+    return decision, verify(path, decision, deep=deep)
 
 
 # ------------------------------------------------------------------ text
@@ -209,7 +226,7 @@ def after_run(audit_dirs: list[str | Path], since: float) -> str:
     names = sweep_candidates(first) if audit_dirs else None
     pages = []
     if names:
-        page = sweep_page(first, names)
+        page = sweep_page(first, names, check=False)
         pages.append(page.table + f"\n(`pairaudit verdict {first}` prints this again and exits "
                                   f"{sweep_code(page.words)})")
     found = [decision_path(str(d)) for d in audit_dirs]
@@ -262,14 +279,15 @@ class SweepPage:
     refused: dict[str, tuple[Path, str]]    # name -> (decision path, why)
 
 
-def sweep_page(audit_dir: Path, asked: list[str]) -> SweepPage:
+def sweep_page(audit_dir: Path, asked: list[str], *, check: bool = True, deep: bool = False) -> SweepPage:
+    """``check``: each candidate's decision re-derived from what it consumed (``load_verified``)."""
     rows, pages = [], []
     words: dict[str, str | None] = {}
     refused: dict[str, tuple[Path, str]] = {}
     for name in asked:
         path = audit_dir / CANDIDATES_DIR / name / DECISION_REL
         try:
-            doc = load(path)
+            doc = load_verified(path, deep=deep)[0] if check else load(path)
         except artifacts.ArtifactError as exc:
             words[name] = None
             refused[name] = (path, str(exc))
@@ -289,7 +307,7 @@ def run_sweep(args: argparse.Namespace, audit_dir: Path, names: list[str]) -> in
         print(f"pairaudit verdict: {audit_dir}: no candidate {', '.join(unknown)} (candidates: "
               f"{', '.join(names) or 'none'})", file=sys.stderr)
         return REFUSED
-    page = sweep_page(audit_dir, asked)
+    page = sweep_page(audit_dir, asked, deep=args.deep)
     for path, why in page.refused.values():
         print(f"pairaudit verdict: {why}", file=sys.stderr)
         if args.summary:
@@ -318,13 +336,14 @@ def run(args: argparse.Namespace) -> int:
         return REFUSED
     path = decision_path(args.audit)
     try:
-        decision = load(path)
+        decision, checked = load_verified(path, deep=args.deep)
     except artifacts.ArtifactError as exc:
         print(f"pairaudit verdict: {exc}", file=sys.stderr)
         if args.summary:
             _append(args.summary, refused_markdown(str(path), str(exc)))
         return REFUSED
     print(front_page_text(decision, str(path)))
+    print(checked.summary())
     code = EXIT[decision["decision"]]
     print(f"exit {code} ({decision['decision']})")
     if args.summary:

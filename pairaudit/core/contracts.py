@@ -53,6 +53,7 @@ SCORES_SCHEMA = "pairaudit.scores/v1"
 SERVER_START_SCHEMA = "pairaudit.server-start/v1"
 SPEED_DECISION_SCHEMA = "pairaudit.speed_decision/v1"
 SPEED_STREAMS_SCHEMA = "pairaudit.speed_streams/v1"
+TIME_PLAN_SCHEMA = "pairaudit.time-plan/v1"
 
 # ------------------------------------------------------------------ paths
 # Keys of PATHS that are no schema of their own: the files and directories an
@@ -102,6 +103,7 @@ PATHS = {
     DIVERGENCE_SCHEMA: "divergence/{dataset}.json",
     SPEED_DECISION_SCHEMA: "speed/decision.json",
     SPEED_STREAMS_SCHEMA: "speed/streams.jsonl",
+    TIME_PLAN_SCHEMA: "plan/{run}.json",     # one per run that had jobs to run, {run} its UTC start
     SERVER_START_SCHEMA: "servers/starts.jsonl",
     BISECT_SCHEMA: "bisect/result.json",
     BISECT_REPORT: "bisect/report.md",

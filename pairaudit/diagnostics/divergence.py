@@ -66,9 +66,10 @@ def divergence_doc(name: str, headers: dict, probes: dict, probed: list, diverge
     return {
         "schema": DIVERGENCE_SCHEMA, "dataset": name, "items": order, "divergences": divergences,
         "probes": probes, "grid_tie_inputs": grid_inputs, "counts": counts,
-        "grid_tie": gates.grid_tie_v1(grid_inputs, max_divergent=max_divergent, selected=counts["selected"],
-                                      compared=counts["compared"]),
-        "determinism": gates.determinism_v1({arm: headers[arm]["determinism"]["hashes"] for arm in ARMS}),
+        "grid_tie": gates.default_rule("grid_tie").apply(grid_inputs, {"max_divergent": max_divergent},
+                                                         selected=counts["selected"], compared=counts["compared"]),
+        "determinism": gates.default_rule("determinism").apply(
+            {arm: headers[arm]["determinism"]["hashes"] for arm in ARMS}),
         "provenance": artifacts.provenance(consumed, {"max_divergent": max_divergent}),
     }
 

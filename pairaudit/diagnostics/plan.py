@@ -11,20 +11,21 @@ from pairaudit.core import artifacts, lifecycle
 from pairaudit.core.contracts import GREEDY_SCHEMA, GreedyRecord
 from pairaudit.core.jsonlog import read_log
 from pairaudit.core.progress import Progress
+from pairaudit.core.settings import GreedySettings
 from pairaudit.diagnostics import greedy
 from pairaudit.serving.launch import Server
 from pairaudit.serving.phase import PhaseError
 
 
-def greedy_selection(paired: dict, cfg: dict) -> dict:
+def greedy_selection(paired: dict, cfg: GreedySettings) -> dict:
     """Which items get greedy runs: every discordant item plus a few concordant ones as a control (or all)."""
     table = paired["table"]
     indices = list(table["indices"])
     discordant = sorted(table["control_only"] + table["candidate_only"])
-    if cfg["items"] == "all":
+    if cfg.items == "all":
         return {"mode": "all", "discordant": discordant, "concordant": [], "indices": sorted(indices)}
     rest = sorted(set(indices) - set(discordant))
-    concordant = sorted(random.Random(cfg["seed"]).sample(rest, min(cfg["concordant"], len(rest))))
+    concordant = sorted(random.Random(cfg.seed).sample(rest, min(cfg.concordant, len(rest))))
     return {"mode": "discordant", "discordant": discordant, "concordant": concordant,
             "indices": sorted(discordant + concordant)}
 
@@ -32,14 +33,14 @@ def greedy_selection(paired: dict, cfg: dict) -> dict:
 class GreedyPlan:
     """One dataset's greedy work on one arm: the wanted runs, and which the journal already holds."""
 
-    def __init__(self, dataset: dict, paired: dict, cfg: dict, chat_template_kwargs: dict, journal: Path):
+    def __init__(self, dataset: dict, paired: dict, cfg: GreedySettings, chat_template_kwargs: dict, journal: Path):
         self.dataset, self.cfg, self.journal = dataset, cfg, journal
         self.selection = greedy_selection(paired, cfg)
         self.items = {it["index"]: it for it in dataset["items"]}
         self.det_index = self.selection["indices"][0] if self.selection["indices"] else dataset["items"][0]["index"]
         self.want = [("greedy", i) for i in self.selection["indices"]] + [
-            ("determinism", r) for r in range(cfg["determinism_repeats"])]
-        self.key = {"max_tokens": cfg["max_tokens"], "determinism_index": self.det_index,
+            ("determinism", r) for r in range(cfg.determinism_repeats)]
+        self.key = {"max_tokens": cfg.max_tokens, "determinism_index": self.det_index,
                     "chat_template_kwargs": chat_template_kwargs}
         self.chat_template_kwargs = chat_template_kwargs
         self.done: dict[tuple[str, Any], GreedyRecord] = {}
@@ -72,7 +73,7 @@ class GreedyPlan:
                 if index not in prompts:
                     prompts[index] = greedy.prompt_ids(srv.endpoint, model, self.items[index]["messages"],
                                                        self.chat_template_kwargs)
-                rec = greedy.greedy_one(srv.endpoint, model, prompts[index], max_tokens=self.cfg["max_tokens"],
+                rec = greedy.greedy_one(srv.endpoint, model, prompts[index], max_tokens=self.cfg.max_tokens,
                                         index=index)
                 rec.update({"run": kind, "slot": slot, "key": self.key, "prompt_ids": prompts[index]})
                 journal.append(rec)
@@ -93,10 +94,10 @@ class GreedyPlan:
         hashes = [r["output_sha256"] or f"error:{slot}:{r['error']}" for slot, r in enumerate(repeats)]
         header = {
             "schema": GREEDY_SCHEMA, "dataset": self.dataset["name"], "arm": arm,
-            "selection": self.selection, "max_tokens": self.cfg["max_tokens"],
+            "selection": self.selection, "max_tokens": self.cfg.max_tokens,
             "determinism": {"index": self.det_index,
                             "hashes": hashes,
                             "records": repeats},
-            "provenance": artifacts.provenance(consumed, {"greedy": self.cfg, "journal": str(self.journal)}),
+            "provenance": artifacts.provenance(consumed, {"greedy": self.cfg.to_json(), "journal": str(self.journal)}),
         }
         return header, records

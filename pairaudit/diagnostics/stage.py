@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
+from pairaudit import gates
 from pairaudit.core import artifacts, contracts
 from pairaudit.core.settings import GreedySettings
 from pairaudit.core.contracts import ARMS, DIVERGENCE_SCHEMA, GREEDY_SCHEMA, PAIRED_SCHEMA, PHASE_SCHEMA, journal_path
@@ -30,7 +31,8 @@ def _diagnostics_not_run(names: list[str], failed: Mapping[str, str], greedy_pat
         artifacts.write_json(divergence_paths[name], {
             "schema": DIVERGENCE_SCHEMA, "dataset": name, "not_run": why, "items": [], "divergences": [],
             "probes": {arm: [] for arm in ARMS}, "grid_tie_inputs": [],
-            "grid_tie": {"rule": "grid-tie-v1", **not_run}, "determinism": {"rule": "determinism-v1", **not_run},
+            "grid_tie": {"rule": gates.default_rule("grid_tie").name, **not_run},
+            "determinism": {"rule": gates.default_rule("determinism").name, **not_run},
             "provenance": prov})
     doc = {"schema": PHASE_SCHEMA, "phase": "diagnostics", "starts": [], "not_run": why, "provenance": prov}
     artifacts.write_json(phase_path, doc)
@@ -49,7 +51,6 @@ def diagnostics_phase(*, dataset_paths: Mapping[str, str], paired_paths: Mapping
     Each arm's server is the one its ``specs/<arm>.json`` (``spec_paths``) describes; ``greedy`` and
     ``max_divergent`` (``rules.grid_tie``) are the config as the workflow resolved it at load.
     """
-    greedy_cfg = greedy.to_json()  # what the plans read and the phase record keeps
     names = list(dataset_paths)
     answers = {arm: artifacts.read_json(answers_paths[arm]) for arm in ARMS} if answers_paths else {}
     failed = {arm: server_failure.summary(doc["failure"]) for arm, doc in answers.items() if doc.get("failure")}
@@ -75,12 +76,12 @@ def diagnostics_phase(*, dataset_paths: Mapping[str, str], paired_paths: Mapping
         ds = artifacts.read_json(dataset_paths[name])
         paired = artifacts.check_schema(artifacts.read_json(paired_paths[name]), PAIRED_SCHEMA,
                                         paired_paths[name])
-        plans[name] = {arm: GreedyPlan(ds, paired, greedy_cfg, chat_template_kwargs,
+        plans[name] = {arm: GreedyPlan(ds, paired, greedy, chat_template_kwargs,
                                        journal(contracts.JOURNAL_GREEDY, name, arm)) for arm in ARMS}
 
-    def session(arm: str) -> PhaseServer:
+    def session(arm: str, why: str) -> PhaseServer:
         return PhaseServer(specs[arm], phase="diagnostics", log_path=server_logs[arm], receipt=receipts[arm],
-                           starts_log=starts_log)
+                           starts_log=starts_log, why=why)
 
     greedy_out: dict[str, dict[str, tuple]] = {name: {} for name in names}
     starts = []
@@ -95,14 +96,15 @@ def diagnostics_phase(*, dataset_paths: Mapping[str, str], paired_paths: Mapping
                 arm, [dataset_paths[name], paired_paths[name], receipt_paths[arm], preflight_paths[arm]])
 
     # Control first, so the candidate's server, started second, can also answer its probes.
-    control = session("control")
+    control = session("control", "greedy runs and determinism repeats of the items the paired tables select")
     try:
         greedy_turn(control, "control")
     finally:
         control.close()
         starts.append(("control", control.starts))
 
-    candidate = session("candidate")
+    candidate = session("candidate", "greedy runs and determinism repeats, then its probes on the control's "
+                                      "prefixes")
     probes: dict[str, dict[str, list]] = {name: {} for name in names}
     found: dict[str, tuple] = {}
     try:
@@ -117,7 +119,10 @@ def diagnostics_phase(*, dataset_paths: Mapping[str, str], paired_paths: Mapping
         candidate.close()
         starts.append(("candidate", candidate.starts))
 
-    control2 = session("control")
+    # Started only when a divergence needs the control's probe (PhaseServer starts on first use): the probe's
+    # forced prefix is the candidate's greedy output, which did not exist during the control's first start.
+    control2 = session("control", "probes of the control on the candidate's divergent prefixes, which exist "
+                                  "only after the candidate's greedy runs")
     try:
         for name in names:
             _, _, prompt_ids, probed = found[name]
@@ -141,6 +146,6 @@ def diagnostics_phase(*, dataset_paths: Mapping[str, str], paired_paths: Mapping
     phase = {"schema": PHASE_SCHEMA, "phase": "diagnostics",
              "starts": [{"arm": a, "starts": n} for a, n in starts],
              "datasets": {name: {arm: {"greedy": len(greedy_out[name][arm][1])} for arm in ARMS} for name in names},
-             "provenance": artifacts.provenance([*paired_paths.values(), *spec_paths.values()], {"greedy": greedy_cfg})}
+             "provenance": artifacts.provenance([*paired_paths.values(), *spec_paths.values()], {"greedy": greedy.to_json()})}
     artifacts.write_json(phase_path, phase)
     return phase

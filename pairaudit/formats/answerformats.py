@@ -1,8 +1,9 @@
 """The ``qa`` and ``multiple_choice`` dataset formats: rows to items, prompts, and strict, sandbox-free scoring.
 
-Both are registered in :mod:`pairaudit.datasets.formats` (``FORMATS``, ``TEMPLATES``)
-and :mod:`pairaudit.quality.scoring` (``score_item``); selection, the chat messages
-and the pairing are the same as for every other format.
+Each is one :class:`~pairaudit.formats.base.DatasetFormat` (``QA``,
+``MULTIPLE_CHOICE``), registered in :mod:`pairaudit.formats.registry`;
+selection, the chat messages and the pairing are the same as for every other
+format.
 
 qa
 --
@@ -62,8 +63,11 @@ from __future__ import annotations
 import re
 import string
 import unicodedata
+from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
+
+from pairaudit.formats.base import DatasetFormat, FormatError
 
 FORMATS = ("qa", "multiple_choice")
 EXTRACT_METHODS = ("exact", "last_number", "regex")
@@ -83,10 +87,6 @@ TEMPLATES = {
         "answer_line": "{question}\n\n{choices}\n\nEnd your reply with one line of the form `Answer: <letter>`.",
     },
 }
-
-
-class FormatError(ValueError):
-    """A row or an ``extract`` config of these formats is malformed; the message names the field."""
 
 
 # ------------------------------------------------------------------ text
@@ -294,3 +294,26 @@ def score(item: dict, text: str) -> dict:
     if item["format"] == "multiple_choice":
         return score_multiple_choice(item, text)
     raise FormatError(f"format {item['format']!r} is not one of {', '.join(FORMATS)}")
+
+
+# --------------------------------------------------------------- the formats
+
+def _check_extract(options: Mapping[str, Any], where: str) -> dict:
+    return {"extract": resolve_extract(options["extract"], f"{where}.extract")} if "extract" in options else {}
+
+
+QA = DatasetFormat(
+    name="qa",
+    normalize_row=lambda i, row, options: normalize_row("qa", i, row, extract=options.get("extract")),
+    templates=TEMPLATES["qa"],
+    score=lambda item, text, ctx: score_qa(item, text),
+    options={"extract": "reads its answer by an extract method"},
+    check_options=_check_extract,
+)
+MULTIPLE_CHOICE = DatasetFormat(
+    name="multiple_choice",
+    normalize_row=lambda i, row, options: normalize_row("multiple_choice", i, row),
+    templates=TEMPLATES["multiple_choice"],
+    prompt_fields=prompt_fields,
+    score=lambda item, text, ctx: score_multiple_choice(item, text),
+)

@@ -79,6 +79,7 @@ from pairaudit import gates
 from pairaudit.core import artifacts, stats
 from pairaudit.core.contracts import (ARMS, CANDIDATES_DIR, DATASET_SCHEMA, EXPORTS_LMEVAL, PATHS, SAMPLED_SCHEMA, SCORES_SCHEMA,
                                       PairedTable, PairingFacts, ScoreRecord)
+from pairaudit.formats import registry
 
 LM_EVAL_VERSION = "0.4.13"  # the release whose writer this module follows (docs/interop.md)
 PRIMARY_FILTER = "strict-match"
@@ -128,14 +129,8 @@ def _arguments(body: Mapping[str, Any]) -> tuple[str, dict]:
 
 
 def _target(item: Mapping[str, Any], score: Mapping[str, Any]) -> str:
-    ref = item.get("reference") or {}
-    fmt = item.get("format")
-    if fmt == "mbpp":
-        return "\n".join(ref.get("tests") or [])
-    if fmt == "humaneval":
-        return f"{ref.get('test', '')}\n\ncheck({ref.get('entry_point')})\n"
-    gold = score.get("gold", ref.get("answer"))
-    return "" if gold is None else str(gold)
+    # the format says what its target is: the gold answer, or the tests for code
+    return registry.get(item.get("format"), "item format").lmeval_target(item, score)
 
 
 def _line(item: Mapping[str, Any], rec: Mapping[str, Any], score: Mapping[str, Any], *, arm: str, filt: str,
@@ -201,11 +196,12 @@ def samples_for(dataset: Mapping[str, Any], sampled: Sequence[Mapping[str, Any]]
     order = [s for s in sorted(scores, key=lambda s: s["index"])]
     lines = [_line(items[s["index"]], recs[s["index"]], s, arm=arm, filt=PRIMARY_FILTER,
                    extracted=s.get("extracted"), correct=bool(s.get("correct"))) for s in order]
-    if dataset.get("format") == "gsm8k":
+    # a format's further filters (gsm8k's flexible-extract): each a score record key holding its reading
+    for extra in registry.get(dataset.get("format"), "dataset format").lmeval_filters:
         for s in order:
-            flex = s.get("flexible") or {}
-            lines.append(_line(items[s["index"]], recs[s["index"]], s, arm=arm, filt=FLEXIBLE_FILTER,
-                               extracted=flex.get("extracted"), correct=bool(flex.get("correct"))))
+            got = s.get(extra.score_key) or {}
+            lines.append(_line(items[s["index"]], recs[s["index"]], s, arm=arm, filt=extra.name,
+                               extracted=got.get("extracted"), correct=bool(got.get("correct"))))
     return lines
 
 

@@ -79,20 +79,26 @@ from pairaudit.core.readers import (
     SpeedDecisionDoc,
     as_record,
 )
+from pairaudit.gates import REGISTERED
 
 SUFFIX = "-calibration"
 LOG = PATHS[CALIBRATION_LOG_SCHEMA]
 
-# What each rule should say when control and candidate are the same server.
-# Speed: no gain is the right answer (NO_WIN); a WIN or a LOSS is a false
-# alarm, INCONCLUSIVE means the host cannot decide at the bar.
-# quality-v2 INCONCLUSIVE on identical arms says the datasets are too small to rule out the margin (a
-# sizing fact the gate states with the items needed), not that the host's starts disagree: not flagged.
-EXPECTED = {
-    "quality-v2": ("PASS", "INCONCLUSIVE"), "quality-v1": ("PASS",), "grid-tie-v1": ("PASS",),
-    "determinism-v1": ("PASS",), "boundary-v1": ("PASS",), "win2-v4": ("NO_WIN",), "win2-v3": ("NO_WIN",), "win2-v2": ("NO_WIN",),
-    "win2-v1": ("NO_WIN",), "preflight": ("PASS",), "server-failure-v1": ("PASS",),
-}
+# The preflight gate is the decision's own (the API rehearsal), not a registered rule: identical arms pass it.
+PREFLIGHT_EXPECTED = ("PASS",)
+
+
+def expected(rule: str | None) -> tuple[str, ...]:
+    """What rule ``rule`` should say when control and candidate are the same server: its registered
+    ``on_identical_arms`` (``pairaudit.gates.REGISTERED``). An unknown rule, or one that registers no
+    expectation, is an error: a calibration that cannot say what it expected cannot flag anything."""
+    if rule == "preflight":
+        return PREFLIGHT_EXPECTED
+    spec = None if rule is None else REGISTERED.get(rule)
+    if spec is None:
+        raise ValueError(f"calibration: gate rule {rule!r} is not registered (registered: "
+                         f"{', '.join(REGISTERED)}, and preflight)")
+    return tuple(spec.need("on_identical_arms"))
 
 
 # ------------------------------------------------------------------ config
@@ -246,9 +252,9 @@ def summarize(decision: Decision, *, audit: str | None, of_audit: str | None,
             gates[name] = {"rule": None, "verdict": None, "expected": None, "flagged": False,
                            "reason": "not evaluated: its stage produced no result"}
             continue
-        expected = EXPECTED[g.rule] if g.rule in EXPECTED else ("PASS",)
-        gates[name] = {"rule": g.rule, "verdict": g.verdict, "expected": list(expected),
-                       "flagged": g.verdict not in expected,
+        want = expected(g.rule)
+        gates[name] = {"rule": g.rule, "verdict": g.verdict, "expected": list(want),
+                       "flagged": g.verdict not in want,
                        "reason": (g.reasons or ["(no reason recorded)"])[0]}
         if gates[name]["flagged"]:
             flagged.append(name)

@@ -99,6 +99,12 @@ def _check_rule(kind: str, name: str, res: Mapping[str, Any] | None) -> None:
         raise ValueError(f"gate {name}: expected a {' or '.join(want)} result, got rule {rule!r}")
 
 
+def _bounds_a_family(rule: str) -> bool:
+    """The registered quality rule ``rule`` bounds each dataset over the audit's family of datasets (it takes
+    their number: quality-v2's Bonferroni); ValueError for a rule the registry does not hold."""
+    return "datasets" in gates.rule(rule, "quality").takes
+
+
 def check_quality(name: str, doc: Paired | Mapping[str, Any], datasets: int | None = None) -> dict:
     """The stored quality result of one paired doc, checked against its own table.
 
@@ -125,10 +131,10 @@ def check_quality(name: str, doc: Paired | Mapping[str, Any], datasets: int | No
             raise ValueError(f"paired {name}: stored quality {key} {q.raw[key]!r} disagrees with "
                              f"{q.rule} recomputed from its table ({again[key]!r})")
     out = q.as_dict()
-    if q.rule == "quality-v2" and datasets is not None and family != datasets and not paired.arm_failed:
+    if _bounds_a_family(q.rule) and datasets is not None and family != datasets and not paired.arm_failed:
         # The claim must hold over the datasets this decision judges: bounded for another family size
         # (a paired doc made for a different dataset list), the rule is applied again at this one.
-        out = gates.apply_quality("quality-v2", table, q.params, datasets=datasets)
+        out = gates.apply_quality(q.rule, table, q.params, datasets=datasets)
         out["reasons"] = list(out["reasons"]) + [
             f"the paired stage bounded this dataset for {family} dataset(s); the decision judges {datasets}, so "
             "the rule was applied again at that family size (Bonferroni)"]
@@ -414,12 +420,13 @@ def multiplicity(results: Mapping[str, Mapping[str, Any] | None]) -> dict | None
     datasets rejects a harmless change more often than alpha, never less.
     """
     qs = [q for n, r in results.items() if n.startswith("quality:") and r is not None
-          for q in [rule_result(r, where=f"gate {n}")] if isinstance(q, QualityResult) and q.rule == "quality-v2"]
+          for q in [rule_result(r, where=f"gate {n}")]
+          if isinstance(q, QualityResult) and _bounds_a_family(q.rule)]
     if not qs:
         return None
     m = qs[0].multiplicity
     if m is None:
-        raise ValueError(f"a quality-v2 result without its multiplicity: {qs[0].reasons[:1]}")
+        raise ValueError(f"a {qs[0].rule} result without its multiplicity: {qs[0].reasons[:1]}")
     return {"gates": "quality", "method": m["method"], "datasets": m["datasets"],
             "family_level": m["family_level"], "per_dataset_level": m["per_dataset_level"],
             "statement": (f"each dataset's loss bound is at {100 * m['per_dataset_level']:.4g} % (Bonferroni "

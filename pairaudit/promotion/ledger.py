@@ -5,7 +5,10 @@
      "config_sha256",                       # canonical JSON of the workflow config
      "inputs": {path: sha256},              # = decision provenance.consumed
      "candidate": {"spec_sha256", "env", "switches_sha256", "model", "url"},
-     "control_spec_sha256", "decision_path", "decision_sha256", "code_version"}
+     "control_spec_sha256", "decision_path", "decision_sha256", "code_version",
+     "timing": None | {"plan", "plan_created_at", "assumed", "phases": {phase: {expected_s, worst_s, actual_s,
+                                                                          planned_starts, actual_starts}},
+              "total"}}         # the run's planned against actual time (pairaudit/timeplan/actual.py)
 
 Earlier decisions are matched on ``candidate.spec_sha256`` (the launch
 receipt's identity hash: command, env switches, model), not on the audit name.
@@ -23,10 +26,12 @@ from pairaudit.core.readers import LaunchReceipt
 
 
 def ledger_entry(decision: Decision, launch: Mapping[str, LaunchReceipt], *, audit: str | None,
-                 config: Any, decision_path: str) -> dict:
+                 config: Any, decision_path: str, timing: Mapping[str, Any] | None = None) -> dict:
     """One line of results/ledger.jsonl: what was decided, on which evidence, for which candidate.
 
-    ``decision``: the complete decision (``promotion_stage`` has added its provenance).
+    ``decision``: the complete decision (``promotion_stage`` has added its provenance). ``timing``: the run's
+    planned against actual time per phase (``pairaudit.timeplan.actual.PlannedActual.to_json``), None when
+    the run wrote no plan.
     """
     cand = launch["candidate"]
     prov = decision["provenance"]
@@ -49,6 +54,7 @@ def ledger_entry(decision: Decision, launch: Mapping[str, LaunchReceipt], *, aud
         "decision_path": decision_path,
         "decision_sha256": sha256_file(decision_path),
         "code_version": prov["code_version"],
+        "timing": None if timing is None else dict(timing),
     }
 
 

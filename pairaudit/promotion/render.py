@@ -21,6 +21,7 @@ from typing import Any, Mapping, Sequence
 
 from markdown_it import MarkdownIt
 
+from pairaudit import gates
 from pairaudit.core.contracts import (
     ARMS,
     BOUNDARY_GATE_SCHEMA,
@@ -43,6 +44,7 @@ from pairaudit.core.readers import (
     as_record,
 )
 from pairaudit.promotion.decision import check_decision_word
+from pairaudit.timeplan.actual import PlannedActual
 
 NOT_ADJUSTED = (
     "Nothing is adjusted. Scores are the scorer's strict verdicts: a strict-extractor miss stays a "
@@ -616,11 +618,8 @@ def speed_markdown(doc: SpeedDecisionDoc | Mapping[str, Any] | None) -> list[str
                              _cell(sp.archive_n), _cell(sp.win_pct)]))
     primary = speed.primary
     if primary and speed.series:
-        seq = (f"{None if gate is None else gate.rule} compares the mean of the candidate starts with the mean of "
-               "the control starts (alternating C, T, C ...), over all repeats and deciding cells")
-        how = {"win2-v4": seq, "win2-v3": seq,
-               "win2-v2": "win2-v2 compares s2 with s1 and s3 over all repeats and deciding cells"}.get(
-            str(None if gate is None else gate.rule), "win2-v1 pairs s2 with the mean of s1 and s3")
+        # the registered rule's own wording; a decision without a gate was made by win2-v1's combination
+        how = gates.rule("win2-v1" if gate is None else gate.rule, "speed").need("compares")
         out += ["", f"Primary metric `{primary}` per repeat ({how}):", ""]
         out += _speed_repeat_rows(speed, primary)
     if speed.bench_serve:
@@ -638,6 +637,25 @@ def ledger_markdown(earlier: Sequence[Mapping[str, Any]], spec: str | None) -> l
     for e in (LedgerLine.from_json(x, where="ledger line") for x in earlier):
         out.append(_row([_cell(e.time), _cell(e.audit), e.decision, _code(str(e.config_sha256)[:12]),
                          _cell(", ".join(e.not_evaluated))]))
+    return out
+
+
+def time_markdown(pa: PlannedActual | None) -> list[str]:
+    """Each phase's planned (expected, worst case) and actual time of the run that decided, and its starts."""
+    out = ["## Time: planned against actual", ""]
+    if pa is None:
+        return out + ["No time plan was written for this run (a plan is written when a run with jobs to run "
+                      "starts: `pairaudit plan` shows it)."]
+    note = " Steps marked assumed in the plan had no history on this host." if pa.assumed else ""
+    out += [f"The plan `{pa.plan_path}` (written {pa.plan_created_at}, when this run started), against the "
+            f"server starts this run recorded and its wall time up to the decision.{note}", "",
+            _row(["phase", "expected", "worst case", "actual", "actual / expected", "server starts (planned, actual)"]),
+            _row(["---"] * 6)]
+    for r in (*pa.phases, pa.total):
+        ratio = f"{r.actual_s / r.expected_s:.2f}" if r.expected_s > 0 else "-"
+        starts = f"{r.planned_starts}, {r.actual_starts}" if r.phase != "other" else "-"
+        out.append(_row([f"**{r.phase}**" if r.phase == "total" else r.phase, f"{r.expected_s:.0f} s",
+                         f"{r.worst_s:.0f} s", f"{r.actual_s:.0f} s", ratio, starts]))
     return out
 
 

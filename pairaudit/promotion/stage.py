@@ -74,8 +74,10 @@ from pairaudit.promotion.render import (
     render_markdown,
     speed_markdown,
     summary_rst,
+    time_markdown,
 )
 from pairaudit.quality.split import judged_counts
+from pairaudit.timeplan import actual as timeactual
 
 # Each later stage's artifact, read through its record (its schema id, its fields).
 LATER_RECORDS: dict[str, type[Record]] = {
@@ -274,9 +276,12 @@ def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Seq
         write_json(out_calibration, summary)
         outputs.append(str(out_calibration))
     md = render_markdown(decision, paired, launch, preflight, calibration_summary=summary)
+    # this run's plan against what its phases took (a calibration is the module's own run: no plan of its own)
+    took = timeactual.for_audit(audit) if audit and not calibration else None
     md += "\n" + "\n".join(calibration_markdown(summary) + ([""] if summary else [])
                            + code_judging_markdown(judged)
                            + boundary_markdown(later_docs.boundary) + [""] + speed_markdown(speed) + [""]
+                           + time_markdown(took) + [""]
                            + ledger_markdown(earlier, spec)) + "\n"
     _atomic_write(Path(out_report), md)
     title = f"pairaudit decision ({audit or 'audit'}): {decision['decision']}"
@@ -293,7 +298,8 @@ def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Seq
     write_json(out_manifest, manifest([*inputs, *outputs]))
     if ledger_path:
         append_ledger(ledger_path, ledger_entry(decision, launch, audit=audit, config=config,
-                                                decision_path=str(out_decision)))
+                                                decision_path=str(out_decision),
+                                                timing=None if took is None else took.to_json()))
     if summary is not None and calibrations_path and out_calibration is not None:
         calib.append(calibrations_path, calib.CalibrationEntry(
             time=decision["provenance"]["created_at"], audit=audit, of_audit=summary["of_audit"],

@@ -1,6 +1,9 @@
 """Score one model answer against one dataset item, and every sampled record of a dataset.
 
-Items come from ``pairaudit.datasets.formats`` (``{"index", "id", "format", "question",
+Each format's scorer is its registered object's (:mod:`pairaudit.formats.registry`);
+this module looks the item's format up, gives the code formats the sandbox
+(``run_code``: the split path or the sandbox's own tests), and scores a
+dataset's sampled records. Items come from ``pairaudit.datasets.formats`` (``{"index", "id", "format", "question",
 "reference": {...}}``). Every score record says why it scored so, in words a
 reviewer can check against the raw text.
 
@@ -12,7 +15,7 @@ Score record of ``score_item`` (all formats)::
      "method": str,               # how it was judged, e.g. "strict-regex", "math-verify", "sandbox"
      ...format extras}
 
-Format extras:
+Format extras (made by each format's scorer, ``pairaudit/formats/<module>.py``):
 
 - gsm8k: ``gold`` (normalized), ``flexible`` = {"extracted", "correct"} from the
   lm-eval flexible extractor (last number), recorded beside the strict verdict;
@@ -45,196 +48,25 @@ Score record of ``score_records`` (one per sampled record, same order): ``contra
 
 from __future__ import annotations
 
-import logging
-import re
-import threading
 from concurrent.futures import ThreadPoolExecutor
-from decimal import Decimal, InvalidOperation
+from functools import partial
 from typing import Sequence, cast
 
 from pairaudit.core import defaults
 from pairaudit.core.contracts import SampledRecord, ScoreRecord
-from pairaudit.formats import answerformats
-from pairaudit.formats.boxed import last_boxed
+from pairaudit.formats import registry
+from pairaudit.formats.base import AssertTests, CheckFunction, CodeFailure, CodeJob, CodeOutcome, ScoreContext
+from pairaudit.formats.code import extract_code
+from pairaudit.formats.gsm8k import GSM8K_COMPARISON, normalize_number, numbers_equal
 from pairaudit.quality import sandbox, split
 from pairaudit.serving.client import chat_message, clamping
 
-FORMATS = ("gsm8k", "math", "mbpp", "humaneval", *answerformats.FORMATS)
-
-# lm-eval-harness gsm8k filters (strict takes the first match, flexible the last).
-GSM8K_STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
-GSM8K_FLEXIBLE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
+# Moved to their formats' modules; named here for the callers that import them from the scorer.
+__all__ = ["GSM8K_COMPARISON", "extract_code", "normalize_number", "numbers_equal", "response_answer",
+           "response_text", "score_item", "score_records"]
 
 
-
-# ---------------------------------------------------------------- gsm8k
-#
-# Strict GSM8K scoring extracts like lm-eval (first "#### N", the same regex,
-# the same stripping of ",", "$" and a trailing ".") but compares the numbers,
-# not the strings: "#### 72.0", "#### 072" and "#### 0.50" equal gold 72, 72
-# and 0.5. A model that writes the right number is right. lm-eval compares
-# strings, so its strict score can be lower on the same answers; every record
-# keeps lm-eval's verdict beside ours (``lm_eval_exact_match``) so the two
-# scores can be told apart item by item.
-GSM8K_COMPARISON = "numeric"
-
-def normalize_number(text: str) -> str:
-    """Strip what lm-eval strips before comparing: ``,``, ``$``, surrounding space, a trailing ``.``."""
-    out = text.replace(",", "").replace("$", "").strip()
-    if out.endswith("."):
-        out = out[:-1]
-    return out
-
-
-def numbers_equal(a: str, b: str) -> bool:
-    """Numeric equality of two normalized number strings (72.0 == 72); string equality otherwise."""
-    try:
-        return Decimal(a) == Decimal(b)
-    except (InvalidOperation, ValueError):
-        return a == b
-
-
-def _flexible(text: str) -> str | None:
-    matches = GSM8K_FLEXIBLE.findall(text)
-    if not matches:
-        return None
-    last = matches[-1]
-    return last[0] or last[1]
-
-
-def score_gsm8k(item: dict, text: str) -> dict:
-    gold = normalize_number(item["reference"]["answer"])
-    flex_raw = _flexible(text)
-    flex_norm = normalize_number(flex_raw) if flex_raw is not None else None
-    flexible = {"extracted": flex_norm,
-                "correct": flex_norm is not None and numbers_equal(flex_norm, gold)}
-    m = GSM8K_STRICT.search(text)
-    if m is None:
-        return {"correct": False, "extracted": None, "method": "strict-regex", "gold": gold,
-                "reason": "no '#### N' found", "flexible": flexible,
-                "comparison": GSM8K_COMPARISON, "lm_eval_exact_match": False}
-    got = normalize_number(m.group(1))
-    ok = numbers_equal(got, gold)
-    lm_eval = got == gold  # lm-eval: the same normalization, then string equality
-    reason = (f"strict match '#### {m.group(1)}' == gold {gold}" if ok
-              else f"strict match '#### {m.group(1)}' != gold {gold}")
-    if ok and not lm_eval:
-        reason += " (equal as numbers; lm-eval's string comparison counts it wrong)"
-    return {"correct": ok, "extracted": got, "method": "strict-regex", "gold": gold,
-            "reason": reason, "flexible": flexible,
-            "comparison": GSM8K_COMPARISON, "lm_eval_exact_match": lm_eval}
-
-
-# ---------------------------------------------------------------- math
-
-def normalize_latex(s: str) -> str:
-    """A light, conservative normal form: only rewrites that cannot change the value."""
-    s = s.strip()
-    s = re.sub(r"\\(left|right)(?![a-zA-Z])", "", s)
-    s = re.sub(r"\\[,!;: ]", "", s)
-    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    s = re.sub(r"\s+", "", s)
-    s = s.rstrip(".")
-    return s
-
-
-MATH_VERIFY_TIMEOUT_S = 5
-# math-verify has no timeout off the main thread; very long answers are where
-# sympy can stall, so they are judged by text only (and the record says so).
-MAX_MATH_ANSWER_CHARS = 1000
-
-
-class _TimeoutLog(logging.Handler):
-    """Collects math-verify's own timeout warnings (it returns False on timeout and only logs)."""
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        msg = record.getMessage()
-        if msg.startswith("Timeout during"):
-            self.messages.append(msg.split(":")[0])
-
-
-def _math_verify_equal(gold: str, pred: str) -> tuple[bool, str | None]:
-    """Equivalence by math-verify; returns (equal, error). Never raises."""
-    if len(pred) > MAX_MATH_ANSWER_CHARS:
-        return False, f"answer longer than {MAX_MATH_ANSWER_CHARS} chars, not parsed"
-    try:
-        from math_verify import parse, verify
-    except ImportError as exc:  # pragma: no cover - math-verify is a pinned dependency
-        return False, f"math-verify unavailable: {exc}"
-    # math-verify's own timeouts use SIGALRM, which only works in the main thread;
-    # elsewhere they must be off.
-    main = threading.current_thread() is threading.main_thread()
-    limit = MATH_VERIFY_TIMEOUT_S if main else None
-    watch = _TimeoutLog()
-    mv_logger = logging.getLogger("math_verify")
-    mv_logger.addHandler(watch)
-    try:
-        g = parse("\\boxed{" + gold + "}", parsing_timeout=limit)
-        p = parse("\\boxed{" + pred + "}", parsing_timeout=limit)
-        timed_out = f"math-verify timeout ({limit}s): {watch.messages[0]}" if watch.messages else None
-        if not g:
-            return False, timed_out or "math-verify could not parse the gold answer"
-        if not p:
-            return False, timed_out or "math-verify could not parse the extracted answer"
-        equal = bool(verify(g, p, timeout_seconds=limit))
-        if not equal and watch.messages:
-            return False, f"math-verify timeout ({limit}s): {watch.messages[0]}"
-        return equal, None
-    except Exception as exc:  # math-verify/sympy failures must not kill a scoring run
-        return False, f"math-verify error: {type(exc).__name__}: {exc}"
-    finally:
-        mv_logger.removeHandler(watch)
-
-
-def score_math(item: dict, text: str) -> dict:
-    gold = item["reference"]["answer"]
-    box = last_boxed(text)
-    if box is None:
-        return {"correct": False, "extracted": None, "method": "none", "gold": gold,
-                "boxed_command": None, "math_verify": None, "reason": "no \\boxed{} answer found"}
-    pred, cmd = box
-    equal, error = _math_verify_equal(gold, pred)
-    mv = {"equal": equal, "error": error}
-    base = {"extracted": pred, "gold": gold, "boxed_command": cmd, "math_verify": mv}
-    if equal:
-        return {**base, "correct": True, "method": "math-verify",
-                "reason": f"{cmd} '{pred}' equivalent to gold '{gold}' (math-verify)"}
-    # Identical text (up to spacing and \left/\right) is the same answer even
-    # where math-verify cannot parse it (e.g. plain words); say so explicitly.
-    if normalize_latex(pred) == normalize_latex(gold):
-        note = f"; math-verify: {error}" if error else "; math-verify said not equal"
-        return {**base, "correct": True, "method": "normalized-string",
-                "reason": f"{cmd} '{pred}' matches gold '{gold}' as normalized text{note}"}
-    why = f" ({error})" if error else ""
-    return {**base, "correct": False, "method": "math-verify",
-            "reason": f"{cmd} '{pred}' not equivalent to gold '{gold}'{why}"}
-
-
-# ---------------------------------------------------------------- code
-
-_FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.S)
-
-
-def extract_code(text: str) -> tuple[str, str]:
-    """Code from the LAST ```python block, else the last ``` block, else an unclosed fence, else the raw text."""
-    blocks = _FENCE.findall(text)
-    py = [body for lang, body in blocks if lang.lower() in ("python", "py", "python3")]
-    if py:
-        return py[-1], "fenced-python"
-    if blocks:
-        return blocks[-1][1], "fenced"
-    m = None
-    for m in re.finditer(r"```[A-Za-z0-9_+-]*[ \t]*\n", text):
-        pass
-    if m is not None:
-        # Output cut off (or fence never closed): everything after the last opener.
-        return text[m.end():], "unclosed-fence"
-    return text, "raw"
-
+# ---------------------------------------------------------------- code: the sandbox and the split path
 
 def _last_error_line(stderr: str) -> str | None:
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
@@ -314,77 +146,29 @@ def _split_record(code: str, plan: split.SplitPlan, imports: list[str], keep: li
     return fields, why, run["failed"]
 
 
-def score_mbpp(item: dict, text: str, *, sandbox_limits: dict | None = None, judge: str = "auto") -> dict:
-    ref = item["reference"]
-    code, source = extract_code(text)
-    tests = list(ref["tests"])
-    keep = [ref["function_name"]] if ref.get("function_name") else []
-    imports = list(ref.get("test_imports") or [])
-    out = {"extracted": code, "method": "sandbox", "code_source": source, "tests_total": len(tests)}
-    plan = _plan(split.plan_mbpp(tests, imports), judge, item)
+def _split_plan(tests: AssertTests | CheckFunction) -> split.SplitPlan | split.NotSplit:
+    """The split plan of a code job's tests, by their form (not by the dataset's format)."""
+    if isinstance(tests, AssertTests):
+        return split.plan_mbpp(tests.statements, tests.imports)
+    return split.plan_humaneval(tests.test, tests.entry_point)
+
+
+def run_code(job: CodeJob, *, sandbox_limits: dict | None = None, judge: str = "auto") -> CodeOutcome:
+    """Run a code format's job: outside the sandbox where its tests split (``judge``), else in it.
+
+    The score record's judging fields keep the order they always had
+    (``judged_by``, then ``sandbox``/``stderr_tail``/``split``, or
+    ``split_refused``/``sandbox``/``stderr_tail``).
+    """
+    plan = _plan(_split_plan(job.split), judge, {"id": job.item_id})
+    program, imports, keep = job.program, list(job.imports), list(job.keep)
     if isinstance(plan, split.SplitPlan):
-        fields, why, sfailed = _split_record(code, plan, imports, keep, sandbox_limits)
-        out.update(fields)
-        if why:
-            return {**out, "correct": False, "tests_failed": None, "first_failure": why, "reason": why}
-        if not sfailed:
-            return {**out, "correct": True, "tests_failed": 0, "first_failure": None,
-                    "reason": f"{len(tests)}/{len(tests)} tests passed"}
-        first = f"{sfailed[0]['why']} in {sfailed[0]['test']!r}"
-        return {**out, "correct": False, "tests_failed": len(sfailed), "first_failure": first,
-                "reason": f"{len(sfailed)}/{len(tests)} tests failed: {first}"}
-    limits, res, why, failed = _run_code_tests(code, tests, imports, keep, sandbox_limits)
-    out.update({"judged_by": "in_sandbox", "split_refused": plan, "sandbox": _slim(res),
-                "stderr_tail": res["stderr_tail"][-1000:]})
-    if why:
-        return {**out, "correct": False, "tests_failed": None, "first_failure": why, "reason": why}
-    if not failed:
-        return {**out, "correct": True, "tests_failed": 0, "first_failure": None,
-                "reason": f"{len(tests)}/{len(tests)} tests passed"}
-    first = f"{failed[0]['error']} in {failed[0]['test']!r}"
-    return {**out, "correct": False, "tests_failed": len(failed), "first_failure": first,
-            "reason": f"{len(failed)}/{len(tests)} tests failed: {first}"}
-
-
-def humaneval_program(item: dict, code: str) -> tuple[str, str, str]:
-    """(solution text, test text, layout): the completion either defines the entry point or continues the prompt."""
-    ref = item["reference"]
-    entry = ref["entry_point"]
-    if re.search(rf"^\s*def\s+{re.escape(entry)}\s*\(", code, re.M):
-        # The prompt stub (signature + docstring) is valid Python on its own;
-        # keeping it first preserves the prompt's imports and helper functions,
-        # and the completion's definition then replaces the stub.
-        body, layout = ref["prompt"] + "\n" + code, "prompt+full-function"
-    else:
-        body, layout = ref["prompt"] + code, "prompt+continuation"
-    return body, f"{ref['test']}\n\ncheck({entry})\n", layout
-
-
-def score_humaneval(item: dict, text: str, *, sandbox_limits: dict | None = None, judge: str = "auto") -> dict:
-    code, source = extract_code(text)
-    entry = item["reference"]["entry_point"]
-    body, test, layout = humaneval_program(item, code)
-    out = {"extracted": code, "method": "sandbox", "code_source": source, "program_layout": layout,
-           "tests_total": 1}
-    plan = _plan(split.plan_humaneval(item["reference"]["test"], entry), judge, item)
-    if isinstance(plan, split.SplitPlan):
-        fields, why, sfailed = _split_record(body, plan, [], [entry], sandbox_limits)
-        out.update(fields)
-        if why:
-            return {**out, "correct": False, "first_failure": why, "reason": why}
-        if not sfailed:
-            return {**out, "correct": True, "first_failure": None, "reason": f"check({entry}) passed"}
-        err = f"{sfailed[0]['why']} in {sfailed[0]['test']!r}"
-        return {**out, "correct": False, "first_failure": err, "reason": f"check({entry}) failed: {err}"}
-    limits, res, why, failed = _run_code_tests(body, [test], [], [entry], sandbox_limits)
-    out.update({"judged_by": "in_sandbox", "split_refused": plan, "sandbox": _slim(res),
-                "stderr_tail": res["stderr_tail"][-1000:]})
-    if why:
-        return {**out, "correct": False, "first_failure": why, "reason": why}
-    if not failed:
-        return {**out, "correct": True, "first_failure": None, "reason": f"check({entry}) passed"}
-    err = failed[0]["error"]
-    return {**out, "correct": False, "first_failure": err, "reason": f"check({entry}) failed: {err}"}
+        fields, why, sfailed = _split_record(program, plan, imports, keep, sandbox_limits)
+        return CodeOutcome("split", fields, why, tuple(CodeFailure(f["test"], f["why"]) for f in sfailed))
+    _, res, why, failed = _run_code_tests(program, list(job.tests), imports, keep, sandbox_limits)
+    fields = {"judged_by": "in_sandbox", "split_refused": plan, "sandbox": _slim(res),
+              "stderr_tail": res["stderr_tail"][-1000:]}
+    return CodeOutcome("in_sandbox", fields, why, tuple(CodeFailure(f["test"], f["error"]) for f in failed or []))
 
 
 # ---------------------------------------------------------------- dispatch
@@ -397,17 +181,10 @@ def score_item(item: dict, text: str, *, sandbox_limits: dict | None = None, jud
     path ("split" is an error for an item that does not split).
     """
     fmt = item.get("format")
-    if fmt == "gsm8k":
-        return score_gsm8k(item, text)
-    if fmt == "math":
-        return score_math(item, text)
-    if fmt == "mbpp":
-        return score_mbpp(item, text, sandbox_limits=sandbox_limits, judge=judge)
-    if fmt == "humaneval":
-        return score_humaneval(item, text, sandbox_limits=sandbox_limits, judge=judge)
-    if fmt in answerformats.FORMATS:  # qa, multiple_choice: no code runs
-        return answerformats.score(item, text)
-    raise ValueError(f"item format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if fmt not in registry.names():
+        raise ValueError(f"item format {fmt!r} is not one of {', '.join(registry.names())}")
+    ctx = ScoreContext(run_code=partial(run_code, sandbox_limits=sandbox_limits, judge=judge))
+    return registry.get(fmt).score(item, text, ctx)
 
 
 def response_text(response: dict | None) -> tuple[str | None, str | None]:
@@ -490,8 +267,8 @@ def score_records(dataset_doc: dict, sampled_records: Sequence[SampledRecord], *
             scored = {**scored, "reason": f"{scored['reason']}; {clamp['reason']}"}
         return {**base, **scored, "answered": True}
 
-    code = dataset_doc.get("format") in ("mbpp", "humaneval") or any(
-        it.get("format") in ("mbpp", "humaneval") for it in dataset_doc["items"][:1])
+    names = {dataset_doc.get("format"), *(it.get("format") for it in dataset_doc["items"][:1])}
+    code = any(registry.get(n).runs_code for n in names if n in registry.names())
     if not code or workers <= 1 or len(sampled_records) < 2:
         return [one(rec) for rec in sampled_records]
     with ThreadPoolExecutor(max_workers=int(workers)) as ex:

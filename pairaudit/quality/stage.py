@@ -7,7 +7,16 @@ from typing import cast
 
 from pairaudit import gates
 from pairaudit.core import artifacts, contracts, stats
-from pairaudit.core.contracts import ARMS, PAIRED_SCHEMA, arm_role, SAMPLED_SCHEMA, SCORES_SCHEMA, SampledRecord, ScoreRecord
+from pairaudit.core.contracts import (
+    ARMS,
+    PAIRED_SCHEMA,
+    SAMPLED_SCHEMA,
+    SCORES_SCHEMA,
+    SampledRecord,
+    ScoreRecord,
+    arm_role,
+)
+from pairaudit.core.settings import QualitySettings
 from pairaudit.quality import scoring
 
 
@@ -35,10 +44,11 @@ def score_stage(*, dataset_path: str, sampled_path: str, out_path: str, sandbox_
 
 
 def paired_stage(*, dataset_path: str, sampled_paths: dict, score_paths: dict, out_path: str,
-                 quality_params: dict, datasets: int = 1) -> dict:
+                 quality: QualitySettings, datasets: int = 1) -> dict:
     """Pair the arms item by item and apply the quality rule; nothing is adjusted.
 
-    ``datasets``: how many datasets the audit judges (quality-v2's Bonferroni family).
+    ``quality``: ``rules.quality`` as the workflow resolved it at load (the rule and its parameters), used
+    as it is. ``datasets``: how many datasets the audit judges (quality-v2's Bonferroni family).
     """
     dataset = artifacts.read_json(dataset_path)
     sampled: dict[str, list[SampledRecord]] = {}
@@ -67,10 +77,10 @@ def paired_stage(*, dataset_path: str, sampled_paths: dict, score_paths: dict, o
     table = stats.paired_table(scores["control"], scores["candidate"], sampled["control"], sampled["candidate"])
     by_index = {arm: {r["index"]: bool(r["correct"]) for r in scores[arm]} for arm in ARMS}
     order = table["indices"]
-    rule = quality_params.get("rule", gates.QUALITY_RULES[0])
-    quality = gates.apply_quality(rule, table, quality_params, datasets=datasets)
+    params = quality.to_json()   # each rule reads its own keys; the paired record keeps them all
+    result = gates.apply_quality(quality.rule, table, params, datasets=datasets)
     if failed:
-        quality = {**quality, "verdict": "INCONCLUSIVE", "stage_verdict": quality["verdict"],
+        result = {**result, "verdict": "INCONCLUSIVE", "stage_verdict": result["verdict"],
                    "reasons": [f"not comparable: the {arm} server failed ({why})" for arm, why in failed.items()]
                    + [f"only the {len(order)} items both arms answered are paired"]}
     doc = {
@@ -79,13 +89,13 @@ def paired_stage(*, dataset_path: str, sampled_paths: dict, score_paths: dict, o
         "format": dataset["format"],
         "arm_failed": failed or None,
         "table": table,
-        "quality": quality,
+        "quality": result,
         # no items (an arm's server failed before answering any): nothing to resample
         "bootstrap": stats.paired_bootstrap_ci([by_index["control"][i] for i in order],
                                                [by_index["candidate"][i] for i in order]) if order else None,
         "provenance": artifacts.provenance(
             [dataset_path, *sampled_paths.values(), *score_paths.values()],
-            {"quality": quality_params, "datasets": datasets}),
+            {"quality": params, "datasets": datasets}),
     }
     artifacts.write_json(out_path, doc)
     return doc

@@ -12,6 +12,7 @@ with ``{"error": {"message", "type", "param", "code"}}`` for a bad request,
 
 from __future__ import annotations
 
+import hmac
 import json
 import time
 from typing import Any
@@ -77,6 +78,22 @@ def check_types(body: dict, extra: dict) -> None:
             raise ApiError(f"{key}: expected {desc}, got {json.dumps(value)}", param=key)
         if not isinstance(value, accepted):
             raise ApiError(f"{key}: expected {desc}, got {type(value).__name__} {json.dumps(value)[:80]}", param=key)
+
+
+# An API key, as vLLM's --api-key / VLLM_API_KEY guards it: the variable the server reads it from (the
+# audit sets a fresh one per start, ``serving.launch``); only paths under these prefixes need it, so
+# /health, /metrics, /version, /tokenize answer without, as in vLLM. 401 {"error": "Unauthorized"}.
+API_KEY_ENV = "PAIRAUDIT_REF_API_KEY"
+GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
+
+
+def authorized(path: str, authorization: str | None, key: str | None) -> bool:
+    """Whether a request to ``path`` with this Authorization header may pass (no key configured: any)."""
+    if not key or not path.startswith(GUARDED_PREFIX):
+        return True
+    scheme, _, token = (authorization or "").partition(" ")
+    # compare_digest: the time a wrong key takes says nothing of the right one
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), key.encode())
 
 
 MAX_CACHE_SALT = 128

@@ -47,7 +47,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.tcp_helpers import tcp_nodelay
 
-from .api import Api, ApiError, check_types
+from .api import API_KEY_ENV, Api, ApiError, authorized, check_types
 from .metrics import Metrics
 from .protocol import (ABORT, ADD, CONFIG, LISTEN_ERROR, LISTENING, METRICS, STEP, Emitted, SamplingParams,
                        Update)
@@ -87,6 +87,8 @@ class Stream:
 class Frontend:
     def __init__(self, api: Api, conn, *, version: str, metrics_name: str):
         self.api, self.conn, self.version = api, conn, version
+        # read once: the key of this start (serving.launch sets it in the server's environment only)
+        self.api_key = os.environ.get(API_KEY_ENV) or None
         self.streams: dict[str, Stream] = {}
         self.tickets = itertools.count()
         self.waiting_metrics: dict[int, asyncio.Future] = {}
@@ -178,6 +180,8 @@ class Frontend:
         if request.transport is not None:
             # as uvicorn sets for vLLM: with Nagle on, a small body waits for the client's delayed ACK
             tcp_nodelay(request.transport, True)
+        if not authorized(request.path, request.headers.get("Authorization"), self.api_key):
+            return json_response(401, {"error": "Unauthorized"})
         try:
             return await handler(request)
         except ApiError as exc:

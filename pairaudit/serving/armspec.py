@@ -33,6 +33,11 @@ attach mode: ``mode: attach``, ``url``, ``model``, optional
 ``served_model_name``, ``max_model_len`` (checked when given),
 ``speculative``, ``health_timeout_s`` (default 30), ``model_sha256``.
 
+Either mode: ``api_key_env``, the environment variable that holds the arm's
+API key (:func:`resolve_key_env`; ``serving.launch`` reads or makes the key,
+sent as a bearer token and never recorded). Access, not identity: outside the
+identity hash.
+
 Spec (``resolve_spec``): an :class:`ArmSpec`, the config with defaults filled
 and every placeholder resolved except the host-bound ones and ``{port}``;
 resolved once per arm (at load and by the ``arm_spec`` rule) and read by the
@@ -77,6 +82,11 @@ PLACEHOLDERS = ("python", "vllm_python", "model", "model_dir", "served_model_nam
 # kept symbolic in ``command_identity`` so moving a venv or a cache changes nothing.
 HOST_PLACEHOLDERS = ("python", "vllm_python", "model_dir")
 VLLM_PYTHON_ENV = "PAIRAUDIT_VLLM_PYTHON"
+# The variables the launched servers read their API key from: the reference server's own, and vLLM's
+# (VLLM_API_KEY, read when no --api-key is given). A launch arm of either gets one without configuring it.
+REFSERVER_KEY_ENV = "PAIRAUDIT_REF_API_KEY"
+VLLM_KEY_ENV = "VLLM_API_KEY"
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 REPO = Path(__file__).resolve().parents[2]
 PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -140,6 +150,7 @@ class ArmSpec:
     stop_grace_s: float | None = None
     url: str | None = None
     gpus: int = 0
+    api_key_env: str | None = None              # where the key is (attach) or goes (launch); never the key itself
 
     def __post_init__(self) -> None:
         # Frozen all the way down: a spec is shared by every start of a phase,
@@ -190,12 +201,13 @@ class ArmSpec:
             raise ArmSpecError(f"{where}: must be a mapping, got {type(doc).__name__}")
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(doc) - set(names))
-        missing = [n for n in names if n not in doc]
+        # a spec written before API keys has none: the same server, reached without a key
+        missing = [n for n in names if n not in doc and n not in _OPTIONAL]
         if unknown or missing:
             raise ArmSpecError(f"{where}: keys differ from an arm spec's (missing: {missing or 'none'}, "
                                f"unknown: {unknown or 'none'}; allowed: {', '.join(names)})")
         for name, ok, what in _CHECKS:
-            if not ok(doc[name]):
+            if not ok(doc.get(name)):
                 raise ArmSpecError(f"{where}.{name}: {doc[name]!r} is not {what}")
         if doc["mode"] == "launch" and doc["command_identity"] is None:
             raise ArmSpecError(f"{where}.command_identity: required for a launch arm")
@@ -206,6 +218,9 @@ class ArmSpec:
 
 def _opt(check):
     return lambda v: v is None or check(v)
+
+
+_OPTIONAL = ("api_key_env",)
 
 
 _CHECKS = (
@@ -226,6 +241,8 @@ _CHECKS = (
     ("port", _opt(is_int), "an integer or null"),
     ("stop_grace_s", _opt(is_num), "a number or null"),
     ("url", _opt(is_str), "a string or null"),
+    ("api_key_env", _opt(lambda v: is_str(v) and ENV_NAME_RE.fullmatch(v) is not None),
+     "an environment variable name or null"),
 )
 
 
@@ -233,9 +250,26 @@ _CHECKS = (
 
 # gpus: what the arm's jobs request from a cluster; scheduling, not the server's identity
 LAUNCH_KEYS = ("mode", "command", "env", "host", "port", "health_timeout_s", "stop_grace_s", "model",
-               "served_model_name", "max_model_len", "speculative", "model_sha256", "gpus")
+               "served_model_name", "max_model_len", "speculative", "model_sha256", "gpus", "api_key_env")
 ATTACH_KEYS = ("mode", "url", "model", "served_model_name", "max_model_len", "speculative",
-               "health_timeout_s", "model_sha256")
+               "health_timeout_s", "model_sha256", "api_key_env")
+
+
+def resolve_key_env(p: str, mode: str, given: Any, command: list | None) -> str | None:
+    """The arm's ``api_key_env``: as configured, else for a launched reference server or vLLM the variable it
+    reads its key from (every start of it then gets a fresh key), else None (no key)."""
+    if given is not None:
+        if not isinstance(given, str) or not ENV_NAME_RE.fullmatch(given):
+            raise ConfigError(f"{p}.api_key_env: {given!r} is not an environment variable name")
+        return given
+    if mode != "launch":
+        return None
+    args = [str(a) for a in command or ()]
+    if any("pairaudit.refserver" in a for a in args):
+        return REFSERVER_KEY_ENV
+    if any("vllm" in a.lower() for a in args):
+        return VLLM_KEY_ENV
+    return None
 
 class ConfigError(ValueError):
     """An arm config is invalid; the message names the key and what is allowed."""
@@ -294,7 +328,7 @@ def resolve_spec(arm_name: str, arm_cfg: Mapping[str, Any]) -> ArmSpec:
         url = arm_cfg.get("url")
         if not isinstance(url, str) or not re.match(r"^https?://[^/\s]+", url):
             raise ConfigError(f"{p}.url: required in attach mode, an http:// or https:// URL")
-        return replace(base, url=url.rstrip("/"))
+        return replace(base, url=url.rstrip("/"), api_key_env=resolve_key_env(p, mode, arm_cfg.get("api_key_env"), None))
 
     host = arm_cfg.get("host", "127.0.0.1")
     if not isinstance(host, str) or not host:
@@ -320,6 +354,12 @@ def resolve_spec(arm_name: str, arm_cfg: Mapping[str, Any]) -> ArmSpec:
         if isinstance(v, bool) or not isinstance(v, (str, int, float)):
             raise ConfigError(f"{p}.env.{k}: {v!r} must be a string or number (quote booleans, e.g. \"1\")")
         env_s[k] = str(v)
+    key_env = resolve_key_env(p, mode, arm_cfg.get("api_key_env"), cmd if isinstance(cmd := arm_cfg.get("command"),
+                                                                                     list) else None)
+    if key_env in env_s:
+        # env is recorded in every receipt: a key there would be written down
+        raise ConfigError(f"{p}.env.{key_env}: the arm's API key variable (api_key_env) must not be set in env, "
+                          "which every receipt records; the audit sets it for each start")
     cmd = arm_cfg.get("command")
     if not isinstance(cmd, list) or not cmd:
         raise ConfigError(f"{p}.command: required in launch mode, a non-empty list of arguments")
@@ -333,7 +373,8 @@ def resolve_spec(arm_name: str, arm_cfg: Mapping[str, Any]) -> ArmSpec:
     symbolic = {**values, **{k: "{" + k + "}" for k in HOST_PLACEHOLDERS}}
     identity = [_fill(str(a), symbolic, f"{p}.command[{i}]") for i, a in enumerate(cmd)]
     spec = replace(base, command_identity=tuple(identity), env=env_s, host=host, port=port,
-                               stop_grace_s=float(grace), gpus=gpus)
+                               stop_grace_s=float(grace), gpus=gpus,
+                               api_key_env=key_env)
     # Filling the host placeholders in a second pass must give what one pass
     # gives; it would not if a value filled in the first (a model name) itself
     # spelled a host placeholder.

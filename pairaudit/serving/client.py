@@ -120,6 +120,9 @@ class Endpoint:
         adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=POOL_CONNECTIONS)
         self.session.mount("http://", adapter)
         self.session.mount("https://", adapter)
+        # The key lives in the session's headers only: no request record, error, repr or log line carries
+        # it (a request record keeps method, path, body, status; never a header).
+        self.keyed = bool(api_key)
         if api_key:
             self.session.headers["Authorization"] = f"Bearer {api_key}"
 
@@ -139,13 +142,15 @@ class Endpoint:
         return self.base_url + (path if path.startswith("/") else "/" + path)
 
     def _request(self, method: str, path: str, body: Any = None,
-                 timeout_s: float | None = None) -> dict:
+                 timeout_s: float | None = None, without_key: bool = False) -> dict:
         started_at = utc_now("milliseconds")
         t0 = time.perf_counter()
         rec: dict = {"method": method, "path": path, "status": None, "body": None,
                      "error": None, "elapsed_s": None, "started_at": started_at}
         try:
-            resp = self.session.request(method, self.url(path), json=body,
+            # a request-level None drops the session's header: the same request, without the key
+            drop: Any = {"Authorization": None} if without_key else None
+            resp = self.session.request(method, self.url(path), json=body, headers=drop,
                                         timeout=timeout_s if timeout_s is not None else self.timeout_s)
             rec["status"] = resp.status_code
             rec["body"] = _parse_body(resp)
@@ -156,9 +161,10 @@ class Endpoint:
         rec["elapsed_s"] = time.perf_counter() - t0
         return rec
 
-    def get_json(self, path: str, *, timeout_s: float | None = None) -> dict:
-        """GET; the body is parsed JSON when it parses, else the raw text (e.g. /metrics)."""
-        return self._request("GET", path, timeout_s=timeout_s)
+    def get_json(self, path: str, *, timeout_s: float | None = None, without_key: bool = False) -> dict:
+        """GET; the body is parsed JSON when it parses, else the raw text (e.g. /metrics). ``without_key``:
+        sent with no Authorization header (the preflight's check that the server refuses it)."""
+        return self._request("GET", path, timeout_s=timeout_s, without_key=without_key)
 
     def post_json(self, path: str, body: dict, *, timeout_s: float | None = None) -> dict:
         return self._request("POST", path, body=body, timeout_s=timeout_s)

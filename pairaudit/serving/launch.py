@@ -25,6 +25,13 @@ The launch stage's record adds ``"server"``: what the server reported at that
 start, ``{"version", "version_body", "model_card", "root", "max_model_len",
 "command" (the full argv, real port), "env", "url"}``.
 
+API keys (``spec.api_key_env``): a launched server gets a fresh key at every
+start (``secrets.token_urlsafe``), set in its environment under that name and
+nowhere else (not its command line, which every user of the host can read);
+an attached one's key is read from the audit's environment. The endpoint
+sends it as a bearer token. What is recorded is the variable's name
+(``facts["api_key_env"]``), never the key.
+
 Running facts (``Server.facts()``), volatile and kept out of the hash; the
 launch stage's record (``launch_record``) is the receipt plus ``"run"``: these::
 
@@ -51,6 +58,7 @@ import fcntl
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -60,17 +68,17 @@ import time
 from pathlib import Path
 from typing import IO, Any, Mapping
 
-from pairaudit.core import resume
+from pairaudit.core import defaults, resume
 from pairaudit.core.artifacts import utc_now
 from pairaudit.core.contracts import LAUNCH_SCHEMA, SERVER_START_SCHEMA
 from pairaudit.core.jsonlog import append_record
-from pairaudit.serving import gpupool, signals, slots, versions
+from pairaudit.serving import gpupool, signals, slots, startlog, versions
 from pairaudit.serving.armspec import ArmSpec
 from pairaudit.serving.client import Endpoint, ServerError, tail_lines, wait_healthy
 
 # One line per server start and stop of an audit, whatever the phase: the
 # audit's log of what it cost to bring its servers up.
-_START_FACTS = ("url", "pid", "started_at", "ready_at", "ready_s", "stop", "gpus")
+_START_FACTS = ("url", "pid", "started_at", "ready_at", "ready_s", "stop", "gpus", "breakdown", "why")
 
 
 # Snakemake sets these to the job's threads in every job.  A launched server
@@ -123,21 +131,50 @@ log = logging.getLogger("pairaudit")
 _KEPT: dict[str, str | None] = {}   # server log -> where this job moved the log it found there (None: none)
 
 
-def claim_log(path: str | Path) -> str | None:
-    """Once per job and log: move an existing, non-empty server log aside; returns where it went (else None)."""
+# How many logs of one phase and arm are kept (server_logs.keep): the workflow passes its config's value to
+# its jobs in the environment (rules/common.smk); without it, the schema's default.
+KEEP_LOGS_ENV = "PAIRAUDIT_SERVER_LOGS_KEEP"
+
+
+def logs_kept() -> int:
+    raw = os.environ.get(KEEP_LOGS_ENV)
+    if raw and raw.isdigit() and int(raw) >= 1:
+        return int(raw)
+    return int(defaults.section("server_logs")["keep"])
+
+
+def _earlier_logs(p: Path) -> dict[int, Path]:
+    """The logs moved aside from ``p``: number -> path (``<stem>.<n><suffix>``)."""
+    out = {}
+    for q in p.parent.glob(f"{p.stem}.*{p.suffix}"):
+        n = q.name[len(p.stem) + 1:len(q.name) - len(p.suffix)]
+        if n.isdigit():
+            out[int(n)] = q
+    return out
+
+
+def claim_log(path: str | Path, keep: int | None = None) -> str | None:
+    """Once per job and log: move an existing, non-empty server log aside; returns where it went (else None).
+
+    The log moved aside gets the next number after the highest kept (the newest is the highest); of
+    the earlier ones only the newest ``keep - 1`` (``server_logs.keep``) stay, the others are removed.
+    """
     key = str(path)
     if key in _KEPT:
         return _KEPT[key]
     p = Path(path)
+    keep = logs_kept() if keep is None else keep
     kept = None
     try:
         if p.stat().st_size > 0:
-            n = 1
-            while p.with_name(f"{p.stem}.{n}{p.suffix}").exists():
-                n += 1
-            kept_path = p.with_name(f"{p.stem}.{n}{p.suffix}")
+            earlier = _earlier_logs(p)
+            kept_path = p.with_name(f"{p.stem}.{max(earlier, default=0) + 1}{p.suffix}")
             os.replace(p, kept_path)
             kept = str(kept_path)
+            rotated = [earlier[n] for n in sorted(earlier)] + [kept_path]   # oldest first
+            for old in rotated[:max(0, len(rotated) - (keep - 1))]:
+                old.unlink(missing_ok=True)
+            kept = kept if kept_path.exists() else None
     except FileNotFoundError:
         pass
     _KEPT[key] = kept
@@ -355,6 +392,15 @@ def _wait_exit(proc: subprocess.Popen, timeout_s: float) -> bool:
     return True
 
 
+def start_breakdown(log_path: Path, offset: int, ready_s: float) -> dict | None:
+    """Where this start's seconds went, from its own log (``startlog``); None where the log cannot be read."""
+    try:
+        return startlog.read_start(log_path, offset, ready_s=ready_s).to_json()
+    except (OSError, ValueError) as exc:   # a breakdown is evidence of cost, never a reason to fail a start
+        log.warning("no start breakdown from %s: %s", log_path, exc)
+        return None
+
+
 class Server:
     """A started (launch) or checked (attach) server; a context manager.
 
@@ -381,7 +427,8 @@ class Server:
         self._facts: dict = {"arm": spec.arm, "mode": spec.mode, "url": None, "pid": None,
                              "port": None, "command": None, "log_path": str(self.log_path) if self.log_path else None,
                              "started_at": None, "ready_at": None, "ready_s": None, "health": None,
-                             "identity_check": None, "stop": None, "gpus": None}
+                             "identity_check": None, "stop": None, "gpus": None,
+                             "api_key_env": spec.api_key_env}
 
     # context manager
     def __enter__(self) -> "Server":
@@ -443,8 +490,9 @@ class Server:
         cmd = [a.replace("{port}", str(port)) for a in spec.host_command() or []]
         url = _url(spec.host, port)
         self._facts.update(url=url, port=port, command=cmd)
-        self._endpoint = Endpoint(url, model=spec.served_model_name, timeout_s=self._timeout_s,
-                                  api_key=self._api_key)
+        # a fresh key for this start only: a key seen once (a log, a crash dump) opens no later server
+        key = self._api_key or (secrets.token_urlsafe(32) if spec.api_key_env else None)
+        self._endpoint = Endpoint(url, model=spec.served_model_name, timeout_s=self._timeout_s, api_key=key)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         claim_log(self.log_path)   # an earlier job's log (a killed start's, say) is kept beside this one
         self._log_file = log_file = open(self.log_path, "ab")
@@ -452,6 +500,8 @@ class Server:
         log_file.write(f"=== pairaudit launch arm={spec.arm} at {utc_now('milliseconds')}: {cmd}\n".encode())
         log_file.flush()
         env = {**server_environ(os.environ), **(self._gpus.env() if self._gpus else {}), **spec.env}
+        if spec.api_key_env and key:
+            env[spec.api_key_env] = key
         main_thread = threading.current_thread() is threading.main_thread()
         signals.install_handlers()
         self._facts["started_at"] = utc_now("milliseconds")
@@ -468,6 +518,7 @@ class Server:
             raise self._fail(str(exc)) from None
         self._facts["ready_at"] = utc_now("milliseconds")
         self._facts["ready_s"] = time.monotonic() - t0
+        self._facts["breakdown"] = start_breakdown(self.log_path, self._log_offset, self._facts["ready_s"])
         self._check_identity()
 
     def _attach(self) -> None:
@@ -475,8 +526,13 @@ class Server:
         if spec.url is None:
             raise self._fail("an attached server needs its spec's url")
         self._facts["url"] = spec.url
-        self._endpoint = Endpoint(spec.url, model=spec.served_model_name, timeout_s=self._timeout_s,
-                                  api_key=self._api_key)
+        key = self._api_key
+        if spec.api_key_env and not key:
+            key = os.environ.get(spec.api_key_env)
+            if not key:
+                raise self._fail(f"api_key_env {spec.api_key_env}: the variable is not set (or empty) in the "
+                                 "audit's environment; export the endpoint's key under that name")
+        self._endpoint = Endpoint(spec.url, model=spec.served_model_name, timeout_s=self._timeout_s, api_key=key)
         self._facts["started_at"] = utc_now("milliseconds")
         t0 = time.monotonic()
         try:

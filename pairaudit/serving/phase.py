@@ -24,6 +24,14 @@ starts (``results/<audit>/servers/starts.jsonl``).
 The per-dataset artifacts are assembled from the journals by their own cheap
 jobs (``pairaudit.answers.stage.assemble``), so one dataset's change reruns only that
 dataset's downstream jobs.
+
+Every ``ready`` line says ``why`` its phase needed that start (``PhaseServer(why=...)``) and where the
+start's seconds went (``breakdown``, :mod:`pairaudit.serving.startlog`).  Why the diagnostics cannot
+share the answers phases' starts: its greedy items are the discordant ones, known only once both arms'
+answers are scored (separate jobs), and greedy runs go one at a time (a batch would change the numbers
+the determinism repeats compare), so they cannot be run ahead on every item; its probes of one arm
+need the other arm's greedy output.  Sharing would need a server that outlives its job, which no
+server here does (``pairaudit.serving.launch``).
 """
 
 from __future__ import annotations
@@ -56,9 +64,11 @@ class PhaseServer:
     """One arm's server for one phase: started on first use, checked before every output, stopped once."""
 
     def __init__(self, spec: ArmSpec, *, phase: str, log_path: str, receipt: dict | None, starts_log: str | None,
-                 timeout_s: float = 900):
+                 timeout_s: float = 900, why: str | None = None):
         self.spec, self.phase, self.log_path = spec, phase, log_path
         self.receipt, self.starts_log, self.timeout_s = receipt, starts_log, timeout_s
+        # why this phase needs a start of its own: the starts log says it beside the start's cost
+        self.why = why
         self.server: Server | None = None
         self.starts = 0
         self._start_time: float | None = None
@@ -70,7 +80,7 @@ class PhaseServer:
             self.starts += 1
             facts = self.server.facts()
             self._start_time = _start_time(self.server.endpoint)
-            self._event("ready", facts)
+            self._event("ready", {**facts, "why": self.why})
             log.info("%s phase: %s server ready in %.1f s (%s)", self.phase, self.spec.arm,
                      facts.get("ready_s") or 0.0, facts.get("url"))
         return self.server

@@ -27,7 +27,9 @@ Call::
     {"method", "path", "request": <body or a summary for huge bodies> | None,
      "request_sha256": str | None, "status", "body", "error", "elapsed_s", "started_at"}
 
-Probe order: health, models, tokenize_roundtrip, completion_logprobs20,
+Probe order: health, api_key_required (only for an arm with an API key: the
+same ``/v1/models`` request without the key must be refused, 401 or 403, so
+nothing else on the host can use the server), models, tokenize_roundtrip, completion_logprobs20,
 prompt_logprobs, seeded_repeat, max_model_len, known_bad_400, then
 spec_counters_move (``speculative: true``) or spec_counters_still
 (``speculative: false``: a control arm must not be drafting).
@@ -105,9 +107,11 @@ class _Probe:
         self.calls: list[dict] = []
         self.facts: dict = {}
 
-    def call(self, method: str, path: str, body: dict | None = None, *, summary: Any = None) -> dict:
-        res = self.ep.get_json(path) if method == "GET" else self.ep.post_json(path, body or {})
-        self.calls.append({"method": method, "path": path,
+    def call(self, method: str, path: str, body: dict | None = None, *, summary: Any = None,
+             without_key: bool = False) -> dict:
+        res = (self.ep.get_json(path, without_key=without_key) if method == "GET"
+               else self.ep.post_json(path, body or {}))
+        self.calls.append({"method": method, "path": path, **({"without_key": True} if without_key else {}),
                            "request": summary if summary is not None else body,
                            "request_sha256": sha256_json(body) if body is not None else None,
                            "status": res["status"], "body": res["body"], "error": res["error"],
@@ -146,6 +150,16 @@ def _p_health(p: _Probe, ctx: dict):
     if res["status"] == 200:
         return True, "200"
     return False, f"/health: {res['error'] or res['status']}"
+
+
+def _p_key_required(p: _Probe, ctx: dict):
+    res = p.call("GET", "/v1/models", without_key=True)
+    if res["status"] in (401, 403):
+        return True, f"/v1/models without the key: HTTP {res['status']} (refused)"
+    if res["status"] is None:
+        return False, f"/v1/models without the key: no answer ({res['error']})"
+    return False, (f"/v1/models without the key: HTTP {res['status']}, not refused: the server answers anything "
+                   "on the host, not only the audit")
 
 
 def _p_models(p: _Probe, ctx: dict):
@@ -403,8 +417,19 @@ PROBES: list[tuple[str, Callable]] = [
 ]
 
 
-def probe_names(speculative: bool) -> list[str]:
-    return [n for n, _ in PROBES] + ["spec_counters_move" if speculative else "spec_counters_still"]
+KEY_PROBE = ("api_key_required", _p_key_required)
+
+
+def _probes(speculative: bool, keyed: bool) -> list[tuple[str, Callable]]:
+    first, rest = PROBES[:1], PROBES[1:]
+    return (first + ([KEY_PROBE] if keyed else []) + rest
+            + [("spec_counters_move", _spec_probe(True)) if speculative
+               else ("spec_counters_still", _spec_probe(False))])
+
+
+def probe_names(speculative: bool, keyed: bool = False) -> list[str]:
+    """The probes in order; ``keyed``: the arm is reached with an API key."""
+    return [n for n, _ in _probes(speculative, keyed)]
 
 
 def run_preflight(endpoint: Endpoint, spec: ArmSpec, *, primary: dict | None = None) -> dict:
@@ -419,8 +444,7 @@ def run_preflight(endpoint: Endpoint, spec: ArmSpec, *, primary: dict | None = N
     speculative = spec.speculative
     ctx = {"model": model, "spec_max_model_len": spec.max_model_len, "max_model_len": None,
            "token_id": None, "primary": primary if primary is not None else DEFAULT_PRIMARY}
-    probes = PROBES + [("spec_counters_move", _spec_probe(True)) if speculative
-                       else ("spec_counters_still", _spec_probe(False))]
+    probes = _probes(speculative, endpoint.keyed)
     result: dict = {"schema": PREFLIGHT_SCHEMA, "arm": spec.arm, "url": endpoint.base_url, "model": model,
                     "speculative": speculative, "primary": ctx["primary"], "max_model_len": None,
                     "verdict": None, "failed_probe": None, "server_alive_after": None,

@@ -124,10 +124,13 @@ have ``cell: "warmup"``.
 
 from __future__ import annotations
 
+import datetime as _dt
 import logging
 import math
+import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from pairaudit.core import defaults
@@ -207,6 +210,9 @@ def resolve_config(cfg: Mapping[str, Any] | None) -> dict:
     if isinstance(ms, bool) or not isinstance(ms, int) or ms < 3 or ms % 2 == 0:
         raise SpeedConfigError(f"speed.max_starts: {ms!r} is not an odd integer >= 3 (control first and last, "
                                "alternating with the candidate)")
+    age = out["evidence_max_age_h"]
+    if isinstance(age, bool) or not isinstance(age, (int, float)) or age <= 0:
+        raise SpeedConfigError(f"speed.evidence_max_age_h: {age!r} is not a positive number of hours")
     snp = out["start_noise_pct"]
     if isinstance(snp, bool) or not isinstance(snp, (int, float)) or not 0 <= snp < 100:
         raise SpeedConfigError(f"speed.start_noise_pct: {snp!r} is not a number in [0, 100)")
@@ -257,6 +263,80 @@ def resolve_config(cfg: Mapping[str, Any] | None) -> dict:
 def resolve(cfg: Mapping[str, Any] | None) -> SpeedSettings:
     """The ``speed:`` section resolved into its record (``resolve_config``'s checks), or a SpeedConfigError."""
     return SpeedSettings.from_json(resolve_config(cfg))
+
+
+# ------------------------------------------------------------------- window
+# A host booked for a window (config window_min) must be free when it ends. The workflow's load plans the
+# audit and hands its jobs the moment the bracket must have finished (pairaudit.timeplan.plan.speed_deadline:
+# the window's end less the worst case of what may still follow the bracket). The bracket starts no start it
+# could not finish by then, judged by the slowest start it has measured so far.
+
+WINDOW_DEADLINE_ENV = "PAIRAUDIT_SPEED_DEADLINE"   # epoch seconds; unset: no window
+WINDOW = "window"                                  # the reason of a bracket stopped by it
+
+
+def window_deadline() -> float | None:
+    """The bracket's deadline the workflow set for this job (epoch seconds), or None without a window."""
+    raw = os.environ.get(WINDOW_DEADLINE_ENV)
+    if not raw:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise SpeedConfigError(f"${WINDOW_DEADLINE_ENV}: {raw!r} is not a time in epoch seconds") from None
+
+
+@dataclass(frozen=True)
+class WindowStop:
+    """A bracket the window stopped: the starts it had, those it would have needed, and why it stopped."""
+    deadline: float                  # epoch seconds by which its last start had to end
+    starts_had: int
+    starts_needed: int
+    start_cost_s: float | None       # the slowest start measured before it stopped (None: none measured)
+    at: float                        # when it stopped (epoch seconds)
+    unclosed: str | None = None      # a candidate start measured but closed by no control start (left out)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"reason": WINDOW, "deadline": _iso(self.deadline), "at": _iso(self.at),
+                "starts_had": self.starts_had, "starts_needed": self.starts_needed,
+                "start_cost_s": self.start_cost_s, "unclosed": self.unclosed}
+
+    def reason(self) -> str:
+        cost = ("" if self.start_cost_s is None
+                else f" (a start took up to {self.start_cost_s:.0f} s here)")
+        return (f"window: the bracket stopped after {self.starts_had} of the {self.starts_needed} starts it needed: "
+                f"another start{cost} would end after the window's deadline {_iso(self.deadline)}; its starts "
+                "are kept, measured as they were"
+                + ("" if self.unclosed is None else f" (candidate start {self.unclosed}, which no control start "
+                   "closed, only in the streams: the comparison stops at the last control start)"))
+
+
+def _iso(t: float) -> str:
+    return _dt.datetime.fromtimestamp(t, _dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def fits_window(deadline: float | None, start_cost_s: float | None, now: float, *, starts: int = 1) -> bool:
+    """Whether ``starts`` starts begun ``now`` end by ``deadline``, each at the slowest start cost measured so far.
+
+    A candidate start is worth nothing without the control start that closes its window, so the stage asks
+    for both before it begins one (``starts=2``)."""
+    if deadline is None:
+        return True
+    return now + starts * (start_cost_s or 0.0) <= deadline
+
+
+def window_outcome(gate: Mapping[str, Any] | None, stop: WindowStop, *, rule: str) -> dict[str, Any]:
+    """The speed gate of a bracket the window stopped: INCONCLUSIVE for the window, whatever the rule said at
+    its last look (kept as ``stage_verdict``, with every number of that look); ``stopped_by`` and ``window``
+    say so for the decision and the report."""
+    out: dict[str, Any] = dict(gate or {"rule": rule, "reasons": []})
+    if gate is not None:
+        out["stage_verdict"] = gate.get("verdict")
+    out["verdict"] = "INCONCLUSIVE"
+    out["reasons"] = [stop.reason(), *out.get("reasons", [])]
+    out["stopped_by"] = WINDOW
+    out["window"] = stop.to_json()
+    return out
 
 
 # ------------------------------------------------------------------ running
@@ -317,9 +397,13 @@ def failed_streams(streams: Sequence[dict]) -> list[tuple[int, dict]]:
     return sorted(bad, key=lambda x: (not (x[1].get("status") or 0) >= 400, x[0]))
 
 
-def run_wave(ep: Endpoint, bodies: Sequence[dict], *, timeout_s: float) -> dict:
-    """Start every stream of the wave together; /metrics right before and once all are booked after."""
-    before = _scrape(ep)
+def run_wave(ep: Endpoint, bodies: Sequence[dict], *, timeout_s: float, scrape: bool = True) -> dict:
+    """Start every stream of the wave together; /metrics right before and once all are booked after.
+
+    ``scrape=False``: no /metrics around the wave (``delta`` None): the caller scrapes around a whole
+    repeat, so the waves of a repeat follow each other with no idle gap (``run_start``).
+    """
+    before = _scrape(ep) if scrape else {}
     cpu0 = host_cpu_times()
     t0 = time.perf_counter()
     started_at = utc_now("milliseconds")
@@ -329,6 +413,9 @@ def run_wave(ep: Endpoint, bodies: Sequence[dict], *, timeout_s: float) -> dict:
     ok = sum(1 for r in results if r is not None and r.get("error") is None)
     if ok < len(results):
         # The caller reports the failed stream; a scrape now could only fail on a server that died of it.
+        return {"started_at": started_at, "duration_s": duration, "host_cpu": host_cpu, "delta": None,
+                "streams": results}
+    if not scrape:
         return {"started_at": started_at, "duration_s": duration, "host_cpu": host_cpu, "delta": None,
                 "streams": results}
     after = settled_scrape(ep, before.get(COUNTERS["requests"], 0.0) + ok)
@@ -414,11 +501,18 @@ def run_start(ep: Endpoint, *, model: str, cfg: Mapping[str, Any], prompts: Mapp
     for r in range(cfg["repeats"]):
         for c in cfg["cells"]:
             waves = plan[c["name"]]
+            # /metrics once before a repeat's first wave and once after its last, not around every wave: the
+            # waves then follow each other with no idle gap, and every stream meets a server that has just been
+            # busy.  On vLLM (a host-bound decode loop at about 2 ms a token) each stream after a pause of
+            # scrapes had its own pace (TPOT 10-17 % apart from stream to stream); the counters pooled over
+            # a repeat are the same sums either way.
+            before = _scrape(ep)
+            booked = 0
             for w in range(waves):
                 bodies = [request_body(model, prompts[c["name"]][(r, w, i)], output_len=out_len,
                                        seed=stream_seed(cfg["base_seed"], r, w, waves, i))
                           for i in range(c["concurrency"])]
-                wave = run_wave(ep, bodies, timeout_s=timeout)
+                wave = run_wave(ep, bodies, timeout_s=timeout, scrape=False)
                 where = f"{start} cell {c['name']} repeat {r} wave {w}"
                 bad = failed_streams(wave["streams"])
                 if bad:
@@ -438,6 +532,14 @@ def run_start(ep: Endpoint, *, model: str, cfg: Mapping[str, Any], prompts: Mapp
                                          what=where, kind=server_failure.FAILED_CHECK, status=short[0][1].get("status"),
                                          error=f"output length {short[0][1].get('output_tokens')} != {out_len}: {why}",
                                          requests=bodies)
+                booked += len(bodies)
+                if w == waves - 1:
+                    # the repeat's counters on its last wave, nothing on the others: pool_repeat sums them
+                    after = settled_scrape(ep, before.get(COUNTERS["requests"], 0.0) + booked)
+                    delta = metrics_delta(before, after)
+                    for earlier in per_cell[c["name"]]["waves"][r]:
+                        earlier["delta"] = {name: 0.0 for name in COUNTERS.values()}
+                    wave["delta"] = {name: delta.get(name, 0.0) for name in COUNTERS.values()}
                 pc = per_cell[c["name"]]
                 pc["waves"][r].append(wave)
                 pc["streams"] += wave["streams"]

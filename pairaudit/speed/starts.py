@@ -11,7 +11,7 @@ several candidates.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from pairaudit.core import artifacts
 from pairaudit.core.artifacts import utc_now
@@ -55,7 +55,8 @@ def measure_start(start: str, arm: str, spec: ArmSpec, receipt: dict, rec: dict,
     try:
         with srv:
             launch.log_start_event(starts_log, event="ready", phase="speed", spec=spec, receipt=receipt,
-                                   facts=srv.facts())
+                                   facts={**srv.facts(), "why": f"bracket start {start}: fresh by design (a start "
+                                          "is the bracket's unit of noise)"})
             ready = True
             if prompts is None:
                 # built once, on the first start, from that server's own tokenizer
@@ -86,7 +87,7 @@ def measure_start(start: str, arm: str, spec: ArmSpec, receipt: dict, rec: dict,
                                    facts={"stop": stopped.get("stop"), "pid": stopped.get("pid")})
     facts = dict(srv.facts())
     rec["stopped_at"] = utc_now("milliseconds")
-    rec["server"] = {k: facts.get(k) for k in ("pid", "url", "ready_s", "identity_check", "stop", "gpus")}
+    rec["server"] = {k: facts.get(k) for k in ("pid", "url", "ready_s", "identity_check", "stop", "gpus", "breakdown")}
     rec["warmup"] = next({k: r[k] for k in ("error", "ttft_s", "e2el_s")} for r in recs if r["cell"] == "warmup")
     if first:
         facts["prompts"], facts["plan"] = prompts, dict(plan)
@@ -113,7 +114,8 @@ def confirm_failure(exc: BaseException, spec: ArmSpec, receipt: dict, *, cfg: Ma
         with launch.Server(spec, log_path=server_log, receipt=receipt, timeout_s=cfg["request_timeout_s"],
                            gpus=gpus) as srv:
             launch.log_start_event(starts_log, event="ready", phase="speed-confirm", spec=spec, receipt=receipt,
-                                   facts=srv.facts())
+                                   facts={**srv.facts(), "why": "a fresh start confirms the bracket's server "
+                                          "failure (server-failure-v1 asks for one)"})
             bodies = exc.requests if isinstance(exc, BracketFailure) else []
             bad = failed_streams(send_together(srv.endpoint, bodies, timeout_s=cfg["request_timeout_s"])
                                  if bodies else [])
@@ -169,12 +171,30 @@ def failed_doc(exc: BaseException, *, start: str, arm: str, rec: dict, starts: l
     return doc
 
 
+def start_cost_s(starts: Sequence[Mapping[str, Any]]) -> float | None:
+    """The bracket's mean wall seconds a start (server start, warm-up and repeats), from the starts' records."""
+    import datetime as dt
+
+    spans = []
+    for st in starts:
+        try:
+            spans.append((dt.datetime.fromisoformat(st["stopped_at"])
+                          - dt.datetime.fromisoformat(st["started_at"])).total_seconds())
+        except (KeyError, TypeError, ValueError):
+            continue
+    return sum(spans) / len(spans) if spans else None
+
+
 def decided_doc(*, cfg: Mapping[str, Any], audit: str, starts: list, results: dict, records: list,
                 prompts: Mapping[str, Any], hashes: Mapping[str, str], prior_spread: Mapping[str, Any],
                 archive_path: str, appended: int, inputs: Sequence[str], out_path: str,
                 streams_path: str, evidence: Mapping[str, Any] | None, window: str, plan: Mapping[str, int],
-                looks: Sequence[Mapping[str, Any]], sweep: Mapping[str, Any] | None = None) -> SpeedDecision:
+                looks: Sequence[Mapping[str, Any]], sweep: Mapping[str, Any] | None = None,
+                gate_hook: Callable[[dict], dict] | None = None) -> SpeedDecision:
     """decision.json of a measured bracket (and its streams.jsonl).
+
+    ``gate_hook``: the stage's own outcome, built over the rule's gate before it is written (a bracket the
+    booked window stopped: ``bracket.window_outcome``).
 
     ``sweep``: one candidate of a shared-control bracket (``pairaudit.speed.sweep``): its ``name``, the
     bracket's ``arms`` (one per start), the control starts of its first window (``first_window``) and
@@ -209,8 +229,11 @@ def decided_doc(*, cfg: Mapping[str, Any], audit: str, starts: list, results: di
                         "archive_with_window_pct": incl["range_pct"], "archive_with_window_n": incl["n"],
                         "config_hash": hashes[name]}
     win2, series, gate = decide(results, cfg, clock, {n: s["archive_with_window_pct"] for n, s in spread.items()},
-                                starts=names, evidence=evidence,
+                                starts=names, evidence=evidence, start_cost_s=start_cost_s(starts),
                                 **({} if sweep is None else {"arms": sweep["arms"], "candidate": sweep["name"]}))
+    if gate_hook is not None:
+        # the stage's own outcome over the rule's (a bracket the window stopped: bracket.window_outcome)
+        gate = gate_hook(gate)
     prov = artifacts.provenance(inputs, {"speed": cfg})
     if sweep is None:
         artifacts.write_jsonl(streams_path, {"schema": SPEED_STREAMS_SCHEMA, "audit": audit, "provenance": prov},

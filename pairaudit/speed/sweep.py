@@ -15,8 +15,10 @@ every start's streams.
 
 from __future__ import annotations
 
+import functools
+import time
 import uuid
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from pairaudit.core import artifacts, contracts
 from pairaudit.core.artifacts import utc_now
@@ -28,7 +30,7 @@ from pairaudit.gates.speed import CONTROL, looks_for, sweep_layout, sweep_next
 from pairaudit.serving import armspec, gpupool
 from pairaudit.serving.client import ServerError
 from pairaudit.speed.archive import append_archive, archive_line, archive_spread, config_hash, read_archive
-from pairaudit.speed.bracket import BracketFailure, log
+from pairaudit.speed.bracket import BracketFailure, WindowStop, fits_window, log, window_deadline, window_outcome
 from pairaudit.speed.clock import clock_check, clock_facts, host_facts
 from pairaudit.speed.decision import decide
 from pairaudit.speed.evidence import host_evidence
@@ -37,11 +39,12 @@ from pairaudit.speed.starts import decided_doc, failed_doc, measure_start, serve
 
 
 def _not_run(why: str, *, cfg: Mapping[str, Any], audit: str, inputs: Sequence[str], out_path: str,
-             record: Mapping[str, Any]) -> SpeedDecision:
+             record: Mapping[str, Any], gate: Mapping[str, Any] | None = None) -> SpeedDecision:
     prov = artifacts.provenance(inputs, {"speed": cfg})
     doc: SpeedDecision = {"schema": SPEED_DECISION_SCHEMA, "audit": audit, "not_run": why, "params": dict(cfg),
                           "provenance": prov, "sweep": dict(record),
-                          "gate": {"rule": cfg["rule"], "verdict": "INCONCLUSIVE", "reasons": [f"not run: {why}"]}}
+                          "gate": dict(gate) if gate is not None else
+                          {"rule": cfg["rule"], "verdict": "INCONCLUSIVE", "reasons": [f"not run: {why}"]}}
     artifacts.write_json(out_path, doc)
     return doc
 
@@ -71,13 +74,17 @@ def _clock(starts: Sequence[Mapping[str, Any]], arms: Sequence[str], candidate: 
 def sweep_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str, str],
                 spec_paths: Mapping[str, str], speed: SpeedSettings, audit: str, candidates: Sequence[str],
                 out_paths: Mapping[str, str], streams_path: str, archive_path: str, server_logs: Mapping[str, str],
-                starts_log: str | None = None) -> dict[str, SpeedDecision]:
+                starts_log: str | None = None, deadline: float | None = None,
+                wall_clock: Callable[[], float] = time.time) -> dict[str, SpeedDecision]:
     """Run the shared-control bracket of ``candidates`` (bracket order) and write one decision per candidate
     (``out_paths``) and the bracket's streams.jsonl.
 
     The path mappings are keyed by arm: ``control`` and every candidate's name. Each decision has the
     two-arm bracket's schema plus ``sweep`` (``_record``) and the gate's ``sweep`` (its windows, the control
     starts it was compared to and those pooled into its variance).
+
+    ``deadline`` (as in the two-arm bracket, ``speed.stage.speed_stage``): no start begins that would end after
+    it; every candidate still undecided then ends INCONCLUSIVE for the window, over the windows it had.
     """
     cfg = speed.to_json()
     cands = list(candidates)
@@ -142,19 +149,30 @@ def sweep_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
     upto: dict[str, int] = {}                  # a decided candidate: the bracket's starts at its deciding look
     undecided = set(running)
     appended, k = 0, 0
+    deadline = window_deadline() if deadline is None else deadline
+    costs: list[float] = []                    # each measured start's wall seconds, launch to stop
+    stopped: WindowStop | None = None
     with gpupool.reserve([specs[a] for a in [CONTROL, *running]], {"arm": "speed bracket"}) as gpus:
-        while undecided:
+        while undecided and stopped is None:
             todo = sweep_next(arms, running, undecided, budget)
             if not todo:
                 break
             progress.total = (len(starts) + len(todo)) * cfg["repeats"] * (sum(plan.values()) if plan else
                                                                            cfg["waves"] * len(cfg["cells"]))
             looked: list[str] = []
-            for arm in todo:
+            for i, arm in enumerate(todo):
                 if arm == CONTROL and arms and arms[-1] == CONTROL:
                     continue   # the candidate start it was to close failed: the last control closes the window
                 if arm != CONTROL and arm not in undecided:
                     continue
+                cost = max(costs, default=None)
+                # a candidate start needs the control start that closes its window too
+                if not fits_window(deadline, cost, wall_clock(), starts=1 if arm == CONTROL else 2):
+                    stopped = WindowStop(deadline=float(deadline or 0.0), starts_had=len(starts),
+                                         starts_needed=len(starts) + len(todo) - i, start_cost_s=cost, at=wall_clock())
+                    log.warning("speed: %s", stopped.reason())
+                    break
+                began = time.monotonic()
                 k += 1
                 start = f"s{k}"
                 visible = server_visible_devices(specs[arm], gpus.server_environ(specs[arm]))
@@ -189,6 +207,7 @@ def sweep_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
                 records += recs
                 starts.append(rec)
                 arms.append(arm)
+                costs.append(time.monotonic() - began)
                 # a candidate that is the control server itself (an A/A): its starts are control starts too
                 if arm == CONTROL or specs[arm].identity() == specs[CONTROL].identity():
                     appended += append_archive(archive_path, [
@@ -198,8 +217,8 @@ def sweep_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
                         for c in cfg["cells"]])
                 if arm != CONTROL:
                     looked.append(arm)
-            if arms and arms[-1] != CONTROL:
-                break   # the control that was to close a window failed: nothing more can be decided
+            if stopped is not None or (arms and arms[-1] != CONTROL):
+                break   # the window ended, or the control that was to close a window failed
             names = [st["start"] for st in starts]
             for c in [c for c in looked if c in undecided]:
                 _, _, gate = decide(results, cfg, _clock(starts, arms, c, cfg), starts=names, evidence=evidence,
@@ -214,10 +233,21 @@ def sweep_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
                 else:
                     log.info("speed: %s undecided after %d window(s) (half-width %.2f %% > bar): another window",
                              c, looks[c][-1]["windows"], gate.get("half_width_pct") or float("nan"))
+    # the window may stop the bracket between a candidate's start and the control that closes its window
+    closed = max((i + 1 for i, a in enumerate(arms) if a == CONTROL), default=0)
     for c in running:
         if c in docs:
             continue
-        n = upto.get(c, len(arms))
+        n = upto.get(c, closed if stopped is not None else len(arms))
+        hook = None if stopped is None or c in upto else functools.partial(window_outcome, stop=stopped,
+                                                                             rule=cfg["rule"])
+        if hook is not None and c not in arms[:n]:
+            # no window of this candidate closed before the window ended: nothing to decide it on
+            docs[c] = _not_run(stopped.reason() if stopped else "", cfg=cfg, audit=audit, inputs=inputs,
+                               out_path=out_paths[c], record=_record(c, cands, arms[:n],
+                                                                     [s["start"] for s in starts[:n]]),
+                               gate=window_outcome(None, stopped, rule=cfg["rule"]) if stopped else None)
+            continue
         if prompts is None or plan is None:
             raise AssertionError("the bracket ran without prompts")
         lay = sweep_layout(arms[:n], c)
@@ -226,7 +256,7 @@ def sweep_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
         docs[c] = decided_doc(cfg=cfg, audit=audit, starts=starts[:n], results=results, records=records,
                               prompts=prompts, hashes=hashes, prior_spread=prior_spread, archive_path=archive_path,
                               appended=appended, inputs=inputs, out_path=out_paths[c], streams_path=streams_path,
-                              evidence=evidence, window=window, plan=plan, looks=looks[c],
+                              evidence=evidence, window=window, plan=plan, looks=looks[c], gate_hook=hook,
                               sweep={"name": c, "arms": arms[:n],
                                      "first_window": (names[first[0]], names[first[2]]),
                                      "record": {**_record(c, cands, arms[:n], names), "failed_starts": failed_starts}})

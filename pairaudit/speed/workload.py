@@ -15,9 +15,11 @@ i) from the filler's vocabulary, in the spirit of ``vllm bench serve
 --dataset-name random`` (whose ids span the whole vocabulary);
 ``repetitive`` -- a short pattern repeated up to ``input_len`` tokens, the workload where n-gram
 speculation has something to draft), and a fresh uuid4 ``cache_salt``.
-The server's ``/metrics`` is scraped right before every wave and, after it,
-once the server counts the wave's requests as finished (a client sees the
-last chunk before the server books the request).
+The server's ``/metrics`` is scraped right before a repeat's first wave of a
+cell and, after its last wave, once the server counts the repeat's requests as
+finished (a client sees the last chunk before the server books the request);
+the waves of a repeat follow each other with no scrape between them, so no
+stream starts after an idle gap of the bracket's own making.
 """
 
 from __future__ import annotations

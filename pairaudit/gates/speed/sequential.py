@@ -530,8 +530,10 @@ def _win2_sequential(
                            f"next look after {next_starts}")
         elif plan["starts_needed"] is None or plan["starts_needed"] > max_starts:
             sd_now = plan["looks"][-1]["start_sd_used_pct"]
-            reasons.append(f"too noisy to decide within max_starts {max_starts}: at this start-to-start noise "
-                           f"({sd_now:.2f} %) "
+            at = (f"at the registered fallback noise ({sd_now:.2f} %, used while fewer than min_df {min_df} "
+                  "degrees of freedom are measured: the real noise may be larger)" if bool(pn["fallback"][0])
+                  else f"at this start-to-start noise ({sd_now:.2f} %)")
+            reasons.append(f"too noisy to decide within max_starts {max_starts}: {at} "
                            + (f"no bracket of up to {SIZE_LIMIT} starts would decide {g5}"
                               if plan["starts_needed"] is None else
                               f"about {plan['starts_needed']} starts would decide {g5}")
@@ -591,7 +593,7 @@ WIN2_V5 = {"win_pct": 2.0, "alpha_win": 0.05, "alpha_loss": 0.05, "alpha_futilit
            "power_gain_pct": 3.0, "pilot_starts": 7, "max_looks": 5, "start_noise_pct": 3.0, "min_df": 2,
            "evidence_f_alpha": 0.05, "loss_pooled_share": 0.5}
 # Sizing searches brackets up to this many starts; a noise that needs more is reported as "more than this".
-SIZE_LIMIT = 201
+SIZE_LIMIT = 999
 # The pilot stops the bracket only when the lower end of the variance's one-sided interval at this level
 # (chi-square, the pilot's degrees of freedom) still needs more than max_starts.
 PILOT_STOP_LEVEL = 0.2

@@ -50,6 +50,20 @@ def evidence_from_controls(x: np.ndarray) -> tuple[np.ndarray, list[np.ndarray],
     return pooled, cells, df
 
 
+def simulated_evidence(rng: np.random.Generator, n: int, evidence_df: int, *, metrics: Sequence[str],
+                       **noise: Any) -> dict | None:
+    """Each of n brackets its own earlier window of the same host: evidence_df + 1 control starts under the
+    same noise, as the gate's evidence (None for evidence_df 0)."""
+    if evidence_df <= 0:
+        return None
+    ctrl = simulate_sequences(rng, n, max_starts=evidence_df + 1, metrics=metrics, **noise)
+    ev = {}
+    for m in metrics:
+        pv, cv, df = evidence_from_controls(ctrl[m])
+        ev[m] = {"pooled": (pv, df), "cells": [(c, df) for c in cv]}
+    return ev
+
+
 def sequential_verdicts(metrics: Mapping[str, np.ndarray], *, max_starts: int, **kw) -> tuple[np.ndarray, np.ndarray]:
     """The sequential win2-v3 over simulated full brackets: each window's verdict and the starts it used."""
     n = next(iter(metrics.values())).shape[0]
@@ -140,15 +154,8 @@ def win2_v3_rates(*, rep_sd: float, start_sd: float, cells: int, repeats: int, m
         sims = simulate_sequences(rng, n, cells=cells, repeats=repeats, rep_sd=rep_sd, start_sd=start_sd,
                                   max_starts=max_starts, gain_pct=gain, prompt_sd=prompt_sd, metrics=names,
                                   zero=zero_guards)
-        ev = None
-        if evidence_df > 0:
-            # each bracket gets its own earlier window: evidence_df + 1 control starts of the same host
-            ctrl = simulate_sequences(rng, n, cells=cells, repeats=repeats, rep_sd=rep_sd, start_sd=start_sd,
-                                      max_starts=evidence_df + 1, prompt_sd=prompt_sd, metrics=names)
-            ev = {}
-            for m in names:
-                pv, cv, df = evidence_from_controls(ctrl[m])
-                ev[m] = {"pooled": (pv, df), "cells": [(c, df) for c in cv]}
+        ev = simulated_evidence(rng, n, evidence_df, cells=cells, repeats=repeats, rep_sd=rep_sd, start_sd=start_sd,
+                                prompt_sd=prompt_sd, metrics=names)
         return sequential_verdicts(sims, max_starts=max_starts, evidence=ev, **kw)
 
     null, used0 = run(0.0)
@@ -200,14 +207,8 @@ def win2_v5_rates(*, rep_sd: float, start_sd: float, cells: int, repeats: int, m
         sims = simulate_sequences(rng, n, cells=cells, repeats=repeats, rep_sd=rep_sd, start_sd=start_sd,
                                   max_starts=max_starts, gain_pct=gain, prompt_sd=prompt_sd, metrics=names,
                                   zero=zero_guards)
-        ev = None
-        if evidence_df > 0:
-            ctrl = simulate_sequences(rng, n, cells=cells, repeats=repeats, rep_sd=rep_sd, start_sd=start_sd,
-                                      max_starts=evidence_df + 1, prompt_sd=prompt_sd, metrics=names)
-            ev = {}
-            for m in names:
-                pv, cv, df = evidence_from_controls(ctrl[m])
-                ev[m] = {"pooled": (pv, df), "cells": [(c, df) for c in cv]}
+        ev = simulated_evidence(rng, n, evidence_df, cells=cells, repeats=repeats, rep_sd=rep_sd, start_sd=start_sd,
+                                prompt_sd=prompt_sd, metrics=names)
         v, used, need = sequential_verdicts_v5(sims, max_starts=max_starts, pilot_starts=p["pilot_starts"],
                                                max_looks=p["max_looks"], power=p["power"],
                                                power_gain_pct=g, alpha_futility=p["alpha_futility"],
