@@ -12,7 +12,7 @@ from pairaudit.promotion.calibration import calibration_config, is_calibration
 from pairaudit.cli import export, verdict
 from pairaudit.configcheck import check_at_load, check_yaml_files, derive_at_load
 from pairaudit.core import resume
-from pairaudit.timeplan.plan import write_plan
+from pairaudit.timeplan.plan import runs_audit, write_plan
 
 min_version("9.0")
 
@@ -74,7 +74,10 @@ if not is_calibration(config):
     # A run with jobs to run (never a dry run) keeps the plan it printed at load as an artifact,
     # before its first job: the promotion sets it against what each phase took.
     onstart:
-        if CHECKED.plan is not None:
+        # only a run with jobs of this audit: `snakemake calibrate` runs the calibration's alone
+        if CHECKED.plan is not None and runs_audit(
+            workflow.dag.needrun_jobs(), config["audit"]
+        ):
             write_plan(CHECKED.plan, config["audit"])
 
     # The terminal ends on the verdict: the front page of every decision this

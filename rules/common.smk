@@ -9,11 +9,12 @@ from pairaudit.core import contracts
 from pairaudit.plans import change as change_form
 from pairaudit.core.codehash import code_hash
 from pairaudit.core.lifecycle import relay_interrupts
+from pairaudit.serving.launch import keep_logs_for_jobs
 
 # A SIGINT to snakemake alone would let its running jobs carry on; they watch for this.
 relay_interrupts()
 # How many logs of each phase and arm a job keeps when it moves the last one aside (server_logs.keep).
-os.environ["PAIRAUDIT_SERVER_LOGS_KEEP"] = str(config["server_logs"]["keep"])
+keep_logs_for_jobs(config["server_logs"]["keep"])
 
 # A sweep (server + candidates, docs/sweeps.md): the arm wildcard takes the control and every
 # candidate's name, so each arm's plans and answers phase run once, the control's for all of them;

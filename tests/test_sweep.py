@@ -209,14 +209,14 @@ def test_verdict_on_a_sweep_reads_each_decision_and_refuses_an_unknown_candidate
         (audit / "candidates" / name / "promotion").mkdir(parents=True)
     # a decision that is no decision: refused by its schema, and the sweep exits 2
     artifacts.write_json(audit / "candidates" / "a" / "promotion" / "decision.json", {"schema": "something/v1"})
-    args = argparse.Namespace(audit=str(audit), summary=None, candidate=None)
+    args = argparse.Namespace(audit=str(audit), summary=None, candidate=None, deep=False)
     assert verdict.sweep_candidates(audit) == ["a"]
     assert verdict.run(args) == 2
     assert "a refused" in capsys.readouterr().out
     args.candidate = ["zzz"]
     assert verdict.run(args) == 2
     assert "no candidate zzz" in capsys.readouterr().err
-    plain = argparse.Namespace(audit=str(tmp_path / "results" / "plain"), summary=None, candidate=["a"])
+    plain = argparse.Namespace(audit=str(tmp_path / "results" / "plain"), summary=None, candidate=["a"], deep=False)
     assert verdict.run(plain) == 2
 
 

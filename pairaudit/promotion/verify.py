@@ -76,6 +76,7 @@ from pairaudit.promotion.stage import _load_keyed, _load_later
 from pairaudit.quality.stage import paired_stage, score_stage
 from pairaudit.speed import decision as speed_decision
 from pairaudit.speed.metrics import finite_json, pool_repeat
+from pairaudit.speed.starts import start_cost_s
 
 LEVELS = ("chain", "deep")
 
@@ -192,7 +193,8 @@ def speed_gate_again(doc: Mapping[str, Any], where: str) -> dict | None:
     try:
         # the rule the bracket ran under, through the registry (speed.decision.decide selects it by name)
         _, _, again = speed_decision.decide(results, cfg, json.loads(json.dumps(doc["clock_check"])), archive_pct,
-                                            starts=names, evidence=doc.get("evidence"), **kw)
+                                            starts=names, evidence=doc.get("evidence"),
+                                            start_cost_s=start_cost_s(doc["starts"]), **kw)
     except (KeyError, ValueError, TypeError, IndexError) as exc:
         raise VerificationError(f"{where}: its gate cannot be re-derived from its recorded starts under rule "
                                 f"{cfg.get('rule')!r}: {type(exc).__name__}: {exc}", gate="speed",

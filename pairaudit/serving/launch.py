@@ -136,6 +136,12 @@ _KEPT: dict[str, str | None] = {}   # server log -> where this job moved the log
 KEEP_LOGS_ENV = "PAIRAUDIT_SERVER_LOGS_KEEP"
 
 
+def keep_logs_for_jobs(keep: int) -> None:
+    """In the snakemake process: how many server logs of each phase and arm its jobs keep (server_logs.keep),
+    in the environment they inherit."""
+    os.environ[KEEP_LOGS_ENV] = str(int(keep))
+
+
 def logs_kept() -> int:
     raw = os.environ.get(KEEP_LOGS_ENV)
     if raw and raw.isdigit() and int(raw) >= 1:

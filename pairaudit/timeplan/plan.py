@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from pairaudit.core import artifacts
 from pairaudit.core.artifacts import utc_now
@@ -485,6 +485,13 @@ def render_text(plan: TimePlan) -> str:
     if not plan.history:
         lines.append("  no earlier audit of these servers on this host: every step is assumed from the config")
     return "\n".join(lines)
+
+
+def runs_audit(jobs: Iterable[Any], audit: str) -> bool:
+    """Whether any of a run's jobs (Snakemake's, at onstart) writes under ``results/<audit>/``: a run of the
+    calibration alone writes none there, and must leave no plan in an audit it does not run."""
+    prefix = audit_dir(audit).rstrip("/") + "/"
+    return any(str(f).startswith(prefix) for job in jobs for f in job.output)
 
 
 def write_plan(plan: TimePlan, audit: str) -> str:
