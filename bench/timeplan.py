@@ -26,16 +26,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
-COPY = ["Snakefile", "rules", "scripts", "config", "profiles", "envs", "pairaudit", "report"]
-
-
-def scratch_project(root: Path) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    for name in COPY:
-        src = REPO / name
-        (shutil.copytree if src.is_dir() else shutil.copy2)(src, root / name)
-    return root
+# the scratch copy of the project the overhead bench makes (bench/ is on the path of a script run from it)
+from audit_overhead import SNAKEMAKE, scratch_project  # noqa: E402
 
 
 def one_run(project: Path, audit: str, cores: int, configfile: Path | None) -> float:

@@ -159,8 +159,7 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
             names = [st["start"] for st in starts]
             clock = clock_check([st["clock"] for st in starts], cfg["expected_clock_cap"],
                                 after=[st["clock_after"] for st in starts], starts=names)
-            _, _, gate = decide(results, cfg, clock, starts=names, evidence=evidence,
-                                start_cost_s=sum(costs) / len(costs) if costs else None)
+            _, _, gate = decide(results, cfg, clock, starts=names, evidence=evidence)
             looks.append({"starts": len(names), "verdict": gate["verdict"], "half_width_pct": gate.get("half_width_pct"),
                           "pooled_gain_pct": gate.get("pooled_gain_pct"), "more_starts": gate.get("more_starts")})
             # win2-v5 says where its next look is; the earlier sequential rules look after every pair
