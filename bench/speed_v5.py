@@ -8,7 +8,8 @@ LOSS for a -3 % change, WIN for a +3 % one, NO_WIN for a +2 % one (a gain of the
 starts and minutes at ``--start-s`` seconds a start, and the longest bracket. The simulation is the one the
 decision reports its rates with (``gates.win2_v5_rates``); tests/test_rules_win2v5.py checks it against the
 registered rule run one bracket at a time. The targets: false WIN and LOSS <= 5 % each, A/A NO_WIN,
--3 % LOSS and +3 % WIN >= 80 %, +2 % NO_WIN <= 10 %.
+-3 % LOSS and +3 % WIN >= 80 %, +2 % NO_WIN <= 10 %. docs/speed.md's table is this at the schema's
+max_starts (61) and, for comparison, ``--max-starts 31 --evidence-df 0``.
 
 Usage: .venv/bin/python bench/speed_v5.py [--n 2000] [--max-starts 31] [--start-s 25] [--evidence-df 0 20]
            [--json FILE]

@@ -82,6 +82,7 @@ from pairaudit.core.settings import (
     GreedySettings,
     RulesSettings,
     SamplingSettings,
+    ScoringSettings,
     SettingsError,
     SpeedSettings,
 )
@@ -118,6 +119,7 @@ class CheckResult:
     greedy: GreedySettings | None = None
     rules: RulesSettings | None = None
     sampling: SamplingSettings | None = None
+    scoring: ScoringSettings | None = None
     settings: AuditSettings | None = None
     # each arm's resolved spec; and the audit's time plan on this host (pairaudit.timeplan.plan.TimePlan),
     # made by check_window once every other check passed
@@ -405,21 +407,23 @@ def check_boundary(config: Mapping[str, Any], specs: Mapping[str, ArmSpec], resu
 
 
 def resolve_sections(config: Mapping[str, Any], result: CheckResult) -> None:
-    """The sections that need no code beyond the schema's shapes: greedy, rules and sampling, into their records."""
+    """The sections that need no code beyond the schema's shapes: greedy, rules, sampling, scoring, into records."""
     try:
         result.greedy = GreedySettings.from_json(defaults.filled(config.get("greedy"), "greedy"))
         result.rules = RulesSettings.from_json(defaults.filled(config.get("rules"), "rules"))
         result.sampling = SamplingSettings.from_json(defaults.filled(config.get("sampling"), "sampling"))
+        result.scoring = ScoringSettings.from_json(defaults.filled(config.get("scoring"), "scoring"))
     except SettingsError as exc:  # only a config the schema has not seen can get here
         result.problems.append(str(exc))
 
 
 def audit_settings(config: Mapping[str, Any], result: CheckResult) -> AuditSettings | None:
     """Every section's record, once every check passed (else None: the problems say why)."""
-    if result.problems or result.greedy is None or result.rules is None or result.sampling is None:
+    if (result.problems or result.greedy is None or result.rules is None or result.sampling is None
+            or result.scoring is None):
         return None
     return AuditSettings(speed=result.speed, boundary=result.boundary, greedy=result.greedy, rules=result.rules,
-                         datasets=tuple(result.datasets), sampling=result.sampling)
+                         datasets=tuple(result.datasets), sampling=result.sampling, scoring=result.scoring)
 
 
 # ----------------------------------------------------------------- entries

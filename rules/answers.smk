@@ -55,8 +55,9 @@ if BOUNDARY_ON:
 
 
 # The answers phase: one start of an arm's server serves its launch receipt,
-# the preflight rehearsal, the sampled runs of every dataset and the boundary
-# cases.  Every answer goes to a journal as it arrives (outside the outputs:
+# the preflight rehearsal, the sampled runs of every dataset, the greedy runs
+# of every item and the determinism repeats (the diagnostics read them and
+# start no server) and the boundary cases.  Every answer goes to a journal as it arrives (outside the outputs:
 # Snakemake deletes a failed job's outputs, answered items must survive), and
 # a rerun asks only what the journals lack.  server_slots bounds how many
 # servers run on one machine at once.
@@ -80,6 +81,10 @@ rule answers:
     params:
         datasets=list(DATASETS),
         sampling=SETTINGS.sampling.to_json(),
+        # only what the greedy runs are asked with: the selection's settings (items, concordant, seed) are the
+        # diagnostics', so changing them starts no server
+        greedy_max_tokens=SETTINGS.greedy.max_tokens,
+        determinism_repeats=SETTINGS.greedy.determinism_repeats,
         audit=config["audit"],
         journal_dir=JOURNAL,
         starts_log=STARTS_LOG,

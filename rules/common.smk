@@ -117,7 +117,7 @@ def code(stage):
 CODEHASH_CACHE = ".snakemake/pairaudit/code-imports.json"
 
 
-SERVER_STAGES = {"answers", "diagnostics", "speed", "bisect"}
+SERVER_STAGES = {"answers", "speed", "bisect"}
 
 
 wildcard_constraints:
@@ -134,8 +134,8 @@ def arm_gpus(wildcards):
     return int(config["arms"][wildcards.arm].get("gpus", 0))
 
 
-# Jobs that run both arms' servers one after the other (divergence, boundary
-# gate, speed bracket) need the larger of the two arms' accelerator counts
+# Jobs that run both arms' servers one after the other (speed bracket,
+# bisection) need the larger of the two arms' accelerator counts
 # (in a sweep, of any arm's: one rule serves every candidate).
 BOTH_ARMS_GPUS = max(int(a.get("gpus", 0)) for a in config["arms"].values())
 
@@ -256,11 +256,14 @@ def paired_inputs(wildcards):
 
 def diagnostics_inputs(wildcards):
     c = cand(wildcards)
+    # The answers phases made the greedy runs (their journals). Their records are not `ancient` here:
+    # Snakemake never looks at the own triggers (params) of a job it reaches only through `ancient` inputs
+    # of a job that reruns, so a rerun answers phase (new greedy runs) must rerun this job, which starts no
+    # server and takes a second.
     roles = {
-        "spec": role_inputs(SPEC, c),
         "receipt": role_inputs(LAUNCH, c, answered_too=True),
         "preflight": role_inputs(PREFLIGHT, c, answered_too=True),
-        "answers": role_inputs(PHASE, c, answered_too=True),
+        "answers": role_inputs(PHASE, c),
     }
     return {
         "datasets": expand(DATASET, dataset=DATASETS),

@@ -29,7 +29,7 @@ rule score:
         "../envs/scoring.yaml"
     threads: 2
     params:
-        sandbox=config["scoring"]["sandbox"],
+        sandbox=SETTINGS.scoring.sandbox.to_json(),
         code=code("score"),
     script:
         "../scripts/score.py"

@@ -1,4 +1,4 @@
-"""Snakemake entry for rule answers: one arm's server for receipt, preflight, sampled runs and boundary (pairaudit.answers.stage.answers_phase)."""
+"""Snakemake entry for rule answers: one arm's server for receipt, preflight, sampled and greedy runs and boundary (pairaudit.answers.stage.answers_phase)."""
 
 import sys
 
@@ -13,4 +13,5 @@ run_job(log[0], answers_phase, arm=snakemake.wildcards.arm, spec_path=inp.spec, 
         audit=params.audit,
         boundary_plan_path=inp.get("boundary_plan"), journal_dir=params.journal_dir, receipt_path=out.receipt,
         preflight_path=out.preflight, phase_path=out.phase, boundary_path=out.get("boundary"),
-        server_log=params.server_log, starts_log=params.starts_log)
+        server_log=params.server_log, starts_log=params.starts_log,
+        greedy_max_tokens=params.greedy_max_tokens, determinism_repeats=params.determinism_repeats)

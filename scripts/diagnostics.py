@@ -1,4 +1,4 @@
-"""Snakemake entry for rule diagnostics: greedy runs, determinism and divergence probes of both arms (pairaudit.diagnostics.stage.diagnostics_phase)."""
+"""Snakemake entry for rule diagnostics: greedy divergences, grid-tie and determinism of both arms from their answers phases, no server (pairaudit.diagnostics.stage.diagnostics_phase)."""
 
 import sys
 
@@ -13,10 +13,7 @@ run_job(log[0], diagnostics_phase, dataset_paths=dict(zip(names, inp.datasets)),
         paired_paths=dict(zip(names, inp.paired)),
         receipt_paths={"control": inp.receipt_control, "candidate": inp.receipt_candidate},
         preflight_paths={"control": inp.preflight_control, "candidate": inp.preflight_candidate},
-        spec_paths={"control": inp.spec_control, "candidate": inp.spec_candidate}, greedy=GreedySettings.from_json(params.greedy),
-        chat_template_kwargs=params.chat_template_kwargs,
-        journal_dir=params.journal_dir,
-        greedy_paths=params.greedy_paths, divergence_paths=params.divergence_paths,
-        server_logs=dict(params.server_logs),
-        starts_log=params.starts_log, phase_path=out.phase, max_divergent=params.max_divergent,
-        answers_paths={"control": inp.answers_control, "candidate": inp.answers_candidate})
+        answers_paths={"control": inp.answers_control, "candidate": inp.answers_candidate},
+        greedy=GreedySettings.from_json(params.greedy), chat_template_kwargs=params.chat_template_kwargs,
+        journal_dir=params.journal_dir, greedy_paths=params.greedy_paths, divergence_paths=params.divergence_paths,
+        phase_path=out.phase, max_divergent=params.max_divergent)

@@ -262,7 +262,7 @@ CHANGE = {"name": "planted", "switches": [
 @pytest.fixture(scope="module")
 def real_audit(tmp_path_factory):
     """Greedy runs of the change's two derived arms on the real server, written as the diagnostics write them."""
-    from pairaudit.diagnostics import greedy
+    from pairaudit.answers import greedy
     from pairaudit.diagnostics.divergence import find_divergences
     from pairaudit.serving import armspec, launch
 
@@ -281,7 +281,8 @@ def real_audit(tmp_path_factory):
                 assert rec["error"] is None, rec
                 recs.append(rec)
             records[arm] = recs
-    _, divergences, _, probed = find_divergences(records)
+    _, divergences, _ = find_divergences(records)
+    probed = [d for d in divergences if d["diverged"]]
     assert 0 in [d["index"] for d in probed], divergences  # the BF16 head flips the first prompt at token 0
     d, g = _write_diagnostics(tmp, divergences, records["control"], name="tiny")
     return tmp, d, g, cfg, probed

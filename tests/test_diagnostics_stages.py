@@ -1,8 +1,10 @@
-"""The diagnostics phase (greedy runs, divergence probes) end to end on real reference servers (attach mode).
+"""Greedy runs in each arm's answers phase, then the diagnostics (no server), on real reference servers (attach).
 
-A BF16-head candidate against the fp32 control: divergences are found, both
-arms are probed on the shared prefix and grid-tie-v1 classifies every one; a
-candidate with per-request logit noise fails the determinism check.
+A BF16-head candidate against the fp32 control: divergences are found and
+grid-tie-v1 classifies every one from each arm's own greedy top-20 at the
+divergence; a candidate with per-request logit noise fails the determinism
+check. The diagnostics job starts no server: every greedy run was made on
+the arm's answers-phase start.
 """
 
 from __future__ import annotations
@@ -11,18 +13,20 @@ import numpy as np
 import pytest
 
 from pairaudit import gates
-from pairaudit.core import artifacts
-from pairaudit.core.settings import GreedySettings
+from pairaudit.answers import stage as answers_stage
+from pairaudit.core import artifacts, defaults
 from pairaudit.core.jsonlog import read_log
+from pairaudit.core.settings import GreedySettings, SamplingSettings
 from pairaudit.datasets import formats as datasets
 from pairaudit.diagnostics import greedy as g
 from pairaudit.diagnostics import stage as diagnostics_stage
 from pairaudit.plans import stage as plan_stage
-from pairaudit.serving import armspec, launch
 
 pytestmark = pytest.mark.server
 MODEL = "SmolLM2-135M-Instruct"
 GREEDY = {"items": "all", "concordant": 0, "seed": 0, "max_tokens": 40, "determinism_repeats": 2}
+SAMPLING = {"api": "chat", "temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0, "base_seed": 1000,
+            "max_tokens": 4, "concurrency": 4, "request_timeout_s": 300}
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +36,8 @@ def servers(shared_server):
             "noisy": shared_server({"PAIRAUDIT_REF_FAULT_NOISE": "2.0"}, 1024)}
 
 
-def _inputs(tmp_path, url_by_arm):
+def _answers(tmp_path, url_by_arm, greedy):
+    """Each arm's answers phase (sampled and greedy runs on its one start), as the workflow runs it."""
     doc = datasets.prepare_dataset({"name": "algebra", "format": "math",
                                     "source": {"generated": {"kind": "algebra", "n": 30, "seed": 11}},
                                     "select": {"count": 4, "seed": 3}, "prompt_template": "default"},
@@ -42,39 +47,45 @@ def _inputs(tmp_path, url_by_arm):
     table = {"indices": doc["indices"], "control_only": [], "candidate_only": []}
     paired_path = tmp_path / "paired.json"
     artifacts.write_json(paired_path, {"schema": "pairaudit.paired/v1", "dataset": "algebra", "table": table})
-    spec_paths, launch_paths = {}, {}
+    sampling = SamplingSettings.from_json(defaults.filled(SAMPLING, "sampling"))
+    out: dict = {"dataset": str(dataset_path), "paired": str(paired_path), "phases": {}}
     for arm, url in url_by_arm.items():
-        # the arm's spec file as the arm_spec rule writes it, and its answers phase's receipt
-        spec_paths[arm] = str(tmp_path / f"specs/{arm}.json")
+        r = tmp_path / "results"
+        spec, requests = str(r / f"specs/{arm}.json"), str(r / f"requests/algebra/{arm}.json")
         plan_stage.arm_spec_stage(arm=arm, arm_cfg={"mode": "attach", "url": url, "model": MODEL,
-                                                    "max_model_len": 1024}, out_path=spec_paths[arm])
-        launch_paths[arm] = str(tmp_path / f"launch-{arm}.json")
-        artifacts.write_json(launch_paths[arm], launch.receipt(armspec.read_spec(spec_paths[arm], arm=arm)))
-    preflight_path = tmp_path / "preflight.json"
-    artifacts.write_json(preflight_path, {"verdict": "PASS"})
-    return str(dataset_path), str(paired_path), str(preflight_path), spec_paths, launch_paths
+                                                    "max_model_len": 1024}, out_path=spec)
+        plan_stage.requests_stage(dataset_path=str(dataset_path), spec_path=spec, sampling=sampling.to_json(),
+                                  audit="t", out_path=requests)
+        for key, rel in (("receipt", f"launch/{arm}.json"), ("preflight", f"preflight/{arm}.json"),
+                         ("answers", f"answers/{arm}.json")):
+            out.setdefault(key, {})[arm] = str(r / rel)
+        out["phases"][arm] = answers_stage.answers_phase(
+            arm=arm, spec_path=spec, requests_paths={"algebra": requests}, sampling=sampling, audit="t",
+            boundary_plan_path=None, journal_dir=str(r / "journal"), receipt_path=out["receipt"][arm],
+            preflight_path=out["preflight"][arm], phase_path=out["answers"][arm], boundary_path=None,
+            server_log=str(r / f"logs/answers-{arm}.log"), starts_log=str(tmp_path / "starts.jsonl"),
+            greedy_max_tokens=greedy["max_tokens"], determinism_repeats=greedy["determinism_repeats"])
+        assert out["phases"][arm]["failure"] is None
+    return out
 
 
-def _run(tmp_path, url_by_arm, *, fresh=True, greedy=GREEDY):
-    dataset_path, paired_path, preflight_path, spec_paths, launch_paths = _inputs(tmp_path, url_by_arm)
-    greedy_paths = {"algebra": {arm: str(tmp_path / f"greedy-{arm}.jsonl") for arm in spec_paths}}
+def _run(tmp_path, url_by_arm, *, greedy=GREEDY):
+    inputs = _answers(tmp_path, url_by_arm, greedy)
+    readies = [r for r in read_log(tmp_path / "starts.jsonl") if r["event"] == "ready"]
+    greedy_paths = {"algebra": {arm: str(tmp_path / f"greedy-{arm}.jsonl") for arm in url_by_arm}}
     out = tmp_path / "divergence.json"
     phase = diagnostics_stage.diagnostics_phase(
-        dataset_paths={"algebra": dataset_path}, paired_paths={"algebra": paired_path}, receipt_paths=launch_paths,
-        preflight_paths={a: preflight_path for a in spec_paths}, spec_paths=spec_paths, greedy=GreedySettings.from_json(greedy), max_divergent=3,
-        chat_template_kwargs={}, journal_dir=str(tmp_path / "journal"), greedy_paths=greedy_paths,
-        divergence_paths={"algebra": str(out)}, server_logs={a: str(tmp_path / f"{a}.log") for a in spec_paths},
-        starts_log=str(tmp_path / "starts.jsonl"), phase_path=str(tmp_path / "phase.json"))
+        dataset_paths={"algebra": inputs["dataset"]}, paired_paths={"algebra": inputs["paired"]},
+        receipt_paths=inputs["receipt"], preflight_paths=inputs["preflight"], answers_paths=inputs["answers"],
+        greedy=GreedySettings.from_json(greedy), max_divergent=3, chat_template_kwargs={},
+        journal_dir=str(tmp_path / "results" / "journal"), greedy_paths=greedy_paths,
+        divergence_paths={"algebra": str(out)}, phase_path=str(tmp_path / "phase.json"))
     doc = artifacts.read_json(out)
     assert doc["schema"] == "pairaudit.divergence/v1"
-    # one session per arm turn: control, candidate, and control again only to probe a divergence
-    assert [s["arm"] for s in phase["starts"]] == ["control", "candidate", "control"]
-    if fresh:
-        assert phase["starts"][2]["starts"] == (1 if any(d["diverged"] for d in doc["divergences"]) else 0)
-    else:  # everything is in the journals: no server is needed at all
-        assert [s["starts"] for s in phase["starts"]] == [0, 0, 0]
-    # the phase read each arm's spec file, and says so
-    assert set(spec_paths.values()) <= set(phase["provenance"]["consumed"])
+    # one start per arm, the answers phase's; the diagnostics start none
+    assert [(r["phase"], r["arm"]) for r in readies] == [("answers", "control"), ("answers", "candidate")]
+    assert [r for r in read_log(tmp_path / "starts.jsonl") if r["event"] == "ready"] == readies
+    assert phase["starts"] == [] and set(phase["greedy_from"].values()) == set(inputs["answers"].values())
     return doc, greedy_paths["algebra"]
 
 
@@ -92,7 +103,7 @@ def _on_bf16_grid(top):
     return bool(np.all(np.abs(gaps / step - np.round(gaps / step)) < 1e-4))
 
 
-def test_bf16_candidate_divergences_are_probed_and_classified(servers, tmp_path):
+def test_bf16_candidate_divergences_are_classified_from_the_greedy_tops(servers, tmp_path):
     doc, greedy_paths = _run(tmp_path, {"control": servers["control"].url, "candidate": servers["candidate"].url})
     (_, gc), (_, gk) = greedy_of(greedy_paths["control"]), greedy_of(greedy_paths["candidate"])
     assert all(r["error"] is None for r in [*gc.values(), *gk.values()])
@@ -105,22 +116,22 @@ def test_bf16_candidate_divergences_are_probed_and_classified(servers, tmp_path)
         k = d["first_divergence"]
         assert d["prefix_equal"] and d["shared_prefix"] == gc[d["index"]]["token_ids"][:k]
         assert d["control_token_id"] != d["candidate_token_id"]
-    # both arms probed on exactly the shared prefix, each with its own fresh salt
+    # each arm's evidence is its own greedy run's top-20 at the divergence: no request beyond the greedy runs
+    assert doc["top_lists"]["source"] == "greedy"
     cp, kp = doc["probes"]["control"], doc["probes"]["candidate"]
     assert [p["index"] for p in cp] == [p["index"] for p in kp] == [d["index"] for d in diverged]
     for d, p, q in zip(diverged, cp, kp):
-        for probe in (p, q):
-            assert probe["status"] == 200 and probe["error"] is None and len(probe["top20"]) == 20
-            assert probe["body"]["prompt"][-len(d["shared_prefix"]):] == d["shared_prefix"] or not d["shared_prefix"]
-            assert probe["body"]["max_tokens"] == 1
-        assert p["salt"] != q["salt"] and {p["salt"], q["salt"]}.isdisjoint({gc[d["index"]]["salt"],
-                                                                               gk[d["index"]]["salt"]})
-        # the forced prefix as each server counted it: prompt + shared prefix
-        assert p["prompt_tokens"] == q["prompt_tokens"] == len(gc[d["index"]]["prompt_ids"]) + d["first_divergence"]
+        k = d["first_divergence"]
+        for tops, recs in ((p, gc), (q, gk)):
+            rec = recs[d["index"]]
+            assert tops["source"] == "greedy" and tops["error"] is None and len(tops["top20"]) == 20
+            assert tops["top20"] == rec["top20"][k] and tops["salt"] == rec["salt"]
+            # the shared prefix as the server counted it: its served prompt + the k shared tokens
+            assert tops["prefix_len"] == rec["usage"]["prompt_tokens"] + k == len(rec["prompt_ids"]) + k
+        assert (p["token_id"], q["token_id"]) == (d["control_token_id"], d["candidate_token_id"])
     salts = {r["salt"] for arm in greedy_paths for r in artifacts.read_jsonl(greedy_paths[arm])[1]}
-    salts |= {p["salt"] for arm in doc["probes"] for p in doc["probes"][arm]}
-    assert len(salts) == 2 * 4 + 2 * len(diverged)  # a fresh salt for every generation and probe
-    # the rule's inputs are the probes' evidence, one per divergent item
+    assert len(salts) == 2 * 4  # a fresh salt for every generation
+    # the rule's inputs are those tops, one per divergent item
     inputs = doc["grid_tie_inputs"]
     assert inputs == g.grid_tie_inputs(diverged, cp, kp)
     assert [x["index"] for x in inputs] == [d["index"] for d in diverged]
@@ -143,14 +154,19 @@ def test_bf16_candidate_divergences_are_probed_and_classified(servers, tmp_path)
     if len(diverged) > 3:
         assert "at_most_3_divergent" in grid["failed_clauses"]
     assert doc["determinism"]["verdict"] == "PASS"
-    # a rerun of the phase asks nothing its journals hold, and starts no server
-    journals = {p: len(read_log(p)) for p in (tmp_path / "journal").rglob("*.jsonl")}
-    again, _ = _run(tmp_path, {"control": servers["control"].url, "candidate": servers["candidate"].url},
-                    fresh=False)
-    assert {p: len(read_log(p)) for p in (tmp_path / "journal").rglob("*.jsonl")} == journals
-    assert again["divergences"] == doc["divergences"] and again["probes"] == doc["probes"]
-    starts = [r for r in read_log(tmp_path / "starts.jsonl") if r["event"] == "ready"]
-    assert len(starts) == 2 + 1  # the first run's: control, candidate, control again to probe
+    # a rerun of the answers phases asks nothing their journals hold (each start's preflight is kept apart)
+    def answered():
+        return {p: len(read_log(p)) for sub in ("greedy", "sampled")
+                for p in (tmp_path / "results" / "journal" / sub).rglob("*.jsonl")}
+
+    journals = answered()
+    assert len(journals) == 4
+    for arm in ("control", "candidate"):
+        again = artifacts.read_json(tmp_path / "results" / f"answers/{arm}.json")["greedy"]["algebra"]
+        assert again["open"] == 0 and again["items"] == 4 and again["determinism_repeats"] == 2
+    phases = _answers(tmp_path, {"control": servers["control"].url, "candidate": servers["candidate"].url}, GREEDY)
+    assert all(p["greedy"]["algebra"]["asked"] == 0 for p in phases["phases"].values())
+    assert answered() == journals
 
 
 def test_noisy_candidate_fails_determinism(servers, tmp_path):
@@ -178,4 +194,7 @@ def test_identical_arms_find_no_divergence(servers, tmp_path):
     assert doc["grid_tie_inputs"] == [] and doc["counts"] == {"selected": 4, "compared": 4, "diverged": 0,
                                                                 "unresolved": 0}
     assert doc["grid_tie"]["verdict"] == "PASS" and doc["probes"] == {"control": [], "candidate": []}
+    # the determinism repeats are of each dataset's first item, the same in both arms
+    dets = [greedy_of(greedy_paths[arm])[0]["determinism"]["index"] for arm in ("control", "candidate")]
+    assert dets[0] == dets[1] == min(a)
     assert gates.grid_tie_v1([])["verdict"] == "INCONCLUSIVE"  # no counts: nothing shown compared

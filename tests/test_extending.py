@@ -49,7 +49,8 @@ def quality_net_v0(table: Mapping[str, Any], *, max_net_loss: int = 0) -> dict:
             "deviations": dev, "net": net}
 
 
-QUALITY_NET_V0 = gates.Rule("quality-net-v0", "quality", quality_net_v0, NET_V0, on_identical_arms=("PASS",))
+QUALITY_NET_V0 = gates.Rule("quality-net-v0", "quality", quality_net_v0, NET_V0, on_identical_arms=("PASS",),
+                            why_not="quality-net-v0 has no margin: a table too small to see a loss passes")
 
 ANSWERS = {"control": {0: "#### 5", 1: "#### 12", 2: "#### 7", 3: "#### 1"},
            "candidate": {0: "#### 5", 1: "#### 13", 2: "#### 7", 3: "#### 12"}}
@@ -86,9 +87,10 @@ def _scored_dataset(root: Path) -> dict:
 
 def test_a_new_quality_rule_is_one_registry_entry_the_paired_stage_applies(tmp_path, monkeypatch):
     # what the load check asks of a rule: without its calibration expectation it is named, not defaulted
-    bare = dataclasses.replace(QUALITY_NET_V0, on_identical_arms=None)
+    bare = dataclasses.replace(QUALITY_NET_V0, on_identical_arms=None, why_not=None)
     assert gates.registry_problems({**gates.REGISTERED, bare.name: bare}) == [
-        "rule quality-net-v0 registers no on_identical_arms (pairaudit.gates.REGISTERED)"]
+        "rule quality-net-v0 registers no on_identical_arms (pairaudit.gates.REGISTERED)",
+        "rule quality-net-v0 registers no why_not (pairaudit.gates.REGISTERED)"]
     assert gates.registry_problems({**gates.REGISTERED, QUALITY_NET_V0.name: QUALITY_NET_V0}) == []
     with pytest.raises(ValueError, match="unknown quality rule 'quality-net-v0'"):
         gates.rule("quality-net-v0", "quality")

@@ -1,8 +1,7 @@
-"""Greedy runs, divergence, forced-prefix probes and determinism (the diagnostics of discordant items)."""
+"""Greedy runs (each arm's answers phase), divergences, grid-tie inputs from the greedy tops, determinism."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import threading
 import time
@@ -16,12 +15,12 @@ from refserver_fixture import module_server
 from pairaudit import gates
 from pairaudit.core.artifacts import sha256_json
 from pairaudit.core.jsonlog import AppendLog, read_log
-from pairaudit.core.settings import GreedySettings
+from pairaudit.answers import greedy as ag
+from pairaudit.answers.greedy import GreedyPlan
 from pairaudit.diagnostics import greedy as g
-from pairaudit.diagnostics.divergence import find_divergences, probe_arm
-from pairaudit.diagnostics.plan import GreedyPlan
+from pairaudit.diagnostics.divergence import divergence_doc, find_divergences
 from pairaudit.serving.armspec import resolve_spec
-from pairaudit.serving.phase import PhaseError, PhaseServer
+from pairaudit.serving.phase import PhaseServer
 
 MODEL = "SmolLM2-135M-Instruct"
 SAMPLING = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "seed": 0, "n": 1, "min_tokens": 0,
@@ -89,29 +88,29 @@ def test_prefix_equal():
 
 
 def test_bodies_every_field_explicit_and_salts_differ():
-    s1, s2 = g.fresh_salt(), g.fresh_salt()
+    s1, s2 = ag.fresh_salt(), ag.fresh_salt()
     assert s1 != s2 and 1 <= len(s1) <= 1024
-    body = g.greedy_body(MODEL, [1, 2, 3], max_tokens=48, salt=s1)
+    body = ag.greedy_body(MODEL, [1, 2, 3], max_tokens=48, salt=s1)
     for k, v in SAMPLING.items():
         assert body[k] == v and type(body[k]) is type(v), k
     assert body["prompt"] == [1, 2, 3] and body["max_tokens"] == 48 and body["cache_salt"] == s1
     assert body["model"] == MODEL
-    probe = g.probe_body(MODEL, [1, 2, 3, 4], s2)
+    probe = ag.probe_body(MODEL, [1, 2, 3, 4], s2)
     for k, v in SAMPLING.items():
         assert probe[k] == v, k
     assert probe["max_tokens"] == 1 and probe["prompt"] == [1, 2, 3, 4] and probe["cache_salt"] == s2
     # only the salt (and model) is outside the cross-arm request identity
-    other = g.greedy_body("other-name", [1, 2, 3], max_tokens=48, salt=s2)
-    assert g.request_sha256(body) == g.request_sha256(other)
+    other = ag.greedy_body("other-name", [1, 2, 3], max_tokens=48, salt=s2)
+    assert ag.request_sha256(body) == ag.request_sha256(other)
     assert sha256_json(body) != sha256_json(other)
 
 
 def test_parse_token_keys_strict():
-    assert g.parse_token_key("token_id:42") == 42
+    assert ag.parse_token_key("token_id:42") == 42
     for bad in ("42", "hello", "token_id:", "token_id:-1", "token_id:4x"):
         with pytest.raises(ValueError):
-            g.parse_token_key(bad)
-    assert g.parse_top({"token_id:7": -0.5, "token_id:3": -0.625}) == [[7, -0.5], [3, -0.625]]
+            ag.parse_token_key(bad)
+    assert ag.parse_top({"token_id:7": -0.5, "token_id:3": -0.625}) == [[7, -0.5], [3, -0.625]]
 
 
 def test_greedy_record_schema_and_fresh_salts():
@@ -122,8 +121,8 @@ def test_greedy_record_schema_and_fresh_salts():
         return 200, completion_body([11, 12, 2], tops, prompt_tokens=len(body["prompt"]))
 
     ep = StubEndpoint(answer)
-    # one greedy_one per item, one after another, as the diagnostics phase's GreedyPlan.run calls it
-    recs = [g.greedy_one(ep, MODEL, ids, max_tokens=8, index=i) for i, ids in ((3, [1, 2]), (5, [1, 4]))]
+    # one greedy_one per item, as the answers phase's GreedyPlan.run calls it
+    recs = [ag.greedy_one(ep, MODEL, ids, max_tokens=8, index=i) for i, ids in ((3, [1, 2]), (5, [1, 4]))]
     assert [r["index"] for r in recs] == [3, 5]
     r = recs[0]
     assert set(r) >= {"index", "body", "body_sha256", "status", "error", "token_ids", "text", "finish_reason",
@@ -139,7 +138,7 @@ def test_greedy_record_schema_and_fresh_salts():
 
 def test_greedy_one_keeps_server_error_and_malformed_logprobs():
     ep = StubEndpoint(lambda p, b: (400, {"error": {"message": "maximum context length is 512"}}))
-    r = g.greedy_one(ep, MODEL, [1], max_tokens=4, index=0)
+    r = ag.greedy_one(ep, MODEL, [1], max_tokens=4, index=0)
     assert r["status"] == 400 and "maximum context length" in r["error"]
     assert r["response_body"]["error"]["message"].startswith("maximum")
     assert r["token_ids"] == [] and r["output_sha256"] is None
@@ -147,22 +146,22 @@ def test_greedy_one_keeps_server_error_and_malformed_logprobs():
     # keys by decoded string: the server ignored return_tokens_as_token_ids
     body = completion_body([1], [[[1, -0.1]]])
     body["choices"][0]["logprobs"]["tokens"] = ["hello"]
-    r = g.greedy_one(StubEndpoint(lambda p, b: (200, body)), MODEL, [1], max_tokens=4, index=0)
+    r = ag.greedy_one(StubEndpoint(lambda p, b: (200, body)), MODEL, [1], max_tokens=4, index=0)
     assert r["error"].startswith("malformed completion") and r["output_sha256"] is None
 
     # logprobs must cover every generated token
     body = completion_body([1, 2], [[[1, -0.1]], [[2, -0.1]]])
     body["usage"]["completion_tokens"] = 3
-    r = g.greedy_one(StubEndpoint(lambda p, b: (200, body)), MODEL, [1], max_tokens=4, index=0)
+    r = ag.greedy_one(StubEndpoint(lambda p, b: (200, body)), MODEL, [1], max_tokens=4, index=0)
     assert "completion_tokens=3" in r["error"]
 
 
 def test_prompt_ids_error_keeps_server_body():
     ep = StubEndpoint(lambda p, b: (404, {"error": {"message": "The model `nope` does not exist."}}))
-    with pytest.raises(g.GreedyError, match="does not exist"):
-        g.prompt_ids(ep, "nope", [{"role": "user", "content": "hi"}])
+    with pytest.raises(ag.GreedyError, match="does not exist"):
+        ag.prompt_ids(ep, "nope", [{"role": "user", "content": "hi"}])
     ep = StubEndpoint(lambda p, b: (200, {"count": 3, "tokens": [1, 2, 3]}))
-    assert g.prompt_ids(ep, MODEL, [{"role": "user", "content": "hi"}], {"enable_thinking": False}) == [1, 2, 3]
+    assert ag.prompt_ids(ep, MODEL, [{"role": "user", "content": "hi"}], {"enable_thinking": False}) == [1, 2, 3]
     assert ep.calls[0][0] == "/tokenize" and ep.calls[0][1]["chat_template_kwargs"] == {"enable_thinking": False}
 
 
@@ -194,7 +193,7 @@ def test_divergence_records():
 
 
 def test_a_clamped_arm_is_compared_only_up_to_its_cut():
-    clamp = g.clamping({"max_tokens": 8}, "length", {"completion_tokens": 2, "prompt_tokens": 20}, 22)
+    clamp = ag.clamping({"max_tokens": 8}, "length", {"completion_tokens": 2, "prompt_tokens": 20}, 22)
     assert clamp["clamped"] and clamp["over_context"]
     cut = {**_rec(0, [1, 2]), "clamped": True, "clamp": clamp}
     # equal up to the cut: unknown, with the server's clamp as the reason
@@ -209,22 +208,61 @@ def test_a_clamped_arm_is_compared_only_up_to_its_cut():
     assert d["diverged"] is True and d["first_divergence"] == 1 and d["error"] is None
 
 
-def _probe(index, top, prompt_tokens, error=None):
-    return {"index": index, "top20": top, "prompt_tokens": prompt_tokens, "error": error, "salt": "s"}
+def _run(index, ids, tops, *, prompt_ids=(40, 41), prompt_tokens=None, error=None):
+    """A greedy record as the answers phase journals it: ids, top-20 per position, the served prompt count."""
+    return {"index": index, "token_ids": list(ids), "top20": tops, "error": error, "salt": f"salt-{index}-{ids}",
+            "prompt_ids": list(prompt_ids), "usage": {"prompt_tokens": len(prompt_ids) if prompt_tokens is None
+                                                      else prompt_tokens, "completion_tokens": len(ids)}}
 
 
-def test_grid_tie_inputs_match_rule_and_pass_on_a_grid_tie():
-    divs = g.divergence_records([_rec(0, [1, 2, 3]), _rec(1, [5, 6])], [_rec(0, [1, 9, 3]), _rec(1, [5, 6])])
+def _tops(n, at=None, top=None):
+    """n positions of filler tops, ``top`` at position ``at``."""
+    return [top if k == at else grid_top(1000 + k, range(2000, 2019)) for k in range(n)]
+
+
+def _grid_case(ctop, ktop, *, control_prompt_tokens=None):
+    """Item 0 diverges at position 2 (control 2, candidate 9); item 1 agrees. The divergence artifact of them."""
+    control = [_run(0, [1, 5, 2, 3], _tops(4, 2, ctop), prompt_tokens=control_prompt_tokens),
+               _run(1, [5, 6], _tops(2))]
+    candidate = [_run(0, [1, 5, 9], _tops(3, 2, ktop)), _run(1, [5, 6], _tops(2))]
+    order, divs, by_index = find_divergences({"control": control, "candidate": candidate})
+    headers = {arm: {"determinism": {"hashes": ["h", "h"]}} for arm in ("control", "candidate")}
+    return divergence_doc("ds", headers, by_index, divs, order, [], 3)
+
+
+def test_grid_tie_inputs_from_the_greedy_tops_pass_on_a_one_step_bf16_tie():
+    # the candidate's top-20 on the BF16 grid with its token and the control's tied at the top: a one-step tie
     ctop = grid_top(2, [9] + list(range(100, 118)))
     ktop = grid_top(9, [2] + list(range(100, 118)))
-    inputs = g.grid_tie_inputs(divs, [_probe(0, ctop, 12)], [_probe(0, ktop, 12)])
+    doc = _grid_case(ctop, ktop)
+    assert doc["top_lists"]["source"] == "greedy"
+    inputs = doc["grid_tie_inputs"]
+    # each arm's own top at the first divergence of its greedy run; the prefix = served prompt + the 2 shared tokens
     assert inputs == [{"index": 0, "control_token_id": 2, "candidate_token_id": 9, "candidate_top": ktop,
-                       "control_top": ctop, "control_prefix_len": 12, "candidate_prefix_len": 12}]
-    v = gates.grid_tie_v1(inputs)
-    assert v["verdict"] == "PASS", v["reasons"]
-    # probes keyed by index after a JSON round trip (string keys) are found too
-    keyed = json.loads(json.dumps({0: _probe(0, ctop, 12)}))
-    assert g.grid_tie_inputs(divs, keyed, {"0": _probe(0, ktop, 12)}) == inputs
+                       "control_top": ctop, "control_prefix_len": 4, "candidate_prefix_len": 4}]
+    c, k = doc["probes"]["control"], doc["probes"]["candidate"]
+    assert [p["index"] for p in c] == [p["index"] for p in k] == [0]
+    assert c[0]["source"] == k[0]["source"] == "greedy" and c[0]["first_divergence"] == 2
+    assert (c[0]["token_id"], k[0]["token_id"]) == (2, 9) and c[0]["salt"] != k[0]["salt"]
+    assert doc["grid_tie"]["verdict"] == "PASS", doc["grid_tie"]["reasons"]
+    assert doc["counts"] == {"selected": 2, "compared": 2, "diverged": 1, "unresolved": 0}
+    # tops keyed by index after a JSON round trip (string keys) are found too
+    keyed = json.loads(json.dumps({0: c[0]}))
+    assert g.grid_tie_inputs(doc["divergences"], keyed, {"0": k[0]}) == inputs
+
+
+def test_grid_tie_inputs_from_the_greedy_tops_stop_where_it_is_no_tie():
+    # the control's token two whole steps below the candidate's top: more than one step, not a tie
+    ctop = grid_top(2, [9] + list(range(100, 118)))
+    vals = [v for _, v in grid_top(9, range(100, 119))]
+    ktop = [[9, vals[0]], [100, vals[2]], [2, vals[3]]] + [[t, v] for t, v in zip(range(101, 118), vals[4:])]
+    doc = _grid_case(ctop, ktop)
+    assert doc["grid_tie"]["verdict"] == "STOP"
+    assert "gap_within_one_step" in doc["grid_tie"]["failed_clauses"], doc["grid_tie"]["reasons"]
+    # prompts counted differently by the two servers: the prefixes are not the same length
+    doc = _grid_case(ctop, grid_top(9, [2] + list(range(100, 118))), control_prompt_tokens=3)
+    assert doc["grid_tie_inputs"][0]["control_prefix_len"] == 5 and doc["grid_tie_inputs"][0]["candidate_prefix_len"] == 4
+    assert doc["grid_tie"]["verdict"] == "STOP" and doc["grid_tie"]["failed_clauses"] == ["equal_prefix_lengths"]
 
 
 def test_comparison_counts():
@@ -237,24 +275,56 @@ def test_comparison_counts():
         g.comparison_counts([0, 1], divs)
 
 
-def test_grid_tie_inputs_missing_or_failed_probe_stops():
-    divs = g.divergence_records([_rec(0, [1, 2])], [_rec(0, [1, 3])])
+def test_a_divergence_without_a_top_list_stays_in_the_rule_and_stops():
+    # the control stopped (EOS) where the candidate went on: no control token, no control top at that position
     ktop = grid_top(3, [2] + list(range(100, 118)))
-    inputs = g.grid_tie_inputs(divs, [], [_probe(0, ktop, 11, error="http 400: bad")])
-    assert inputs[0]["control_top"] is None and inputs[0]["candidate_top"] is None
-    assert inputs[0]["control_prefix_len"] is None
+    control, candidate = [_run(0, [1], _tops(1))], [_run(0, [1, 3], _tops(2, 1, ktop))]
+    order, divs, by_index = find_divergences({"control": control, "candidate": candidate})
+    tops = {arm: g.greedy_tops(divs, by_index[arm], arm) for arm in ("control", "candidate")}
+    assert tops["control"][0]["top20"] is None and "no top-20 at position 1" in tops["control"][0]["error"]
+    assert tops["candidate"][0]["top20"] == ktop and tops["candidate"][0]["prefix_len"] == 3
+    inputs = g.grid_tie_inputs(divs, tops["control"], tops["candidate"])
+    assert inputs[0]["control_top"] is None and inputs[0]["control_prefix_len"] is None
     v = gates.grid_tie_v1(inputs)
     assert v["verdict"] == "STOP" and "finite_values" in v["failed_clauses"]
-    # unequal forced-prefix token counts are carried through to their clause
-    inputs = g.grid_tie_inputs(divs, [_probe(0, ktop, 11)], [_probe(0, ktop, 12)])
-    v = gates.grid_tie_v1(inputs)
-    assert v["verdict"] == "STOP" and v["failed_clauses"] == ["equal_prefix_lengths"]
+    # a run that reports no served prompt count gives no prefix length, so no evidence either
+    control = [_run(0, [1, 2], _tops(2, 1, ktop))]
+    control[0]["usage"] = {"completion_tokens": 2}
+    order, divs, by_index = find_divergences({"control": control, "candidate": candidate})
+    top = g.greedy_tops(divs, by_index["control"], "control")[0]
+    assert top["prefix_len"] is None and "usage.prompt_tokens" in top["error"]
 
 
-# ------------------------------------------- the phase's pieces on a fake server
-# probe_arm and GreedyPlan are what diagnostics_phase runs; here against the
-# in-process fake server (a real HTTP server, attached as an arm) so every
-# request they send can be counted and a failure planted.
+def test_an_arm_whose_server_failed_in_its_answers_phase_gets_not_run_diagnostics(tmp_path):
+    from pairaudit.core import artifacts, contracts
+    from pairaudit.core.settings import GreedySettings
+    from pairaudit.diagnostics import stage as diagnostics_stage
+
+    answers = {}
+    for arm in ("control", "candidate"):
+        answers[arm] = str(tmp_path / f"answers-{arm}.json")
+        failure = {"arm": arm, "stage": "greedy", "what": "ds greedy greedy 3", "kind": "dead", "status": None,
+                   "error": "the server exited"} if arm == "candidate" else None
+        artifacts.write_json(answers[arm], {"schema": contracts.PHASE_SCHEMA, "phase": "answers", "arm": arm,
+                                            "failure": failure})
+    greedy_paths = {"ds": {arm: str(tmp_path / f"g-{arm}.jsonl") for arm in ("control", "candidate")}}
+    phase = diagnostics_stage.diagnostics_phase(
+        dataset_paths={"ds": str(tmp_path / "absent.json")}, paired_paths={"ds": str(tmp_path / "absent.json")},
+        receipt_paths={}, preflight_paths={}, answers_paths=answers,
+        greedy=GreedySettings(items="discordant", concordant=1, seed=0, max_tokens=4, determinism_repeats=2),
+        chat_template_kwargs={}, journal_dir=str(tmp_path / "journal"), greedy_paths=greedy_paths,
+        divergence_paths={"ds": str(tmp_path / "d.json")}, phase_path=str(tmp_path / "phase.json"),
+        max_divergent=3)
+    assert phase["starts"] == [] and "candidate server failed in its answers phase" in phase["not_run"]
+    doc = artifacts.read_json(tmp_path / "d.json")
+    assert doc["grid_tie"]["verdict"] == doc["determinism"]["verdict"] == "INCONCLUSIVE"
+    assert artifacts.read_jsonl(greedy_paths["ds"]["control"])[0]["not_run"] == phase["not_run"]
+
+
+# --------------------------------------- the answers phase's greedy runs, on a fake server
+# GreedyPlan is what the answers phase runs on its server; here against the in-process
+# fake server (a real HTTP server, attached as an arm) so every request it sends can
+# be counted and a failure planted.
 
 @pytest.fixture
 def fake(monkeypatch, tmp_path):
@@ -280,48 +350,29 @@ def fake(monkeypatch, tmp_path):
 
 
 def _session(fake, tmp_path):
-    return PhaseServer(fake.spec, phase="diagnostics", log_path=str(tmp_path / "srv.log"), receipt=None,
+    return PhaseServer(fake.spec, phase="answers", log_path=str(tmp_path / "srv.log"), receipt=None,
                        starts_log=fake.starts)
 
 
-def test_probes_force_the_shared_prefix_with_their_own_salt_and_resume_from_the_journal(fake, tmp_path):
-    greedy_runs = {"control": [{**_rec(0, [1, 2, 3]), "prompt_ids": [40, 41]}, {**_rec(1, [5]), "prompt_ids": [50]}],
-                   "candidate": [{**_rec(0, [1, 2, 9]), "prompt_ids": [40, 41]}, {**_rec(1, [5]), "prompt_ids": [50]}]}
-    order, divs, prompt_ids, probed = find_divergences(greedy_runs)
-    assert order == [0, 1] and [d["index"] for d in probed] == [0]  # only a divergence is probed
-    journal = tmp_path / "journal" / "probes.jsonl"
-    with _session(fake, tmp_path) as ps:
-        probes = probe_arm(ps, probed, prompt_ids, journal)
-    assert len(probes) == 1 and len(fake.calls) == 1
-    p, sent = probes[0], fake.calls[0]
-    assert sent["prompt"] == [40, 41, 1, 2] and sent["max_tokens"] == 1 and sent["temperature"] == 0.0
-    assert p["index"] == 0 and p["first_divergence"] == 2 and p["error"] is None
-    assert len(p["top20"]) == 20 and p["token_id"] == p["top20"][0][0]
-    assert p["prompt_tokens"] == 4 == p["sent_prompt_len"]
-    assert p["salt"] == sent["cache_salt"] and p["body_sha256"] == sha256_json(p["body"])
-    # a rerun probes nothing the journal holds and starts no server
-    with _session(fake, tmp_path) as ps:
-        again = probe_arm(ps, probed, prompt_ids, journal)
-        assert ps.starts == 0
-    assert again == probes and len(fake.calls) == 1
+MESSAGES = {0: [{"role": "user", "content": "2 + 2 ="}]}
 
 
-DATASET = {"name": "ds", "items": [{"index": 0, "messages": [{"role": "user", "content": "2 + 2 ="}]}]}
-PAIRED = {"table": {"indices": [0], "control_only": [], "candidate_only": []}}
-REPEATS = GreedySettings(items="all", concordant=0, seed=0, max_tokens=2, determinism_repeats=3)
+def _plan(journal, *, max_tokens=2, repeats=3, messages=MESSAGES):
+    return GreedyPlan("ds", messages, max_tokens=max_tokens, determinism_repeats=repeats, chat_template_kwargs={},
+                      journal=journal)
 
 
-def _determinism(fake, tmp_path, cfg=REPEATS):
-    plan = GreedyPlan(DATASET, PAIRED, cfg, {}, tmp_path / "journal" / "greedy.jsonl")
+def _determinism(fake, tmp_path, max_tokens=2):
+    plan = _plan(tmp_path / "journal" / "greedy.jsonl", max_tokens=max_tokens)
     with _session(fake, tmp_path) as ps:
         if plan.todo:
-            plan.run(ps.get(), "control")
+            with AppendLog(plan.journal) as jl:
+                plan.run(ps.get(), jl, arm="control", concurrency=2)
     return plan
 
 
 def test_determinism_repeats_hash_alike_each_with_a_fresh_salt(fake, tmp_path):
-    header, records = _determinism(fake, tmp_path).header_and_records("control", [])
-    det = header["determinism"]
+    records, det = _determinism(fake, tmp_path).records()
     assert len(records) == 1 and len(det["records"]) == 3 and det["index"] == 0
     assert det["hashes"] == [sha256_json(det["records"][0]["token_ids"])] * 3
     assert len({c["cache_salt"] for c in fake.calls}) == 4  # the greedy run and each repeat: no cache reuse
@@ -329,31 +380,126 @@ def test_determinism_repeats_hash_alike_each_with_a_fresh_salt(fake, tmp_path):
 
 
 def test_a_repeat_without_an_answer_is_not_a_repeat_until_a_rerun_asks_it_again(fake, tmp_path):
-    fake.fail[4] = 503  # the third repeat (after the greedy run and two repeats)
+    fake.fail[4] = 503  # the last of the four runs (the greedy run and three repeats) to be sent
     plan = _determinism(fake, tmp_path)
-    with pytest.raises(PhaseError, match=r"greedy runs without an answer: \[\('determinism', 2\)\]"):
-        plan.header_and_records("control", [])
+    assert len(plan.todo) == 1
+    with pytest.raises(ag.GreedyError, match="greedy runs without an answer"):
+        plan.records()
     journaled = read_log(tmp_path / "journal" / "greedy.jsonl")
-    assert [r["status"] for r in journaled] == [200, 200, 200, 503]  # the failure is kept as evidence
+    assert sorted(r["status"] for r in journaled) == [200, 200, 200, 503]  # the failure is kept as evidence
+    # the answers phase makes it its server failure: the request to send again on a fresh start, and why
+    from pairaudit.answers.stage import _greedy_failure
+
+    srv = SimpleNamespace(proc=None, log_tail=lambda n: "", spec=fake.spec)
+    failure = _greedy_failure("control", plan, srv, None)
+    assert failure["stage"] == "greedy" and failure["kind"] == "server_error" and failure["status"] == 503
+    assert failure["request"]["path"] == "/v1/completions" and failure["request"]["body"]["temperature"] == 0.0
     again = _determinism(fake, tmp_path)
-    assert len(fake.calls) == 5  # the rerun asked only the open repeat
-    det = again.header_and_records("control", [])[0]["determinism"]
+    assert len(fake.calls) == 5  # the rerun asked only the open run
+    det = again.records()[1]
     assert len(set(det["hashes"])) == 1 and gates.determinism_v1({"control": det["hashes"]})["verdict"] == "PASS"
 
 
 def test_refused_repeats_are_never_counted_as_repeats_that_matched(fake, tmp_path):
     # max_tokens beyond the fake's 256-token context: every repeat gets the same 400, a final answer
-    plan = _determinism(fake, tmp_path, dataclasses.replace(REPEATS, max_tokens=300))
-    det = plan.header_and_records("control", [])[0]["determinism"]
+    det = _determinism(fake, tmp_path, max_tokens=300).records()[1]
     assert all(r["status"] == 400 for r in det["records"])
     assert all(h.startswith("error:") for h in det["hashes"]) and len(set(det["hashes"])) == 3
     verdict = gates.determinism_v1({"control": det["hashes"]})
     assert verdict["verdict"] == "STOP" and verdict["nondeterministic_arms"] == ["control"]
 
 
+class SlowServer:
+    """A duck-typed running server whose completions take a while: counts the requests in flight at once."""
+
+    def __init__(self, delay=0.05):
+        self.spec = SimpleNamespace(served_model_name=MODEL)
+        self.delay, self.lock, self.in_flight, self.most, self.sent = delay, threading.Lock(), 0, 0, []
+
+        def answer(path, body):
+            if path == "/tokenize":
+                return 200, {"tokens": [7, len(body["messages"][0]["content"])]}
+            with self.lock:
+                self.in_flight += 1
+                self.most = max(self.most, self.in_flight)
+                self.sent.append(body["prompt"])
+            time.sleep(self.delay)
+            with self.lock:
+                self.in_flight -= 1
+            ids = [3, 4, 2]
+            return 200, completion_body(ids, [grid_top(t, range(100, 119)) for t in ids],
+                                        prompt_tokens=len(body["prompt"]))
+
+        self.endpoint = StubEndpoint(answer)
+
+    def assert_alive(self):
+        return None
+
+
+def test_the_determinism_repeats_run_alone_after_every_items_run(tmp_path):
+    # each repeat the only request in the server: a batch-dependent server's numbers cannot fail determinism-v1
+    messages = {i: [{"role": "user", "content": "x" * (i + 1)}] for i in range(6)}
+    plan = _plan(tmp_path / "greedy.jsonl", max_tokens=8, repeats=3, messages=messages)
+    srv = SlowServer()
+    item0 = [7, 1]  # item 0's prompt ids as the stub tokenizes them: the repeated item's
+    sent_as = []  # (requests in flight, requests sent before) for each run of item 0
+    orig = srv.endpoint
+
+    class Watch:
+        def post_json(self, path, body, **kw):
+            if path == "/v1/completions" and body["prompt"] == item0:
+                sent_as.append((srv.in_flight, len(srv.sent)))
+            return orig.post_json(path, body, **kw)
+
+    srv.endpoint = Watch()
+    with AppendLog(plan.journal) as jl:
+        plan.run(srv, jl, arm="control", concurrency=4)
+    assert srv.most > 1  # the items' runs were concurrent
+    # item 0's own greedy run among the others, then its three repeats, each sent after all six items' runs with
+    # nothing else in flight
+    assert len(sent_as) == 4 and sent_as[1:] == [(0, 6), (0, 7), (0, 8)]
+
+
+def test_every_item_runs_concurrently_and_a_crash_mid_run_resumes_asking_only_the_missing(tmp_path):
+    messages = {i: [{"role": "user", "content": "x" * (i + 1)}] for i in (4, 1, 7, 2, 9, 5)}
+    journal = tmp_path / "greedy" / "ds" / "control.jsonl"
+    plan = _plan(journal, max_tokens=8, repeats=2, messages=messages)
+    # every item in index order, then the repeats of the first item: fixed before anything runs
+    assert plan.want == [("greedy", i) for i in (1, 2, 4, 5, 7, 9)] + [("determinism", 0), ("determinism", 1)]
+    assert plan.det_index == 1
+    srv = SlowServer()
+    with AppendLog(journal) as jl:
+        counts = plan.run(srv, jl, arm="control", concurrency=4)
+    assert counts == {"runs": 8, "from_journal": 0, "asked": 8}
+    assert srv.most > 1 and srv.most <= 4  # concurrent, bounded by sampling.concurrency
+    full = read_log(journal)
+    # a crash mid-run: the process died after three answers, the fourth cut short while it was being written
+    lines = journal.read_text().splitlines(keepends=True)
+    journal.write_text("".join(lines[:3]) + lines[3][: len(lines[3]) // 2])
+    kept = {(r["run"], r["slot"]) for r in full[:3]}
+    resumed, srv2 = _plan(journal, max_tokens=8, repeats=2, messages=messages), SlowServer(0.0)
+    assert set(resumed.todo) == set(plan.want) - kept
+    with AppendLog(journal) as jl:
+        counts = resumed.run(srv2, jl, arm="control", concurrency=4)
+    assert counts == {"runs": 8, "from_journal": 3, "asked": 5} and len(srv2.sent) == 5
+    runs, det = resumed.records()
+    assert [r["index"] for r in runs] == [1, 2, 4, 5, 7, 9] and det["index"] == 1 and len(det["hashes"]) == 2
+    # nothing asked twice: every run answered exactly once in the journal (the cut line is skipped)
+    answered = [(r["run"], r["slot"]) for r in read_log(journal)]
+    assert sorted(answered, key=repr) == sorted(plan.want, key=repr)
+    # a third run asks nothing
+    third = _plan(journal, max_tokens=8, repeats=2, messages=messages)
+    assert third.todo == [] and third.run(srv2, None, arm="control", concurrency=4)["asked"] == 0
+    # a changed item is asked again (its messages are part of what a journaled run counts for); the rest is not
+    changed = _plan(journal, max_tokens=8, repeats=2, messages={**messages, 7: [{"role": "user", "content": "y"}]})
+    assert changed.todo == [("greedy", 7)]
+    # so is every run under another max_tokens
+    assert len(_plan(journal, max_tokens=9, repeats=2, messages=messages).todo) == 8
+
+
 # ------------------------------------------------------- real-server tests
-# Greedy runs, probes and determinism on the reference server run through the
-# diagnostics phase itself (tests/test_diagnostics_stages.py); here only what
+# Greedy runs and determinism on the reference server run through the answers
+# phase and the diagnostics (tests/test_diagnostics_stages.py); here only what
 # one request shows.
 
 def _messages(text):
@@ -371,8 +517,8 @@ def _ep(server):
 
 @pytest.mark.server
 def test_prompt_ids_real_server_error_keeps_body(control):
-    with pytest.raises(g.GreedyError, match="does not exist"):
-        g.prompt_ids(_ep(control), "no-such-model", _messages("hi"))
+    with pytest.raises(ag.GreedyError, match="does not exist"):
+        ag.prompt_ids(_ep(control), "no-such-model", _messages("hi"))
 
 
 @pytest.mark.server
@@ -382,48 +528,9 @@ def test_a_greedy_run_past_the_context_records_the_servers_clamp(control):
     # counting: a prompt the model goes on continuing rather than ending
     text = ", ".join(str(i % 100) for i in range(control.max_model_len))
     ids = ep.post_json("/tokenize", {"model": MODEL, "prompt": text})["body"]["tokens"][:control.max_model_len - 3]
-    rec = g.greedy_one(ep, MODEL, ids, max_tokens=8, index=0)
+    rec = ag.greedy_one(ep, MODEL, ids, max_tokens=8, index=0)
     assert rec["error"] is None and rec["finish_reason"] == "length"
     assert rec["clamped"] is True and len(rec["token_ids"]) == 3
     assert rec["clamp"]["asked"] == 8 and rec["clamp"]["completion_tokens"] == 3
     # an unclamped run of the same prompt says so
-    assert g.greedy_one(ep, MODEL, ids[:20], max_tokens=4, index=1)["clamped"] is False
-
-
-def test_a_journal_shared_with_another_job_is_waited_for_then_read_so_nothing_is_asked_twice(fake, tmp_path, caplog):
-    """A sweep's candidates share the control's greedy journal: a job that finds another one writing it waits,
-    then reads what that job wrote, and asks only what is still missing (here nothing)."""
-    import logging
-
-    shared = tmp_path / "journal" / "greedy" / "ds" / "control.jsonl"
-    first = _determinism(fake, tmp_path / "first")  # what the other candidate's job asks the control
-    asked = len(fake.calls)
-    assert asked == 4
-    waiting = GreedyPlan(DATASET, PAIRED, REPEATS, {}, shared)
-    assert len(waiting.todo) == 4
-    caplog.set_level(logging.INFO, logger="pairaudit.core.jsonlog")
-    other = AppendLog(shared, owner="greedy control (the other candidate)")
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            with _session(fake, tmp_path) as ps:
-                waiting.run(ps.get(), "control")
-        except BaseException as exc:  # noqa: BLE001 -- reported by the assertion below
-            errors.append(exc)
-
-    t = threading.Thread(target=run)
-    t.start()
-    deadline = time.monotonic() + 30
-    while "waiting for" not in caplog.text and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert "the other candidate" in caplog.text, caplog.text
-    for rec in read_log(tmp_path / "first" / "journal" / "greedy.jsonl"):
-        other.append(rec)
-    other.close()
-    t.join(30)
-    assert not t.is_alive() and errors == []
-    assert len(fake.calls) == asked  # every run came from the other job's records
-    (got, got_runs), (want, want_runs) = (p.header_and_records("control", []) for p in (waiting, first))
-    assert got_runs == want_runs and got["determinism"] == want["determinism"]  # the provenance names its journal
-    assert "is free after" in caplog.text
+    assert ag.greedy_one(ep, MODEL, ids[:20], max_tokens=4, index=1)["clamped"] is False

@@ -36,7 +36,7 @@ def dataset(tmp_path: Path) -> str:
     return str(path)
 
 
-def run_answers(tmp_path: Path, arm: str, cfg: dict) -> dict:
+def run_answers(tmp_path: Path, arm: str, cfg: dict, **greedy) -> dict:
     out = tmp_path / "results"
     spec, requests = str(out / f"specs/{arm}.json"), str(out / f"requests/tiny/{arm}.json")
     plan_stage.arm_spec_stage(arm=arm, arm_cfg=cfg, out_path=spec)
@@ -47,7 +47,7 @@ def run_answers(tmp_path: Path, arm: str, cfg: dict) -> dict:
         boundary_plan_path=None, journal_dir=str(out / "journal"), receipt_path=str(out / f"launch/{arm}.json"),
         preflight_path=str(out / f"preflight/{arm}.json"), phase_path=str(out / f"answers/{arm}.json"),
         boundary_path=None, server_log=str(out / f"logs/answers-{arm}.log"),
-        starts_log=str(out / "servers/starts.jsonl"))
+        starts_log=str(out / "servers/starts.jsonl"), **greedy)
 
 
 def test_an_engine_that_dies_on_a_probe_the_control_answers_is_a_confirmed_rejection(tmp_path):
@@ -77,11 +77,17 @@ def test_a_probe_whose_answer_fails_its_check_is_not_confirmed_and_holds(tmp_pat
 
 
 def test_a_healthy_phase_records_no_failure_and_answers_every_item(tmp_path):
-    doc = run_answers(tmp_path, "control", fake_cfg())
+    greedy = {"greedy_max_tokens": 4, "determinism_repeats": 2}
+    doc = run_answers(tmp_path, "control", fake_cfg(), **greedy)
     assert doc["failure"] is None and doc["starts"] == 1
     assert doc["datasets"]["tiny"] == {"items": 3, "from_journal": 0, "asked": 3}
-    again = run_answers(tmp_path, "control", fake_cfg())  # a rerun asks nothing already answered
+    # on the same start: a greedy run of every item and two repeats of the first
+    g = doc["greedy"]["tiny"]
+    assert (g["runs"], g["asked"], g["items"], g["determinism_repeats"], g["open"]) == (5, 5, 3, 2, 0)
+    assert g["key"]["determinism_index"] == 0 and g["journal"].endswith("journal/greedy/tiny/control.jsonl")
+    again = run_answers(tmp_path, "control", fake_cfg(), **greedy)  # a rerun asks nothing already answered
     assert again["datasets"]["tiny"] == {"items": 3, "from_journal": 3, "asked": 0}
+    assert (again["greedy"]["tiny"]["from_journal"], again["greedy"]["tiny"]["asked"]) == (5, 0)
 
 
 @pytest.mark.parametrize("status, alive, kind", [

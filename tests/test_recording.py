@@ -10,6 +10,8 @@ GPU); ``test_recorded_vllm_gpu`` reads what the audit relies on from them.
 from __future__ import annotations
 
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -137,3 +139,33 @@ def test_vllm_026_accepts_salts_0_32_refuses_and_the_audits_salts_satisfy_both(v
     # makes is one both releases accept
     salt = safe_salt("audit/with@odd\\chars-" + "x" * 300, "0123abcd" * 3)
     assert 0 < len(salt) <= 128 and not set(salt) & set("@/\\\0") and salt.endswith("0123abcd" * 3)
+
+
+def test_the_proxy_relays_the_api_key_and_keeps_it_out_of_the_recording(tmp_path):
+    key = "Bearer sk-test-0123456789"
+
+    class Guarded(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            ok = self.headers.get("Authorization") == key
+            payload = b'{"ok": true}' if ok else b'{"error": "unauthorized"}'
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+    upstream = ThreadingHTTPServer(("127.0.0.1", 0), Guarded)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    try:
+        with recording.RecordingProxy(f"http://127.0.0.1:{upstream.server_address[1]}") as proxy:
+            with_key = requests.get(proxy.url + "/v1/models", headers={"Authorization": key}, timeout=30)
+            without = requests.get(proxy.url + "/v1/models", timeout=30)
+            proxy.save(tmp_path / "rec.json", {"server": "guarded"})
+    finally:
+        upstream.shutdown()
+    assert (with_key.status_code, without.status_code) == (200, 401)
+    saved = (tmp_path / "rec.json").read_text()
+    assert "sk-test" not in saved and [e["status"] for e in recording.load(tmp_path / "rec.json")["exchanges"]] == [200, 401]

@@ -164,7 +164,7 @@ def test_the_gates_no_config_selects_dispatch_through_the_registry(monkeypatch):
 
     grid, det = spy_on(monkeypatch, "grid-tie-v1"), spy_on(monkeypatch, "determinism-v1")
     headers = {arm: {"determinism": {"hashes": ["h", "h", "h"]}} for arm in ("control", "candidate")}
-    doc = divergence.divergence_doc("ds", headers, {"control": [], "candidate": []}, [], [], [], [], 2)
+    doc = divergence.divergence_doc("ds", headers, {"control": {}, "candidate": {}}, [], [], [], 2)
     assert grid == [{"max_divergent": 2, "selected": 0, "compared": 0}] and det == [{}]
     assert doc["grid_tie"]["rule"] == "grid-tie-v1" and doc["determinism"]["rule"] == "determinism-v1"
     calls = spy_on(monkeypatch, "boundary-v1")

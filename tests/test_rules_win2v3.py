@@ -160,10 +160,10 @@ def test_host_evidence_pools_windows_of_the_same_control_and_host_only():
 
 
 def test_wave_plan_sizes_a_repeat_by_time_and_keeps_the_configured_floor():
-    cfg = speed.resolve_config({"cells": [{"name": "a", "prompt": "short"}, {"name": "b", "prompt": "long"}],
-                                "waves": 2, "repeat_s": 3.0})
+    cfg = speed.resolve({"cells": [{"name": "a", "prompt": "short"}, {"name": "b", "prompt": "long"}],
+                         "waves": 2, "repeat_s": 3.0})
     assert speed.wave_plan(cfg, {"a": 0.5, "b": 4.0}) == {"a": 6, "b": 2}
-    none = speed.resolve_config({"cells": [{"name": "a", "prompt": "short"}], "waves": 2, "repeat_s": None})
+    none = speed.resolve({"cells": [{"name": "a", "prompt": "short"}], "waves": 2, "repeat_s": None})
     assert speed.wave_plan(none, {"a": 0.01}) == {"a": 2}
 
 

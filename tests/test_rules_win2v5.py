@@ -1,19 +1,24 @@
 """win2-v5 known answers: brackets built for each verdict and built not to; NO_WIN as a bound (a gain of the bar
-is never called no win on a tight interval that does not exclude it, where win2-v4's precision test did); the
-bracket sized from the noise (a pilot, then the size re-estimated at every look, a size beyond max_starts
-stopped at the pilot with the starts it would need); the start component of the noise recovered without
-counting the repeat noise twice; and the simulated rates the decision reports checked against an independent
-Monte Carlo that runs the registered rule one bracket at a time, as the speed stage does."""
+is never called no win on a tight interval that does not exclude it, where win2-v4's precision test did), its
+variance taken at the upper end of a one-sided interval; WIN only with every deciding cell above the bar; the
+bracket sized from the noise (a pilot, then the size re-estimated at every look, for the joint event that every
+deciding cell clears the bar; a size beyond max_starts stopped at the pilot with the starts it would need); the
+start component of the noise recovered without counting the repeat noise twice; and the simulated rates the
+decision reports checked against an independent Monte Carlo that runs the registered rule one bracket at a
+time, as the speed stage does."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
 
 from pairaudit import gates
-from pairaudit.gates.speed import WIN2_V5, log_bar, pilot_of, repeat_noise_sd, win2_v5_size
+from pairaudit.core import defaults
+from pairaudit.gates.speed import (WIN2_V5, arm_factor, cell_corr, cell_spread, log_bar, pct_of_log, pilot_of,
+                                   repeat_noise_sd, win2_v5_size)
 from pairaudit.speed.decision import start_component_sd
 
 PRIMARY = "pooled_rate_tps"
@@ -86,7 +91,7 @@ def test_a_gain_of_three_percent_is_never_no_win_on_a_tight_interval():
         assert res["verdict"] in ("WIN", "INCONCLUSIVE")
 
 
-# -1.6 %: inside the bars in point, at 1.2 % start to start: sized to 11 starts from this pilot
+# -1.6 %: inside the bars in point, at 1.2 % start to start: sized to 13 starts from this pilot
 SLOWDOWN = [100.0, 98.5, 101.6, 99.7, 98.4, 97.7, 100.8]
 
 
@@ -94,7 +99,7 @@ def test_a_slowdown_is_not_stopped_as_no_win_at_an_interim_look():
     # at an interim look the interval reaches below -bar: the bracket goes on (a LOSS may still show)
     interim = v5(SLOWDOWN, max_starts=31)
     assert interim["verdict"] == "INCONCLUSIVE" and interim["more_starts"] is True, interim["reasons"]
-    assert interim["next_starts"] == interim["plan"]["planned_starts"] == 11
+    assert interim["plan"]["planned_starts"] == 13 and interim["next_starts"] == 11
     assert interim["reasons"][0].startswith("undecided at look 1 (after 7 starts)")
     # max_starts = the pilot: its look is the last, and the upper bound alone decides
     last = v5(SLOWDOWN, max_starts=7)
@@ -126,7 +131,7 @@ def test_too_noisy_for_max_starts_stops_at_the_pilot_and_says_how_many_starts_wo
 
 
 def test_the_size_grows_with_the_noise_and_meets_its_power_condition():
-    kw = dict(pilot=7, max_looks=5, win_pct=2.0, alpha_win=0.05, alpha_loss=0.05, alpha_futility=0.10,
+    kw: dict[str, Any] = dict(pilot=7, max_looks=5, win_pct=2.0, alpha_win=0.05, alpha_loss=0.05, alpha_futility=0.10,
               loss_pooled_share=0.5, power=0.85, power_gain_pct=3.0)
     sizes = [int(win2_v5_size(sd ** 2, **kw)[0]) for sd in (1.0, 1.5, 2.0, 3.0)]
     assert sizes == sorted(sizes) and all(s % 2 == 1 and s >= 7 for s in sizes)
@@ -140,6 +145,83 @@ def test_the_size_grows_with_the_noise_and_meets_its_power_condition():
     # a gain no bigger than the bar can never be sized for
     assert int(win2_v5_size(1.0, **{**kw, "power_gain_pct": 2.0})[0]) == 0
     assert pilot_of(7, 3) == 3 and pilot_of(7, 31) == 7 and pilot_of(8, 31) == 7
+
+
+def two_cells(first: list[float], second: list[float]) -> dict:
+    """Two deciding cells, every repeat the same start values."""
+    return {"c1": {PRIMARY: [first] * 3, GUARD: [first] * 3}, "c2": {PRIMARY: [second] * 3, GUARD: [second] * 3}}
+
+
+def test_a_win_needs_every_deciding_cell_above_the_bar():
+    # both cells 5 % faster: WIN at the pilot; one 8 % and one 1 % faster, pooled 4.5 % with a lower bound far
+    # above 0: not a WIN (and no NO_WIN either: the pooled gain is above the bar)
+    both = gates.win2_v5(two_cells(alternating(7, 5.0, 0.2, seed=3), alternating(7, 5.0, 0.2, seed=4)),
+                         primary=PRIMARY, guards=[GUARD], max_starts=31)
+    assert both["verdict"] == "WIN", both["reasons"]
+    split = gates.win2_v5(two_cells(alternating(7, 8.0, 0.2, seed=3), alternating(7, 1.0, 0.2, seed=4)),
+                          primary=PRIMARY, guards=[GUARD], max_starts=31)
+    assert split["pooled_gain_pct"] > 4.0 and split["lower_bound_pct"] > 2.0
+    assert split["verdict"] == "INCONCLUSIVE", split["reasons"]
+    assert "cells not above the bar: ['c2']" in split["reasons"]
+
+
+SIZE_KW: dict[str, Any] = dict(pilot=7, max_looks=5, win_pct=2.0, alpha_win=0.05, alpha_loss=0.05, alpha_futility=0.10,
+               loss_pooled_share=0.5, power=0.85, power_gain_pct=3.0)
+
+
+def test_the_size_is_for_every_deciding_cell_above_the_bar_jointly():
+    """Two cells sharing each start's offset (start component 1.4 %, per repeat 2.5 %, 3 repeats): each cell's
+    start value has variance 1.4^2 + 2.5^2 / 3, their mean 1.4^2 + 2.5^2 / 6. Sized for the pooled gain alone
+    the bracket gives both cells above the bar well under the power; sized with the cells it gives the power,
+    two starts fewer it does not (the probability from scipy's bivariate normal, not the rule's quadrature)."""
+    from scipy.stats import multivariate_normal
+
+    pooled, cell = 1.4 ** 2 + 2.5 ** 2 / 6, 1.4 ** 2 + 2.5 ** 2 / 3
+    cov = np.array([[cell, 2 * pooled - cell], [2 * pooled - cell, cell]])   # Var of the mean is `pooled`
+    margin = log_bar(3.0) - log_bar(2.0)
+
+    def both_above(n: int) -> float:
+        return float(multivariate_normal(mean=[0.0, 0.0], cov=arm_factor(n) * cov).cdf([margin, margin]))
+
+    alone = int(win2_v5_size(pooled, **SIZE_KW)[0])
+    joint = int(win2_v5_size(pooled, cell_var=np.array([cell, cell]), **SIZE_KW)[0])
+    assert joint > alone and both_above(alone) < 0.82
+    assert both_above(joint) >= 0.85 > both_above(joint - 2)
+    # one deciding cell is the pooled gain: the same size either way
+    assert int(win2_v5_size(pooled, cell_var=np.array([pooled]), **SIZE_KW)[0]) == alone
+    # the cells' correlation from their variances and their mean's, and the weakest cell's reach:
+    # z_power for one cell, the quantile of the larger of two independent normals for uncorrelated cells
+    assert float(cell_corr(cov.diagonal()[None, :], np.array([pooled]))[0]) == pytest.approx(cov[0, 1] / cell)
+    from scipy.stats import norm
+    assert float(cell_spread(np.array([[1.0]]), np.array([0.0]), 0.85)[0]) == pytest.approx(norm.ppf(0.85), abs=1e-6)
+    assert float(cell_spread(np.array([[1.0, 1.0]]), np.array([0.0]), 0.85)[0]) == pytest.approx(
+        norm.ppf(math.sqrt(0.85)), abs=1e-6)
+
+
+# 7 starts of identical arms, +0.5 % in point at 0.8 % start to start: the last look at the pilot (max_starts 7)
+NEAR_BAR = [100.7, 99.6, 98.9, 100.5, 100.8, 100.4, 98.0]
+
+
+def test_no_win_takes_the_variance_at_the_upper_end_of_its_interval():
+    """The NO_WIN bound by hand: the gain plus the t quantile (5 df, the whole 10 % at the last look) times the
+    standard error from the variance raised to the upper end of its one-sided 70 % interval (5 / chi2_0.3(5)).
+    At the variance itself the bound would be below the bar (NO_WIN); raised, it is not."""
+    from scipy.stats import chi2, t
+
+    lv = 100.0 * np.log(NEAR_BAR)
+    c, tr = lv[0::2], lv[1::2]
+    gain = tr.mean() - c.mean()
+    var = (((c - c.mean()) ** 2).sum() + ((tr - tr.mean()) ** 2).sum()) / 5
+    se, q = math.sqrt(arm_factor(7) * var), float(t.ppf(0.9, 5))
+    raised = gain + q * se * math.sqrt(5 / float(chi2.ppf(0.3, 5)))
+    assert gain + q * se < log_bar(2.0) < raised
+    res = v5(NEAR_BAR, max_starts=7)
+    assert res["verdict"] == "INCONCLUSIVE" and res["more_starts"] is False, res["reasons"]
+    assert res["upper_bound_pct"] == pytest.approx(pct_of_log(raised), rel=1e-9)
+    # the same bracket a little tighter around its mean is ruled below the bar
+    m = float(np.mean(NEAR_BAR))
+    tight = v5([m + 0.5 * (v - m) for v in NEAR_BAR], max_starts=7)
+    assert tight["verdict"] == "NO_WIN" and tight["upper_bound_pct"] < 2.0, tight["reasons"]
 
 
 def test_the_start_component_is_the_start_value_sd_without_the_repeat_noise():
@@ -168,13 +250,15 @@ def _rule_run(values: np.ndarray, max_starts: int) -> tuple[str, int]:
         n = res["next_starts"]
 
 
-@pytest.mark.parametrize("gain", [0.0, -3.0])
+@pytest.mark.parametrize("gain", [0.0, -3.0, 3.0, 2.0])
 def test_rates_agree_with_an_independent_monte_carlo_of_the_rule(gain):
     """The vectorised simulation behind the decision's rates (``win2_v5_rates``) against brackets drawn here
-    with their own generator and decided one by one by the registered rule: the shares of each verdict
-    agree within the Monte Carlo error of both, and false WIN / LOSS stay near their alphas."""
-    n, max_starts, start_sd, rep_sd = 160, 31, 1.4, 2.5
-    rng = np.random.default_rng(20261206 + int(10 * abs(gain)))
+    with their own generator and decided one by one by the registered rule at the schema's max_starts: the
+    shares of each verdict agree within the Monte Carlo error of both; false WIN / LOSS stay near their alphas,
+    and a gain of the bar is called NO_WIN near the futility alpha."""
+    n, start_sd, rep_sd = 160, 1.4, 2.5
+    max_starts = int(defaults.section("speed")["max_starts"])
+    rng = np.random.default_rng(20261206 + int(10 * abs(gain)) + (7 if gain > 0 else 0))
     got: dict[str, int] = {}
     for _ in range(n):
         off = rng.normal(0.0, start_sd, (1, 1, max_starts))
@@ -189,6 +273,9 @@ def test_rates_agree_with_an_independent_monte_carlo_of_the_rule(gain):
         p_rule, p_sim = got.get(verdict, 0) / n, sim[verdict]
         se = math.sqrt(max(p_sim * (1 - p_sim), 0.01) * (1 / n + 1 / 600))
         assert abs(p_rule - p_sim) <= 4 * se, (verdict, p_rule, p_sim, got)
+    bound = {0.0: ("WIN", 0.05), 2.0: ("NO_WIN", 0.10)}
+    if gain in bound:
+        what, alpha = bound[gain]
+        assert got.get(what, 0) / n <= alpha + 3 * math.sqrt(alpha * (1 - alpha) / n)
     if gain == 0.0:
-        assert got.get("WIN", 0) / n <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / n)
         assert got.get("LOSS", 0) / n <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / n)

@@ -70,6 +70,37 @@ def test_each_schema_list_of_rule_names_is_the_registry_default_first():
     assert named == {gates.rules_of("speed")[0], gates.rules_of("quality")[0]}
 
 
+def test_the_default_rules_registered_values_are_the_schemas_defaults():
+    # what a config that sets nothing runs: the default rule of each gate at its own registered values
+    for decides, (path, key) in RULE_SECTIONS.items():
+        props, default = _props(path), gates.default_rule(decides)
+        if key is not None:
+            assert props[key]["default"] == default.name
+        for param, registered in default.params.items():
+            if param in props:
+                assert props[param]["default"] == registered, f"{'.'.join(path)}.{param} vs {default.name}"
+    assert {p for p in gates.default_rule("speed").params if p in _props(("speed",))} == {"win_pct", "start_noise_pct"}
+    assert {p for p in gates.default_rule("quality").params
+            if p in _props(("rules", "quality"))} == {"margin_pct", "level", "alpha"}
+
+
+def test_the_pair_commands_rules_and_defaults_are_the_registrys():
+    import argparse
+
+    from pairaudit.cli import pair
+
+    p = argparse.ArgumentParser()
+    pair.add_arguments(p)
+    acts = {a.dest: a for a in p._actions}
+    assert tuple(acts["rule"].choices) == gates.QUALITY_RULES
+    assert acts["rule"].default == gates.default_rule("quality").name
+    # a parameter the command sets by default is at its registered value: no deviation unless asked for
+    assert acts["alpha"].default == gates.QUALITY_V2["alpha"] == gates.QUALITY_V1["alpha"]
+    assert acts["max_net_loss"].default == gates.QUALITY_V1["max_net_loss"]
+    assert acts["margin"].default is None and acts["level"].default is None   # the rule's own, unless given
+    assert f"(registered {gates.QUALITY_V2['margin_pct']:g})" in acts["margin"].help
+
+
 def test_the_sampling_section_keeps_its_defaults_in_the_schema():
     # the answers phase reads them from the record, never a default of its own
     filled = defaults.filled({"api": "chat", "base_seed": 1, "temperature": 0.7, "top_p": 0.8, "top_k": 20,

@@ -21,6 +21,8 @@ from pairaudit.core.settings import (
     QualitySettings,
     RulesSettings,
     SamplingSettings,
+    SandboxSettings,
+    ScoringSettings,
     SettingsError,
     SpeedCell,
     SpeedSettings,
@@ -64,6 +66,8 @@ def test_each_record_has_exactly_its_schema_sections_keys_in_the_schemas_order()
     assert names(GridTieSettings) == props("rules", "grid_tie")
     assert names(QualitySettings) == props("rules", "quality")
     assert names(SamplingSettings) == props("sampling")
+    assert names(ScoringSettings) == props("scoring")
+    assert names(SandboxSettings) == props("scoring", "sandbox")
 
 
 def test_an_empty_section_resolves_to_the_schemas_defaults_and_no_other():
@@ -102,6 +106,10 @@ def test_a_shipped_configs_records_round_trip_and_give_the_jobs_what_the_config_
     assert GreedySettings.from_json(s.greedy.to_json()) == s.greedy
     assert s.greedy.to_json() == cfg["greedy"]
     assert RulesSettings.from_json(s.rules.to_json()) == s.rules
+    # what the score jobs get and record: scoring.sandbox as validated, key order included
+    scoring = ScoringSettings.from_json(cfg["scoring"])
+    assert ScoringSettings.from_json(scoring.to_json()) == scoring
+    assert json.dumps(scoring.sandbox.to_json()) == json.dumps(cfg["scoring"]["sandbox"])
     assert s.rules.quality.to_json() == cfg["rules"]["quality"]
     assert s.rules.grid_tie.max_divergent == cfg["rules"]["grid_tie"]["max_divergent"]
     # what the answers phase reads and records: the section as validated, key order included
@@ -126,6 +134,24 @@ def test_a_shipped_configs_records_round_trip_and_give_the_jobs_what_the_config_
             assert d.indices is None  # chosen where the file is downloaded
         else:
             assert list(d.indices) == res.documents[d.name]["indices"]
+
+
+def test_the_sandbox_limits_are_a_record_with_the_schemas_defaults_and_no_other():
+    from pairaudit.quality import sandbox, scoring
+
+    empty = scoring.sandbox_settings(None)
+    assert empty.to_json() == defaults.section("scoring", "sandbox") == scoring.sandbox_settings({}).to_json()
+    assert scoring.sandbox_settings(empty) is empty
+    assert scoring.sandbox_settings({"memory_mb": 300}) == dataclasses.replace(empty, memory_mb=300)
+    assert empty.limits == empty.to_json()   # the sandbox's keyword arguments, every one set
+    with pytest.raises(SettingsError, match=r"scoring\.sandbox\.cpu_s: 1\.5 is not an integer"):
+        SandboxSettings.from_json({**empty.to_json(), "cpu_s": 1.5})
+    with pytest.raises(SettingsError, match=r"unknown: \['nofile'\]"):
+        ScoringSettings.from_json({"sandbox": {**empty.to_json(), "nofile": 64}})
+    # the sandbox's own keyword defaults (a library call with no limits) are the schema's
+    for fn in (sandbox.run_tests, sandbox.run_calls, sandbox.run_python):
+        kw = fn.__kwdefaults__ or {}
+        assert {k: kw[k] for k in empty.limits} == empty.limits, fn.__name__
 
 
 def test_records_are_frozen_all_the_way_down():

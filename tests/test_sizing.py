@@ -1,5 +1,6 @@
 """pairaudit.quality.sizing: exact power of quality-v1, checked by brute force, and the items it needs."""
 
+import dataclasses
 import functools
 import math
 from pathlib import Path
@@ -256,3 +257,16 @@ def test_the_margin_note_names_the_dataset_and_the_items_it_would_need():
     assert not [n for n in check_config(cfg, base_dir=REPO).notes if "rules.quality.margin_pct" in n]
     cfg["rules"]["quality"]["rule"] = "quality-v1"     # quality-v1 has no margin to note
     assert not [n for n in check_config(cfg, base_dir=REPO).notes if "rules.quality.margin_pct" in n]
+
+
+def test_the_margin_note_follows_the_registered_rule_not_its_name(monkeypatch):
+    sel = [sizing.SelectedCount(where="datasets[0]", name="arith", n=4)]
+    q = QualitySettings.from_json(defaults.filled({}, "rules", "quality"))
+    notes = sizing.margin_notes(q, sel, datasets=1, audit=None, base_dir=REPO)
+    assert notes and f"too few for {gates.default_rule('quality').name}" in notes[0]
+    # a registered rule without a margin to rule out gets no note; an unregistered one is an error, not silence
+    assert sizing.margin_notes(dataclasses.replace(q, rule="quality-v1"), sel, datasets=1, audit=None,
+                               base_dir=REPO) == []
+    with pytest.raises(ValueError, match="unknown quality rule 'quality-v0'"):
+        sizing.margin_notes(dataclasses.replace(q, rule="quality-v0"), sel, datasets=1, audit=None, base_dir=REPO)
+

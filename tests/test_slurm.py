@@ -162,10 +162,11 @@ def test_server_jobs_request_their_arms_gpus_and_partition(tmp_path):
     env = {"PAIRAUDIT_SLURM_PARTITION": "cpuq", "PAIRAUDIT_SLURM_GPU_PARTITION": "gpuq",
            "PAIRAUDIT_SLURM_ACCOUNT": "lab"}
     jobs = dry_run_resources(project, env)
-    # phase jobs run a server: one arm's (answers), or both one after the other (diagnostics, speed)
+    # phase jobs run a server: one arm's (answers), or both one after the other (speed); the diagnostics none
     servers = {rule for rule, _, res in jobs if "server_slots" in res}
-    assert servers == {"answers", "diagnostics", "speed"}
-    assert {rule for rule, _, _ in jobs} - servers >= {"dataset", "sampled", "score", "paired", "promotion"}
+    assert servers == {"answers", "speed"}
+    assert {rule for rule, _, _ in jobs} - servers >= {"dataset", "sampled", "score", "paired", "diagnostics",
+                                                       "promotion"}
     for rule, wc, res in jobs:
         assert res["slurm_account"] == "lab", rule
         if rule in servers and wc.get("arm", "candidate") == "candidate":

@@ -6,6 +6,7 @@ to end on real reference servers (n-gram speculation ON vs OFF)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import stat
@@ -15,6 +16,7 @@ import pytest
 
 from pairaudit import gates
 from pairaudit.core import artifacts, contracts
+from pairaudit.core.settings import SpeedCell, SpeedSettings
 from pairaudit.plans import stage as plan_stage
 from pairaudit.serving import armspec, launch
 from pairaudit.speed import archive as speedarchive
@@ -88,6 +90,24 @@ def test_clear_win():
     assert p["t_interval"]["lo"] > 0
     # the reported-only cell cannot turn the gate: it is flat (NO_WIN) and the gate still WINs
     assert gate["cells"]["rnd-c4"] == "NO_WIN"
+
+
+def test_the_per_cell_gate_is_named_by_the_rule_that_decided_its_cells():
+    res = bracket([100.0, 101.0, 99.0], [110.0, 111.5, 109.0])
+    # the record and the mapping its to_json wrote decide alike
+    win2, _, gate = speeddecision.decide(res, SpeedSettings.from_json(CFG), quiet_clock())
+    assert gate == speeddecision.decide(res, CFG, quiet_clock())[2]
+    again = speeddecision.combine(win2, ["short-c1"], informational=False)
+    assert again["rule"] == gates.REGISTERED[CFG["rule"]].name and again["verdict"] == gate["verdict"]
+    # a result of no registered rule, or of a pooled one, is not combined: an error, not a default
+    with pytest.raises(ValueError, match="unknown speed rule 'win2-v0'"):
+        speeddecision.combine({c: {**w, "rule": "win2-v0"} for c, w in win2.items()}, ["short-c1"],
+                              informational=False)
+    with pytest.raises(ValueError, match="win2-v2 decides over every deciding cell at once"):
+        speeddecision.combine({c: {**w, "rule": "win2-v2"} for c, w in win2.items()}, ["short-c1"],
+                              informational=False)
+    with pytest.raises(ValueError, match="unknown speed rule 'win2-v0'"):
+        speeddecision.decide(res, {**CFG, "rule": "win2-v0"}, quiet_clock())
 
 
 def test_one_percent_gain_does_not_win_even_when_certain():
@@ -421,12 +441,19 @@ def test_archive_appends_never_rewrites_and_spread_filters(tmp_path):
 def test_config_hash_follows_cell_and_control_not_candidate():
     spec = armspec.resolve_spec("control", {"mode": "attach", "url": "http://127.0.0.1:1", "model": "m"})
     other = armspec.resolve_spec("control", {"mode": "attach", "url": "http://127.0.0.1:1", "model": "m2"})
-    cell = CFG["cells"][0]
-    h = speedarchive.config_hash(cell, CFG, spec)
-    assert h == speedarchive.config_hash(dict(cell), dict(CFG), spec)
-    assert h != speedarchive.config_hash({**cell, "input_len": 33}, CFG, spec)
-    assert h != speedarchive.config_hash(cell, {**CFG, "output_len": 64}, spec)
-    assert h != speedarchive.config_hash(cell, CFG, other)
+    rec = SpeedSettings.from_json(CFG)
+    cell = rec.cells[0]
+    h = speedarchive.config_hash(cell, rec, spec)
+    assert h == speedarchive.config_hash(SpeedCell.from_json(cell.to_json()), SpeedSettings.from_json(rec.to_json()),
+                                         spec)
+    assert h != speedarchive.config_hash(dataclasses.replace(cell, input_len=33), rec, spec)
+    assert h != speedarchive.config_hash(cell, dataclasses.replace(rec, output_len=64), spec)
+    assert h != speedarchive.config_hash(cell, rec, other)
+    # the document hashed is the one the archive has always been keyed by: earlier windows stay comparable
+    assert h == artifacts.sha256_json({
+        "cell": CFG["cells"][0], "output_len": CFG["output_len"], "waves": CFG["waves"], "repeats": CFG["repeats"],
+        "repeat_s": CFG["repeat_s"], "sampling": {"temperature": 1.0, "top_p": 1.0, "ignore_eos": True},
+        "control": spec.identity()})
 
 
 # ------------------------------------------------------- clock facts, config

@@ -40,11 +40,12 @@ def test_waves_of_a_repeat_follow_each_other_with_no_scrape_between():
         out_len, waves, repeats = 8, 3, 2
         cells = [{"name": "a-c1", "prompt": "short", "input_len": 4, "concurrency": 1, "decide": True},
                  {"name": "b-c2", "prompt": "short", "input_len": 4, "concurrency": 2, "decide": True}]
-        cfg = {"output_len": out_len, "request_timeout_s": 30, "repeats": repeats, "cells": cells, "base_seed": 1}
+        rec = bracket.resolve({"output_len": out_len, "request_timeout_s": 30, "repeats": repeats, "cells": cells,
+                               "base_seed": 1})
         prompts = {c["name"]: {(r, w, i): [200, 201, 202, 203] for r in range(repeats) for w in range(waves)
                                for i in range(c["concurrency"])} for c in cells}
         plan = {c["name"]: waves for c in cells}
-        result, records = bracket.run_start(ep, model="m", cfg=cfg, prompts=prompts, start="s1", arm="control",
+        result, records = bracket.run_start(ep, model="m", speed=rec, prompts=prompts, start="s1", arm="control",
                                             plan=plan)
     finally:
         srv.shutdown()

@@ -64,6 +64,7 @@ def write_inputs(root: Path) -> dict[str, Path]:
         "launch_control": "launch/control.json",
         "launch_candidate": "launch/candidate.json", "preflight_control": "preflight/control.json",
         "preflight_candidate": "preflight/candidate.json", "answers_control": "answers/control.json",
+        "answers_candidate": "answers/candidate.json",
         "sampled_control": "sampled/ds/control.jsonl",
         "sampled_candidate": "sampled/ds/candidate.jsonl", "scores_control": "scores/ds/control.jsonl",
         "scores_candidate": "scores/ds/candidate.jsonl", "paired": "paired/ds.json",
@@ -96,8 +97,9 @@ def write_inputs(root: Path) -> dict[str, Path]:
                                                     "cases": [], "first_long": None})
     plan_stage.requests_stage(dataset_path=str(p["dataset"]), spec_path=str(p["spec_control"]), sampling=SAMPLING,
                               audit="t", out_path=str(p["requests_control"]))
-    artifacts.write_json(p["answers_control"], {"schema": contracts.PHASE_SCHEMA, "phase": "answers", "arm": "control",
-                                                "failure": None})
+    for arm in ARMS:
+        artifacts.write_json(p[f"answers_{arm}"], {"schema": contracts.PHASE_SCHEMA, "phase": "answers", "arm": arm,
+                                                   "failure": None})
     # the answers phase's journal (not an artifact): the item answered, so the assembly has it
     body = artifacts.read_json(p["requests_control"])["items"][0]["body"]
     with Journal(journal_of(p)) as j:
@@ -151,14 +153,14 @@ CONSUMERS = {
     "diagnostics": (lambda p, o: diagnostics_stage.diagnostics_phase(
         dataset_paths={"ds": str(p["dataset"])}, paired_paths={"ds": str(p["paired"])},
         receipt_paths={a: str(p[f"launch_{a}"]) for a in ARMS},
-        preflight_paths={a: str(p[f"preflight_{a}"]) for a in ARMS}, spec_paths=_specs(p),
+        preflight_paths={a: str(p[f"preflight_{a}"]) for a in ARMS},
+        answers_paths={a: str(p[f"answers_{a}"]) for a in ARMS},
         greedy=GreedySettings.from_json(defaults.filled({}, "greedy")), max_divergent=3, chat_template_kwargs={},
-        journal_dir=str(o / "journal"),
+        journal_dir=str(p["dataset"].parents[1] / "journal"),
         greedy_paths={"ds": {a: str(o / f"g-{a}.jsonl") for a in ARMS}},
-        divergence_paths={"ds": str(o / "d.json")}, server_logs={a: str(o / f"{a}.log") for a in ARMS},
-        starts_log=str(o / "starts.jsonl"), phase_path=str(o / "phase.json")),
+        divergence_paths={"ds": str(o / "d.json")}, phase_path=str(o / "phase.json")),
         ["dataset", "paired", "launch_control", "launch_candidate", "preflight_control", "preflight_candidate",
-         "spec_control", "spec_candidate"]),
+         "answers_control", "answers_candidate"]),
     "boundary_gate": (lambda p, o: boundary_stage.boundary_gate_stage(
         arm_paths={a: str(p[f"boundary_{a}"]) for a in ARMS},
         launch_paths={a: str(p[f"launch_{a}"]) for a in ARMS}, spec_paths=_specs(p), out_path=str(o / "bg.json")),
@@ -198,7 +200,7 @@ def test_every_consumer_refuses_an_edited_input_by_name(stage, name, tmp_path):
     assert not [p for p in (tmp_path / "out").glob("*") if p.suffix in (".json", ".jsonl")]  # nothing written
 
 
-@pytest.mark.parametrize("stage", [s for s in CONSUMERS if s in ("answers", "diagnostics", "speed")])
+@pytest.mark.parametrize("stage", [s for s in CONSUMERS if s in ("answers", "speed")])
 def test_unedited_inputs_get_as_far_as_the_server(stage, tmp_path):
     """The control case: the same inputs unedited pass every read, so the server start is what fails."""
     paths = write_inputs(tmp_path / "results")
@@ -210,6 +212,16 @@ def test_unedited_inputs_get_as_far_as_the_server(stage, tmp_path):
         return
     with pytest.raises(ServerError):
         call(paths, tmp_path / "out")
+
+
+def test_unedited_diagnostics_inputs_get_as_far_as_the_greedy_journal(tmp_path):
+    """The control case of the diagnostics (no server): every read passes; the answers phases' greedy runs are
+    what is missing here, and nothing is written without them."""
+    paths = write_inputs(tmp_path / "results")
+    call, _ = CONSUMERS["diagnostics"]
+    with pytest.raises(ArtifactError, match="greedy runs without an answer"):
+        call(paths, tmp_path / "out")
+    assert not [p for p in (tmp_path / "out").glob("*") if p.suffix in (".json", ".jsonl")]
 
 
 @pytest.mark.parametrize("stage", ["requests", "sampled", "boundary_gate"])

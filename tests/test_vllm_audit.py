@@ -86,6 +86,21 @@ def test_tiny_audit_against_real_vllm_evaluates_every_gate(attach_audit, vllm_pa
             scores = read_jsonl(res / "scores" / ds / f"{arm}.jsonl")[1:]
             assert scores and all("clamped" in s and not s["clamped"] for s in scores)
             assert all(s["answered"] for s in scores)  # content, never null, without a reasoning parser
+    # the greedy runs were made in each arm's answers phase (one start each; attach mode: none); grid-tie reads
+    # each arm's own top-20 at a divergence from them, which needs one top list per generated token and the
+    # served prompt count to be the prompt sent (prefix length = usage.prompt_tokens + k)
+    assert not [r for r in read_jsonl(res / "servers" / "starts.jsonl") if r.get("phase") == "diagnostics"]
+    for ds in [d["name"] for d in config["datasets"]]:
+        div = json.loads((res / "divergence" / f"{ds}.json").read_text())
+        assert div["top_lists"]["source"] == "greedy"
+        for arm in ("control", "candidate"):
+            for r in read_jsonl(res / "greedy" / ds / f"{arm}.jsonl")[1:]:
+                assert r["error"] is None and len(r["top20"]) == len(r["token_ids"]) > 0
+                assert r["usage"]["prompt_tokens"] == len(r["prompt_ids"])
+        for arm in ("control", "candidate"):
+            for top in div["probes"][arm]:
+                assert top["source"] == "greedy"
+                assert top["error"] is not None or len(top["top20"]) == 20
     gate = json.loads((res / "boundary" / "gate.json").read_text())
     for row in gate["cases"]:
         for arm in ("control", "candidate"):

@@ -142,19 +142,28 @@ def test_identical_arms_give_identical_answers_and_pass(tiny):
     assert decision["decision"] == "INCONCLUSIVE" and decision["reasons"][0].startswith("no change under audit")
     assert decision["multiplicity"]["method"] == "bonferroni" and decision["multiplicity"]["datasets"] == 2
     assert decision["gate_verdict"] == gates.promotion_v1(verdicts)["verdict"]
-    # the phases: one answers start per arm, at most three diagnostics starts, the bracket's three
+    # the phases: exactly one start per arm outside the speed bracket (the answers phase's, which also made the
+    # greedy runs the diagnostics read), none for the diagnostics, the bracket's three
     starts = [json.loads(line) for line in (res / "servers" / "starts.jsonl").read_text().splitlines()]
     ready = [(s["phase"], s["arm"]) for s in starts if s["event"] == "ready"]
     by_phase = {ph: [a for p, a in ready if p == ph] for ph in ("answers", "diagnostics", "speed")}
-    assert sorted(by_phase["answers"]) == ["candidate", "control"]
-    assert by_phase["diagnostics"] == ["control", "candidate"]  # no divergence: no third diagnostics start
+    assert sorted(a for p, a in ready if p != "speed") == ["candidate", "control"], ready
+    assert sorted(by_phase["answers"]) == ["candidate", "control"] and by_phase["diagnostics"] == []
     assert by_phase["speed"] == ["control", "candidate", "control"]
-    assert len(ready) == sum(map(len, by_phase.values())) <= 8
+    diagnostics = json.loads((res / "diagnostics" / "phase.json").read_text())
+    assert diagnostics["starts"] == []
+    for arm in ("control", "candidate"):
+        answers = json.loads((res / "answers" / f"{arm}.json").read_text())
+        assert answers["starts"] == 1 and all(g["open"] == 0 for g in answers["greedy"].values())
     assert decision["gates"]["servers"]["verdict"] == "PASS"
     manifest = json.loads((res / "promotion" / "manifest.json").read_text())
     paths = {a["path"] for a in manifest["artifacts"]}
     assert any(p.endswith("paired/arith.json") for p in paths)
-    assert (res / "promotion" / "report.md").read_text().count("arith") >= 1
+    report = (res / "promotion" / "report.md").read_text()
+    assert report.count("arith") >= 1
+    # every start, with why it was fresh, in the report: one row per ready line of the starts log
+    section = report[report.index("## Server starts"):]
+    assert f"{len(ready)} starts" in section and section.count("| speed | ") == len(by_phase["speed"])
 
 
 def test_the_terminal_shows_each_job_on_one_line_and_ends_on_the_decision(tiny):
@@ -203,10 +212,12 @@ def test_disabled_gates_leave_their_stages_out_and_only_redecide(tiny, tmp_path)
     cfg.write_text(yaml.safe_dump(changed, sort_keys=False))
     # The gates drop out of the decision's inputs (it will list them as not evaluated); the boundary
     # cases were part of each arm's answers phase, so the phases rerun -- their journals supply every
-    # answer -- and nothing per dataset, no diagnostics and no speed bracket is redone.
+    # answer -- and nothing per dataset and no speed bracket is redone; the diagnostics, which read what
+    # the phases journaled and start no server, follow the phases.
     jobs = planned_jobs(project, "promotion", "--configfile", str(cfg))
     assert sorted((rule, sorted(wc.items())) for rule, wc in jobs) == [
-        ("answers", [("arm", "candidate")]), ("answers", [("arm", "control")]), ("promotion", [])]
+        ("answers", [("arm", "candidate")]), ("answers", [("arm", "control")]), ("diagnostics", []),
+        ("promotion", [])]
 
 
 def test_changing_one_dataset_reruns_only_that_dataset(tiny, tmp_path):
@@ -247,6 +258,22 @@ def test_changing_the_candidate_reuses_the_control(tiny, tmp_path):
     assert all(w.get("arm") != "control" for _, w in jobs)
     assert ("answers", {"arm": "candidate"}) in jobs and ("speed", {}) in jobs and ("boundary_gate", {}) in jobs
     assert sorted(r for r, _ in jobs if r == "sampled") == ["sampled", "sampled"]
+
+
+def test_the_greedy_selection_reruns_the_diagnostics_alone_and_the_greedy_runs_the_answers_phases(tiny, tmp_path):
+    project, config = tiny
+    changed = json.loads(json.dumps(config))
+    changed["greedy"]["concordant"] = 2
+    cfg = tmp_path / "selection.yaml"
+    cfg.write_text(yaml.safe_dump(changed, sort_keys=False))
+    # which items are compared is the diagnostics' alone: no server starts, every greedy run is journaled
+    assert sorted(r for r, _ in planned_jobs(project, "promotion", "--configfile", str(cfg))) == [
+        "diagnostics", "promotion"]
+    changed["greedy"]["max_tokens"] = 16
+    cfg.write_text(yaml.safe_dump(changed, sort_keys=False))
+    # what the greedy runs are asked with is the answers phases': one start per arm, and what reads the runs
+    assert sorted(r for r, _ in planned_jobs(project, "promotion", "--configfile", str(cfg))) == [
+        "answers", "answers", "diagnostics", "promotion"]
 
 
 def test_bad_config_key_fails_naming_it(tmp_path):
@@ -495,8 +522,8 @@ def _finished_outputs(project: Path, res: Path) -> dict[Path, str]:
 
 
 def test_a_crash_at_any_phase_resumes_with_the_same_command(tmp_path):
-    """kill -9 of snakemake (answers), of a job (the first of diagnostics and speed to start) and of snakemake
-    again (the other one): each time `snakemake --cores 2 promotion` resumes.
+    """kill -9 of snakemake (answers), of a job (the speed bracket's, the only later phase with a server) and of
+    snakemake again (in the bracket's rerun): each time `snakemake --cores 2 promotion` resumes.
 
     Nothing is answered twice, no finished job reruns, every killed start's log is kept and its start record
     ends (``stopped``, or ``lost`` for a start whose job was killed under it).
@@ -523,10 +550,10 @@ def test_a_crash_at_any_phase_resumes_with_the_same_command(tmp_path):
     assert list((project / ".snakemake" / "locks").glob("*.lock")), "a killed snakemake leaves its lock"
     answered_before = {r["index"]: r for r in _answers(journal)}
 
-    # 2. the same command resumes; the job of whichever later phase starts first is killed (its server dies with it)
+    # 2. the same command resumes; the speed job is killed once its server is up (the server dies with it)
     proc = start()
-    _wait_for(proc, "a later phase", lambda: _readies(starts, "diagnostics") or _readies(starts, "speed"))
-    job_killed = "diagnostics" if _readies(starts, "diagnostics") else "speed"
+    _wait_for(proc, "the speed phase", lambda: _readies(starts, "speed"))
+    job_killed = "speed"
     finished = _finished_outputs(project, res)
     assert {p.name for p in finished} >= {"control.json", "candidate.json"}   # the answers phases, at least
     jobs = [pid for pid in _job_pids(project) if f".{job_killed}.py" in " ".join(lifecycle_argv(pid))]
@@ -536,8 +563,8 @@ def test_a_crash_at_any_phase_resumes_with_the_same_command(tmp_path):
     assert "cleared the lock of snakemake pid" in out and "no longer runs" in out, out[-3000:]
     _wait_gone(project)
 
-    # 3. the same command again; in the other phase snakemake alone is killed
-    other = "speed" if job_killed == "diagnostics" else "diagnostics"
+    # 3. the same command again; in the bracket's rerun snakemake alone is killed
+    other = "speed"
     before = _readies(starts, other)
     proc = start()
     _wait_for(proc, f"the {other} phase", lambda: _readies(starts, other) > before)
@@ -564,7 +591,7 @@ def test_a_crash_at_any_phase_resumes_with_the_same_command(tmp_path):
     assert any(r["phase"] == job_killed for r in lost), lost
     assert all("no longer runs" in r["why"] and Path(project, r["log_path"]).is_file() for r in lost), lost
     logs = res / "logs" / "servers"
-    killed_log = "diagnostics-control" if job_killed == "diagnostics" else "speed-s1-control"
+    killed_log = "speed-s1-control"
     for name in ("answers-control", killed_log):
         kept, current = logs / f"{name}.1.log", logs / f"{name}.log"
         assert kept.is_file() and current.is_file(), sorted(p.name for p in logs.iterdir())

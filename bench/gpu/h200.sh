@@ -165,6 +165,8 @@ vllm-proof)
     #   bench        the vLLM bench with its API contract recorded
     #   starts       the control started as configured and with vLLM's debug log (bench/gpu/vllm_starts.py;
     #                VLLM_STARTS_VARIANTS overrides): where a start's seconds go, step by step
+    #   imports      python -X importtime of vLLM's API server module in the vLLM venv: which imports make the
+    #                seconds before vLLM's banner (the slowest 25 cumulative into importtime-top.txt)
     # VLLM_PROOF_BUDGET_S: no step starts after that many seconds (default 1500)
     setsid nohup bash -c "
         cd '$STASH/repo'
@@ -183,6 +185,10 @@ vllm-proof)
                     python3 bench/gpu/vllm_starts.py \"\$run\" \${VLLM_STARTS_VARIANTS:---variant as-is --variant debug} \\
                         --out '$P/starts-bench.jsonl' --logs '$P/starts-bench' > '$P/starts-bench.log' 2>&1
                     echo \"starts_bench rc=\$? wall_s \$((SECONDS - t0))\" >> '$P/timings.txt' ;;
+            imports) t0=\$SECONDS
+                    env PYTHONPATH= \"\$PAIRAUDIT_VLLM_PYTHON\" -X importtime -c 'import vllm.entrypoints.openai.api_server' 2> '$P/importtime.txt'
+                    sort -t'|' -k2 -n -r '$P/importtime.txt' | head -25 > '$P/importtime-top.txt'
+                    echo \"imports rc=\$? wall_s \$((SECONDS - t0))\" >> '$P/timings.txt' ;;
             *) bash bench/gpu/h200.sh audit \"\$run\" \$step ;;
             esac
         done

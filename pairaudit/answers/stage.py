@@ -1,4 +1,4 @@
-"""The answers phase (one start of an arm's server: receipt, preflight, sampled runs, boundary cases) and the
+"""The answers phase (one start of an arm's server: receipt, preflight, sampled and greedy runs, boundary cases) and the
 assembly of each dataset's sampled artifact from the phase's journal (``pairaudit.serving.phase``)."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, cast
 
+from pairaudit.answers.greedy import GreedyError, GreedyPlan
 from pairaudit.answers.sampled import Journal, answer_dataset, assemble_records, is_final, read_journal
 from pairaudit.boundary import cases as boundary
 from pairaudit.core import artifacts, contracts
@@ -63,6 +64,33 @@ def _item_failure(arm: str, dataset: str, journal_path: Path, srv: Server, exc: 
             "log_tail": srv.log_tail(40), "at": artifacts.utc_now()}
 
 
+def _greedy_failure(arm: str, plan: GreedyPlan, srv: Server, exc: Exception | None) -> \
+        failures.FailureRecord | None:
+    """The first greedy run of ``plan`` left without an answer (or the error that stopped the runs), if any."""
+    open_ = plan.todo
+    if not open_ and exc is None:
+        return None
+    alive = srv.proc is None or srv.proc.poll() is None
+    run, slot = open_[0] if open_ else (None, None)
+    last: Mapping[str, Any] = plan.last.get((run, slot), {}) if run is not None else {}
+    status = last.get("status") if last else getattr(exc, "status", None)
+    if last:
+        request = {"method": "POST", "path": "/v1/completions", "body": last.get("body")}
+    else:  # nothing was sent for it: the call that failed first is the prompt's rendering
+        index = plan.index_of(run, slot) if run is not None else plan.det_index
+        request = {"method": "POST", "path": "/tokenize",
+                   "body": {"model": srv.spec.served_model_name, "messages": plan.messages[index],
+                            "add_generation_prompt": True,
+                            **({"chat_template_kwargs": plan.chat_template_kwargs} if plan.chat_template_kwargs
+                               else {})}}
+    return {"arm": arm, "stage": "greedy",
+            "what": f"{plan.name} greedy {run} {slot}" if run is not None else f"{plan.name} greedy runs",
+            "kind": failures.classify(status, server_alive=alive and not isinstance(exc, ServerError)),
+            "status": status, "request": request,
+            "error": last.get("error") or (str(exc).split("\n")[0] if exc else None),
+            "error_body": last.get("response_body"), "log_tail": srv.log_tail(40), "at": artifacts.utc_now()}
+
+
 def _confirm(spec: ArmSpec, failure: failures.FailureRecord, *, primary: dict, server_log: str, starts_log: str,
              receipt: dict) -> dict:
     """The failed request once more on a fresh start of the same server (stored beside the first failure)."""
@@ -97,8 +125,14 @@ def _confirm(spec: ArmSpec, failure: failures.FailureRecord, *, primary: dict, s
 def answers_phase(*, arm: str, spec_path: str, requests_paths: Mapping[str, str], sampling: SamplingSettings,
                   audit: str,
                   boundary_plan_path: str | None, journal_dir: str, receipt_path: str, preflight_path: str,
-                  phase_path: str, boundary_path: str | None, server_log: str, starts_log: str) -> dict:
-    """Receipt, preflight, every dataset's sampled runs and the boundary cases of one arm on one start.
+                  phase_path: str, boundary_path: str | None, server_log: str, starts_log: str,
+                  greedy_max_tokens: int | None = None, determinism_repeats: int = 0) -> dict:
+    """Receipt, preflight, every dataset's sampled and greedy runs and the boundary cases of one arm on one start.
+
+    The greedy runs (``greedy_max_tokens`` tokens each; None: none) cover every
+    item of every dataset, plus ``determinism_repeats`` repeats of each
+    dataset's first item (``pairaudit.answers.greedy``): the diagnostics
+    select from them and start no server of their own.
 
     A server that fails under the phase (a failed probe, an item answered
     with a 5xx or not at all, a process that exits) ends the phase with a
@@ -117,11 +151,13 @@ def answers_phase(*, arm: str, spec_path: str, requests_paths: Mapping[str, str]
                     if boundary_plan_path else None)
     primary = sampling.primary
     counts: dict[str, dict] = {}
+    greedy_counts: dict[str, dict] = {}
     boundary_doc = None
     failure: failures.FailureRecord | None = None
     with PhaseServer(spec, phase="answers", log_path=server_log, receipt=rec, starts_log=starts_log,
                      timeout_s=float(sampling.request_timeout_s),
-                     why="the arm's answers phase: receipt, preflight, sampled runs, boundary cases") as ps:
+                     why="the arm's answers phase: receipt, preflight, sampled and greedy runs, boundary "
+                         "cases") as ps:
         srv = ps.get()
         launch.record_start(rec, spec, srv.facts())
         rec["provenance"] = artifacts.provenance([spec_path], {})
@@ -151,6 +187,23 @@ def answers_phase(*, arm: str, spec_path: str, requests_paths: Mapping[str, str]
             except ServerError as exc:
                 failure = _item_failure(arm, name, jpath, srv, exc)
 
+        for name, bodies in requests.items():
+            if failure is not None or greedy_max_tokens is None:
+                break
+            gpath = Path(journal_path(journal_dir, contracts.JOURNAL_GREEDY, dataset=name, arm=arm))
+            plan = GreedyPlan(name, {i: b["messages"] for i, b in bodies.items()}, max_tokens=greedy_max_tokens,
+                              determinism_repeats=determinism_repeats,
+                              chat_template_kwargs=sampling.to_json()["chat_template_kwargs"], journal=gpath)
+            try:
+                with Journal(gpath, owner=f"greedy {arm}") as journal:
+                    greedy_counts[name] = plan.run(srv, journal, arm=arm, concurrency=sampling.concurrency)
+                failure = _greedy_failure(arm, plan, srv, None)
+                if failure is None:
+                    ps.verify()
+            except (ServerError, GreedyError) as exc:
+                failure = _greedy_failure(arm, plan, srv, exc)
+            greedy_counts.setdefault(name, {}).update(plan.summary())
+
         if boundary_path is not None and failure is None:
             try:
                 boundary_doc = boundary_cases(ps, arm=arm, cfg=boundary_cfg, audit=audit,
@@ -178,10 +231,13 @@ def answers_phase(*, arm: str, spec_path: str, requests_paths: Mapping[str, str]
         artifacts.write_json(boundary_path, boundary_doc)
     doc = {"schema": PHASE_SCHEMA, "phase": "answers", "arm": arm, "spec_sha256": rec["spec_sha256"],
            "starts": ps.starts, "server": facts, "preflight": result["verdict"], "datasets": counts,
+           "greedy": greedy_counts if greedy_max_tokens is not None else None,
            "boundary_cases": len(boundary_doc["cases"]) if boundary_doc else None, "failure": failure,
            "provenance": artifacts.provenance(
                [spec_path, *requests_paths.values(), *([boundary_plan_path] if boundary_plan_path else []),
-                receipt_path, preflight_path], {"sampling": sampling.to_json(), "audit": audit})}
+                receipt_path, preflight_path], {"sampling": sampling.to_json(), "audit": audit,
+                                                     "greedy": {"max_tokens": greedy_max_tokens,
+                                                                "determinism_repeats": determinism_repeats}})}
     artifacts.write_json(phase_path, doc)
     return doc
 

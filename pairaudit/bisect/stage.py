@@ -4,8 +4,8 @@
 after the diagnostics phase.  Its items are the divergent greedy items of
 the audit (``divergence/<dataset>.json``: both arms got the same token
 prompt, and their greedy outputs first differ at ``first_divergence``), its
-probe the diagnostics' own: the top-20 of one greedy step after the prompt
-and the shared prefix (``diagnostics.greedy.run_probe``).
+probe: the top-20 of one greedy step after the prompt and the shared
+prefix (``answers.greedy.run_probe``).
 
 Each *subset* of the change's switches (those on, every other at its
 rollback value; ``plans.change.arm_config``) is ONE fresh server start
@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from pairaudit.answers import greedy
 from pairaudit.bisect import search
 from pairaudit.core import artifacts, lifecycle
 from pairaudit.core.artifacts import sha256_json
@@ -61,7 +62,6 @@ from pairaudit.core.contracts import (
     ProbeResult,
 )
 from pairaudit.core.readers import DivergenceDoc
-from pairaudit.diagnostics import greedy
 from pairaudit.plans import change as changes
 from pairaudit.serving import armspec
 from pairaudit.serving.armspec import ArmSpec

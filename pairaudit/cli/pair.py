@@ -27,6 +27,7 @@ import argparse
 import json
 import sys
 
+from pairaudit import gates
 from pairaudit.interop import lmeval
 
 from .codes import EXIT, REFUSED
@@ -35,7 +36,15 @@ HELP = ("pair two lm-eval runs by doc_id (refused unless they differ only in --c
         "the loss bound, quality-v2 (PASS 0, FAIL 1, INCONCLUSIVE 4, refused 2)")
 
 
+def _registered(param: str) -> tuple[str, object]:
+    """(rule, value): the first registered quality rule (the default first) that registers ``param``, and its value."""
+    spec = next(gates.REGISTERED[n] for n in gates.QUALITY_RULES if param in gates.REGISTERED[n].params)
+    return spec.name, spec.params[param]
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    (margin_rule, margin), (level_rule, level) = _registered("margin_pct"), _registered("level")
+    (loss_rule, max_net_loss), (_, alpha) = _registered("max_net_loss"), _registered("alpha")
     p.add_argument("control", metavar="CONTROL_SAMPLES", help="the control arm's samples_<task>_<timestamp>.jsonl")
     p.add_argument("candidate", metavar="CANDIDATE_SAMPLES", help="the candidate arm's sample log")
     p.add_argument("--metric", default=lmeval.METRIC, help="a 0/1 per-sample metric (default exact_match)")
@@ -44,11 +53,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--change", action="append", default=[], metavar="FIELD",
                    help="a results-file field the change under audit may differ in (repeatable), e.g. "
                         "model_args.base_url; every other recorded setting must be equal")
-    p.add_argument("--rule", choices=("quality-v2", "quality-v1"), default="quality-v2", help="quality rule")
-    p.add_argument("--margin", type=float, default=None, help="quality-v2's margin, points (registered 3)")
-    p.add_argument("--level", type=float, default=None, help="quality-v2's one-sided confidence (0.95)")
-    p.add_argument("--max-net-loss", type=int, default=0, help="quality-v1's tolerated net loss in items (0)")
-    p.add_argument("--alpha", type=float, default=0.05, help="the McNemar level of the FAIL clause (0.05)")
+    p.add_argument("--rule", choices=gates.QUALITY_RULES, default=gates.default_rule("quality").name,
+                   help="quality rule")
+    p.add_argument("--margin", type=float, default=None, help=f"{margin_rule}'s margin, points (registered {margin:g})")
+    p.add_argument("--level", type=float, default=None, help=f"{level_rule}'s one-sided confidence ({level:g})")
+    p.add_argument("--max-net-loss", type=int, default=max_net_loss,
+                   help=f"{loss_rule}'s tolerated net loss in items ({max_net_loss:g})")
+    p.add_argument("--alpha", type=float, default=alpha, help=f"the McNemar level of the FAIL clause ({alpha:g})")
     p.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples (2000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (0)")
     p.add_argument("--json", action="store_true", help="print the whole result as JSON")

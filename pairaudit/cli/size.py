@@ -144,6 +144,8 @@ def _newest_speed_decision() -> str | None:
 
 
 def run_speed(args: argparse.Namespace) -> int:
+    import numpy as np
+
     from pairaudit import gates
     from pairaudit.core import artifacts, defaults
     from pairaudit.speed.starts import start_cost_s
@@ -151,6 +153,7 @@ def run_speed(args: argparse.Namespace) -> int:
     reg = dict(gates.WIN2_V5)
     max_starts = args.max_starts or int(defaults.section("speed")["max_starts"])
     start_s, ev_df, source = args.start_s, 0, "--start-sd"
+    cell_sds: list[float] = []
     doc: dict | None = None
     if args.start_sd is not None:
         if not 0 < args.start_sd < 100:
@@ -174,6 +177,11 @@ def run_speed(args: argparse.Namespace) -> int:
             print(f"pairaudit size: {path}: no start-to-start noise recorded ({exc})", file=sys.stderr)
             return REFUSED
         ev_df = int(noise.get("evidence_df") or 0)
+        # WIN needs every deciding cell above the bar: with two or more, the bracket is sized for the weakest
+        # (each cell's own start-to-start sd, as this window measured it)
+        cells = [c for c in ((doc.get("gate") or {}).get("cells") or {}).values()
+                 if isinstance(c, dict) and c.get("decides") and (c.get("primary") or {}).get("start_sd_pct")]
+        cell_sds = [float(c["primary"]["start_sd_pct"]) for c in cells] if len(cells) > 1 else []
         start_s = start_s or start_cost_s(doc.get("starts") or [])
         source = f"{path} ({len(doc.get('starts') or [])} starts)"
     if args.max_starts is None and doc is not None:
@@ -182,9 +190,11 @@ def run_speed(args: argparse.Namespace) -> int:
     need = int(gates.win2_v5_size(sd ** 2, ev_df, pilot=pilot, max_looks=int(reg["max_looks"]), win_pct=reg["win_pct"],
                                   alpha_win=reg["alpha_win"], alpha_loss=reg["alpha_loss"],
                                   alpha_futility=reg["alpha_futility"], loss_pooled_share=reg["loss_pooled_share"],
-                                  power=reg["power"], power_gain_pct=reg["power_gain_pct"])[0]) or None
+                                  power=reg["power"], power_gain_pct=reg["power_gain_pct"],
+                                  cell_var=np.array([[v ** 2 for v in cell_sds]]) if cell_sds else None)[0]) or None
     minutes = None if need is None or not start_s else need * start_s / 60.0
-    out = {"rule": "win2-v5", "start_sd_pct": sd, "evidence_df": ev_df, "source": source,
+    out = {"rule": "win2-v5", "start_sd_pct": sd, "cell_start_sd_pct": cell_sds or None, "evidence_df": ev_df,
+           "source": source,
            "power": reg["power"], "gain_pct": reg["power_gain_pct"], "starts_needed": need,
            "start_s": start_s, "minutes": minutes, "max_starts": max_starts,
            "fits": need is not None and need <= max_starts}

@@ -67,8 +67,7 @@ JOURNAL_SAMPLED = "journal-sampled"        # every attempt at every item (Journa
 JOURNAL_PREFLIGHT = "journal-preflight"    # every start's preflight rehearsal
 JOURNAL_BOUNDARY = "journal-boundary"      # every boundary case answered
 JOURNAL_FAILURES = "journal-failures"      # every server failure of an answers phase, with its confirmation
-JOURNAL_GREEDY = "journal-greedy"          # every greedy run and determinism repeat
-JOURNAL_PROBES = "journal-probes"          # every forced-prefix probe
+JOURNAL_GREEDY = "journal-greedy"          # every greedy run and determinism repeat (the answers phase's)
 LOGS = "logs"                              # the jobs' logs, logs/<stage>/...
 BISECT_REPORT = "bisect-report"
 EXPORTS_LMEVAL = "exports-lm-eval"
@@ -121,7 +120,6 @@ PATHS = {
     JOURNAL_BOUNDARY: "journal/boundary/{arm}.jsonl",
     JOURNAL_FAILURES: "journal/failures/{arm}.jsonl",
     JOURNAL_GREEDY: "journal/greedy/{dataset}/{arm}.jsonl",
-    JOURNAL_PROBES: "journal/probes/{dataset}/{arm}.jsonl",
     LOGS: "logs",
     EXPORTS_LMEVAL: "exports/lm-eval",       # the evidence in other tools' formats (pairaudit.interop): no self-hash
     EXPORTS_VLLM_BENCH: "exports/vllm-bench",
@@ -298,7 +296,7 @@ class PairedTable(TypedDict):
 
 
 class GreedyRecord(TypedDict, total=False):
-    """One record of ``greedy/<dataset>/<arm>.jsonl`` (``greedy.greedy_one``; determinism repeats too)."""
+    """One record of ``greedy/<dataset>/<arm>.jsonl`` (``answers.greedy.greedy_one``; determinism repeats too)."""
     index: Any
     body: dict
     body_sha256: str                # sha256 of the canonical full body
@@ -316,18 +314,16 @@ class GreedyRecord(TypedDict, total=False):
     clamped: bool                   # the server lowered max_tokens
     clamp: dict | None
     timings: Timings
-    # journaled by the diagnostics phase's GreedyPlan beside each run:
+    # journaled by the answers phase's GreedyPlan beside each run:
     run: str                        # "greedy" | "determinism"
     slot: Any                       # the item index (greedy) or the repeat number (determinism)
     key: dict                       # what the run was asked under (max_tokens, determinism index, template kwargs)
     prompt_ids: list[int]           # the chat prompt as the server's own template rendered it
+    messages_sha256: str            # the item's chat messages the prompt was rendered from
 
 
 class ProbeResult(TypedDict, total=False):
-    """A forced-prefix top-20 probe (``greedy.run_probe``; ``divergence.probe_arm`` adds the item's place)."""
-    index: Any
-    first_divergence: int           # the position probed (after the shared prefix)
-    prefix_key: str                 # journal only: which prompt + prefix was probed
+    """A forced-prefix top-20 probe of the switch bisection (``answers.greedy.run_probe``)."""
     top20: list[list[float]] | None  # [[id, logprob], ...] after prompt + shared prefix
     token_id: int | None
     salt: str
@@ -339,6 +335,23 @@ class ProbeResult(TypedDict, total=False):
     prompt_tokens: int | None       # usage.prompt_tokens as the server counted it
     sent_prompt_len: int            # len(prompt_ids) + len(prefix) as sent
     timings: Timings
+
+
+class GreedyTop(TypedDict):
+    """One arm's evidence at one divergence in ``divergence/<dataset>.json`` ``probes`` (``greedy.greedy_tops``).
+
+    From the arm's own greedy run: at the first divergence both arms share the
+    prompt and the prefix, so the run's top-20 there is the arm's distribution
+    on the shared prefix. No extra request is made."""
+    index: Any
+    first_divergence: int | None    # the position k both arms reached with the same k tokens
+    source: str                     # where the top list comes from: "greedy" (the arm's greedy run at k)
+    top20: list[list[float]] | None  # [[id, logprob], ...] at position k, as served; None: not available (error)
+    token_id: int | None            # the arm's greedy token at k
+    prompt_tokens: int | None       # the greedy run's usage.prompt_tokens, as the server counted it
+    prefix_len: int | None          # prompt_tokens + k: the shared prefix the arm decoded position k after
+    salt: str | None                # the greedy run's cache_salt
+    error: str | None               # why there is no top list (a failed run, an output ending at k)
 
 
 class DivergenceRecord(TypedDict):

@@ -386,14 +386,14 @@ class Divergence(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class DivergenceDoc(Record):
-    """``divergence/<dataset>.json``: greedy divergences, their probes, grid-tie and determinism."""
+    """``divergence/<dataset>.json``: greedy divergences, each arm's top-20 there, grid-tie and determinism."""
     SCHEMA = DIVERGENCE_SCHEMA
     dataset: str
     divergences: list[Divergence]
     items: list | None = None            # the items asked; without it the compared counts are not recorded
     grid_tie: GridTieResult | None
     determinism: DeterminismResult | None = None         # None: no determinism repeats were asked
-    probes: dict[str, list[dict]] = field(default_factory=dict)   # arm -> forced-prefix probes (ProbeResult)
+    probes: dict[str, list[dict]] = field(default_factory=dict)   # arm -> its top-20 at each divergence, from its greedy run
     not_run: str | None = None
 
 

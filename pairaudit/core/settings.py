@@ -168,6 +168,22 @@ class SpeedSettings:
         """The names of the cells that decide."""
         return [c.name for c in self.cells if c.decide]
 
+    @property
+    def metrics(self) -> list[str]:
+        """Every metric with a role: the primary, the guards, the reported ones (in that order)."""
+        return [self.primary, *self.guards, *self.reported]
+
+    @property
+    def rule_params(self) -> dict[str, Any]:
+        """The section's fields by name: what the selected rule's registered parameters are read from
+        (``gates.Rule.apply`` takes only the rule's own, e.g. ``win_pct``, ``start_noise_pct``)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def of(cls, value: SpeedSettings | Mapping[str, Any]) -> SpeedSettings:
+        """``value`` itself, or the record a mapping written by ``to_json`` stands for (``from_json``)."""
+        return value if isinstance(value, cls) else cls.from_json(value)
+
     def to_json(self) -> dict[str, Any]:
         out = _json(self)
         out["cells"] = [c.to_json() for c in self.cells]
@@ -225,6 +241,46 @@ class SamplingSettings:
             ("top_p", is_num, "a number"), ("top_k", is_int, "an integer"), ("min_p", is_num, "a number"),
             ("max_tokens", is_int, "an integer"), ("concurrency", is_int, "an integer"),
             ("chat_template_kwargs", _is_mapping, "a mapping"), ("request_timeout_s", is_num, "a number"))))
+
+
+# ------------------------------------------------------------------ scoring
+
+@dataclass(frozen=True)
+class SandboxSettings:
+    """``scoring.sandbox``: the limits every sandboxed program runs under (``pairaudit.quality.sandbox``)."""
+    timeout_s: float
+    cpu_s: int
+    memory_mb: int
+    fsize_mb: int
+    nproc: int
+
+    @property
+    def limits(self) -> dict[str, Any]:
+        """The limits as the sandbox's keyword arguments (``sandbox.run_tests``, ``sandbox.run_calls``)."""
+        return _json(self)
+
+    def to_json(self) -> dict[str, Any]:
+        return _json(self)
+
+    @classmethod
+    def from_json(cls, doc: Any, *, where: str = "scoring.sandbox") -> SandboxSettings:
+        return cls(**_fields(doc, cls, where, (
+            ("timeout_s", is_num, "a number"), ("cpu_s", is_int, "an integer"), ("memory_mb", is_int, "an integer"),
+            ("fsize_mb", is_int, "an integer"), ("nproc", is_int, "an integer"))))
+
+
+@dataclass(frozen=True)
+class ScoringSettings:
+    """The ``scoring:`` section (how the score stage judges answers)."""
+    sandbox: SandboxSettings
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sandbox": self.sandbox.to_json()}
+
+    @classmethod
+    def from_json(cls, doc: Any, *, where: str = "scoring") -> ScoringSettings:
+        got = _fields(doc, cls, where, ())
+        return cls(sandbox=SandboxSettings.from_json(got["sandbox"], where=f"{where}.sandbox"))
 
 
 # ------------------------------------------------------------------- greedy
@@ -307,6 +363,11 @@ class QualitySettings:
     max_net_loss: int
     alpha: float
     detect_loss_pct: float | None = None
+
+    @property
+    def rule_params(self) -> dict[str, Any]:
+        """The parameters the rules read (``gates.Rule.apply`` takes only the selected rule's own)."""
+        return {k: v for k, v in _json(self, omit_none=("detect_loss_pct",)).items() if k != "rule"}
 
     def to_json(self) -> dict[str, Any]:
         return _json(self, omit_none=("detect_loss_pct",))
@@ -408,6 +469,7 @@ class AuditSettings:
     rules: RulesSettings
     datasets: tuple[DatasetSettings, ...]
     sampling: SamplingSettings
+    scoring: ScoringSettings
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "datasets", tuple(self.datasets))

@@ -17,7 +17,8 @@ dataset (:mod:`pairaudit.datasets.formats`), sampled (:mod:`pairaudit.answers.sa
             "arm", "selection": {mode, discordant, concordant, indices}, "max_tokens", "determinism": {"index",
             "hashes", "records"}, "provenance"}; records: greedy.greedy_one's record + prompt_ids, run, slot, key
     divergence  results/<audit>/divergence/<dataset>.json  {"schema": "pairaudit.divergence/v1", "dataset",
-            "items", "divergences", "probes": {arm: [...]}, "grid_tie_inputs", "grid_tie": gates.grid_tie_v1,
+            "items", "divergences", "probes": {arm: [each arm's top-20 at each divergence, from its greedy run]},
+            "top_lists", "grid_tie_inputs", "grid_tie": gates.grid_tie_v1,
             "determinism": gates.determinism_v1, "provenance"}
 """
 

@@ -1,207 +1,33 @@
-"""Greedy runs, first-divergence, forced-prefix probes and repeatability.
+"""First divergences between the arms' greedy runs, and grid-tie-v1's inputs from the runs themselves.
 
-When the candidate's greedy output differs from the control's, save enough
-to decide whether the flip is a one-step tie on the BF16 logit grid
-(rules.grid_tie_v1) and not a state/verifier bug: every top-20 id with its
-unrounded value, both compared ids, and the token counts of the forced
-prefixes. A fresh salt for every greedy generation and a different one for
-its forced-prefix probe.
+The greedy runs are made in each arm's answers phase (``pairaudit.answers.greedy``):
+token-id prompts rendered by each server's own template, temperature 0,
+top-20 per generated position as served. When the candidate's greedy output
+differs from the control's, enough is kept to decide whether the flip is a
+one-step tie on the BF16 logit grid (rules.grid_tie_v1) and not a state or
+verifier bug: both compared ids, each arm's top-20 at the first differing
+position and each arm's prefix length there.
 
-Why completions with token-id prompts: /tokenize renders the chat template
-once, and both arms then get the identical token prompt, so a divergence
-cannot come from two template renderings. Chat keeps only the first
-``top_logprobs`` entries (a sampled token outside them displaces the last),
-so top-20 comes from completions with ``return_tokens_as_token_ids`` (keys
-``token_id:N``; decoded strings collide).
+Where the top lists come from (``TOPS_SOURCE``): at the first divergence k
+both arms have generated the same k tokens after the same prompt, so each
+arm's own top-20 at position k of its greedy run is exactly its
+distribution on the shared prefix, from the decode that produced the flip.
+No forced-prefix request is needed; the prefix length each arm counted is its
+served ``usage.prompt_tokens`` + k.
 
-Nothing here raises on an HTTP failure except ``prompt_ids`` (no prompt, no
-run): errors are recorded next to the server's body and the rules STOP on
-the missing evidence.
-
-Records (plain JSON dicts): ``greedy_one`` writes ``contracts.GreedyRecord``
-(the diagnostics phase's ``GreedyPlan`` runs it for every item and
-determinism repeat, one at a time), ``run_probe`` ``contracts.ProbeResult``
-(``divergence.probe_arm``) and ``divergence_records``
-``contracts.DivergenceRecord``.
+Records (plain JSON dicts): ``divergence_records`` writes
+``contracts.DivergenceRecord``; ``greedy_tops`` one ``contracts.GreedyTop``
+per arm and divergent item.
 """
 
 from __future__ import annotations
 
-import secrets
 from typing import Any, Mapping, Sequence
 
-from pairaudit.core.artifacts import sha256_json
-from pairaudit.core.contracts import DivergenceRecord, GreedyRecord, ProbeResult
-from pairaudit.serving.client import Endpoint, clamping
+from pairaudit.core.contracts import DivergenceRecord, GreedyRecord, GreedyTop
 
-TOP_K_LOGPROBS = 20  # vLLM's default max_logprobs; 21 is refused
-TOKEN_ID_PREFIX = "token_id:"
-
-
-class GreedyError(RuntimeError):
-    """A prerequisite call failed (no prompt ids): nothing can be run."""
-
-
-def fresh_salt() -> str:
-    # 128 random bits: no two generations (or a generation and its probe)
-    # can share a prefix-cache entry, so no request is answered from stale KV.
-    return secrets.token_hex(16)
-
-
-# ----------------------------------------------------------------- prompts
-
-def prompt_ids(endpoint: Endpoint, model: str, messages: list, chat_template_kwargs: dict | None = None) -> list[int]:
-    """The chat prompt's token ids as the server's own template renders them."""
-    body: dict[str, Any] = {"model": model, "messages": messages, "add_generation_prompt": True}
-    if chat_template_kwargs:
-        body["chat_template_kwargs"] = dict(chat_template_kwargs)
-    res = endpoint.post_json("/tokenize", body)
-    if res["error"] is not None:
-        raise GreedyError(f"/tokenize at {endpoint.base_url} failed: {res['error']}; body: {res['body']!r}")
-    ids = res["body"].get("tokens") if isinstance(res["body"], dict) else None
-    if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-        raise GreedyError(f"/tokenize at {endpoint.base_url} returned no token ids: {res['body']!r}")
-    return ids
-
-
-# ------------------------------------------------------------------ bodies
-
-def _completion_body(model: str, prompt: list[int], *, max_tokens: int, salt: str) -> dict:
-    # Every sampling field explicit: an omitted one is filled from the
-    # server's generation_config, which may differ between arms and builds.
-    # Neutral penalties/min_p keep speculative decoding eligible in vLLM
-    # (its check is "!= neutral"), so the candidate really runs its change.
-    return {
-        "model": model,
-        "prompt": list(prompt),
-        "max_tokens": max_tokens,
-        "min_tokens": 0,
-        "temperature": 0.0,
-        "top_p": 1.0,
-        "top_k": -1,
-        "min_p": 0.0,
-        "seed": 0,
-        "n": 1,
-        "stop": [],
-        "stop_token_ids": [],
-        "ignore_eos": False,  # natural EOS
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
-        "repetition_penalty": 1.0,
-        "skip_special_tokens": True,
-        "logprobs": TOP_K_LOGPROBS,
-        "return_tokens_as_token_ids": True,
-        "echo": False,
-        "stream": False,
-        "cache_salt": salt,
-    }
-
-
-def greedy_body(model: str, prompt_ids: list[int], *, max_tokens: int, salt: str) -> dict:
-    """A greedy completion over token ids with top-20 logprobs per generated position."""
-    return _completion_body(model, prompt_ids, max_tokens=max_tokens, salt=salt)
-
-
-def probe_body(model: str, forced_ids: list[int], salt: str) -> dict:
-    """One greedy step after prompt + forced prefix: the top-20 at the divergent position."""
-    return _completion_body(model, forced_ids, max_tokens=1, salt=salt)
-
-
-def request_sha256(body: dict) -> str:
-    # The arms may serve different model ids and every generation has its own
-    # salt by design; what must match across arms is everything else.
-    return sha256_json({k: v for k, v in body.items() if k not in ("model", "cache_salt")})
-
-
-# --------------------------------------------------------------- responses
-
-def parse_token_key(key: str) -> int:
-    """``token_id:N`` -> N; anything else means the server ignored return_tokens_as_token_ids."""
-    if not isinstance(key, str) or not key.startswith(TOKEN_ID_PREFIX):
-        raise ValueError(f"logprobs key {key!r} is not 'token_id:N' (return_tokens_as_token_ids ignored?)")
-    tail = key[len(TOKEN_ID_PREFIX):]
-    if not tail.isdigit():
-        raise ValueError(f"logprobs key {key!r} has no integer token id")
-    return int(tail)
-
-
-def parse_top(entry: Mapping[str, float] | None) -> list[list]:
-    """One position's top_logprobs dict -> [[id, logprob], ...] in the served order.
-
-    Values are kept exactly as served (JSON floats round-trip FP32 values),
-    never rounded or re-sorted: the grid rule needs the raw numbers.
-    """
-    if not isinstance(entry, Mapping):
-        raise ValueError(f"top_logprobs entry {entry!r} is not an object")
-    return [[parse_token_key(k), v] for k, v in entry.items()]
-
-
-def parse_completion(body: Any) -> dict:
-    """The facts a greedy record keeps from a 200 completions body.
-
-    Raises ValueError on a malformed body; the caller records it as an error.
-    """
-    if not isinstance(body, dict) or not isinstance(body.get("choices"), list) or not body["choices"]:
-        raise ValueError("completions response has no choices")
-    ch = body["choices"][0]
-    lp = ch.get("logprobs")
-    if not isinstance(lp, dict) or not isinstance(lp.get("tokens"), list):
-        raise ValueError("completions response has no logprobs.tokens")
-    ids = [parse_token_key(t) for t in lp["tokens"]]
-    tops = lp.get("top_logprobs")
-    if not isinstance(tops, list) or len(tops) != len(ids):
-        raise ValueError(f"top_logprobs covers {len(tops) if isinstance(tops, list) else None} "
-                         f"positions, tokens {len(ids)}")
-    usage = body.get("usage")
-    n = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    if n != len(ids):
-        # The hashes and divergence positions are computed on these ids, so
-        # they must be every token the server generated.
-        raise ValueError(f"logprobs cover {len(ids)} tokens but usage.completion_tokens={n!r}")
-    return {"token_ids": ids, "top20": [parse_top(t) for t in tops], "text": ch.get("text"),
-            "finish_reason": ch.get("finish_reason"), "usage": usage}
-
-
-def _post_completion(endpoint: Endpoint, body: dict) -> tuple[dict, dict]:
-    """(HttpResult, parsed facts or {}); a parse failure becomes the result's error."""
-    res = endpoint.post_json("/v1/completions", body)
-    parsed: dict = {}
-    if res["error"] is None:
-        try:
-            parsed = parse_completion(res["body"])
-        except (ValueError, TypeError, AttributeError) as exc:
-            res = {**res, "error": f"malformed completion: {exc}"}
-    return res, parsed
-
-
-# ------------------------------------------------------------------ greedy
-
-def greedy_one(endpoint: Endpoint, model: str, ids: list[int], *, max_tokens: int, index: Any = None) -> GreedyRecord:
-    salt = fresh_salt()
-    body = greedy_body(model, ids, max_tokens=max_tokens, salt=salt)
-    res, parsed = _post_completion(endpoint, body)
-    token_ids = parsed.get("token_ids", [])
-    clamp = clamping(body, parsed.get("finish_reason"), parsed.get("usage"))
-    return {
-        "index": index,
-        "body": body,
-        "body_sha256": sha256_json(body),
-        "request_sha256": request_sha256(body),
-        "status": res["status"],
-        "error": res["error"],
-        # On an error the server's own words are the evidence.
-        "response_body": res["body"] if res["error"] is not None else None,
-        "token_ids": token_ids,
-        "text": parsed.get("text"),
-        "finish_reason": parsed.get("finish_reason"),
-        "top20": parsed.get("top20", []),
-        "usage": parsed.get("usage"),
-        "salt": salt,
-        "output_sha256": sha256_json(token_ids) if res["error"] is None else None,
-        "clamped": clamp["clamped"],
-        "clamp": clamp if clamp["clamped"] else None,
-        "timings": {"started_at": res["started_at"], "elapsed_s": res["elapsed_s"]},
-    }
+# what the divergence artifact says of its top lists: each arm's own greedy run at the first divergence
+TOPS_SOURCE = "greedy"
 
 
 # -------------------------------------------------------------- divergence
@@ -222,7 +48,7 @@ def first_divergence(a_ids: Sequence[int], b_ids: Sequence[int]) -> int | None:
 
 
 def prefix_equal(a_ids: Sequence[int], b_ids: Sequence[int], k: int) -> bool:
-    """Both outputs really share their first k ids (what the probes will force)."""
+    """Both outputs really share their first k ids."""
     return len(a_ids) >= k and len(b_ids) >= k and list(a_ids[:k]) == list(b_ids[:k])
 
 
@@ -289,62 +115,71 @@ def comparison_counts(items: Sequence[Any], divergences: Sequence[DivergenceReco
             "unresolved": sum(1 for d in divergences if d.get("diverged") is None)}
 
 
-# ------------------------------------------------------------------- probes
+# --------------------------------------------------------- grid-tie inputs
 
-def run_probe(endpoint: Endpoint, model: str, prompt_ids: Sequence[int], prefix: Sequence[int]) -> ProbeResult:
-    """Top-20 after prompt + forced prefix, with a salt of its own (never the generation's)."""
-    forced = list(prompt_ids) + list(prefix)
-    salt = fresh_salt()
-    body = probe_body(model, forced, salt)
-    res, parsed = _post_completion(endpoint, body)
-    top = parsed.get("top20") or []
-    usage = parsed.get("usage") or {}
-    return {
-        "top20": top[0] if top else None,
-        "token_id": parsed["token_ids"][0] if parsed.get("token_ids") else None,
-        "salt": salt,
-        "body": body,
-        "body_sha256": sha256_json(body),
-        "status": res["status"],
-        "error": res["error"],
-        "response_body": res["body"] if res["error"] is not None else None,
-        "prompt_tokens": usage.get("prompt_tokens"),
-        "sent_prompt_len": len(forced),
-        "timings": {"started_at": res["started_at"], "elapsed_s": res["elapsed_s"]},
-    }
+def greedy_tops(divergences: Sequence[DivergenceRecord], records: Mapping[Any, GreedyRecord], arm: str) \
+        -> list[GreedyTop]:
+    """One arm's top-20 at each divergent item's first divergence, from the arm's own greedy run.
+
+    ``records``: the arm's greedy records by item index. A top list that the
+    run does not have (its output ends at the divergence, a failed run) is
+    None with the reason: the rule then STOPs on the missing evidence.
+    """
+    out: list[GreedyTop] = []
+    for d in divergences:
+        if not d.get("diverged"):
+            continue
+        k = d["first_divergence"]
+        r: Mapping[str, Any] = records.get(d["index"]) or {}
+        top = d["control_greedy_top"] if arm == "control" else d["candidate_greedy_top"]
+        ids = list(r.get("token_ids") or [])
+        served = (r.get("usage") or {}).get("prompt_tokens")
+        prompt_tokens = served if isinstance(served, int) and not isinstance(served, bool) else None
+        error: str | None = r.get("error")
+        if error is None and (k is None or top is None):
+            error = f"the {arm}'s greedy output has {len(ids)} tokens: no top-20 at position {k}"
+        if error is None and prompt_tokens is None:
+            error = f"the {arm}'s greedy run reports no usage.prompt_tokens ({served!r})"
+        ok = error is None and k is not None and prompt_tokens is not None
+        out.append({"index": d["index"], "first_divergence": k, "source": TOPS_SOURCE,
+                    "top20": top if ok else None,
+                    "token_id": ids[k] if ok and k is not None and k < len(ids) else None,
+                    "prompt_tokens": prompt_tokens,
+                    # the shared prefix's token count as the server counted it: its prompt + the k shared tokens
+                    "prefix_len": prompt_tokens + k if ok and prompt_tokens is not None and k is not None else None,
+                    "salt": r.get("salt"), "error": error})
+    return out
 
 
-def _by_index(probes: Mapping | Sequence[Mapping] | None) -> dict:
-    if probes is None:
+def _by_index(tops: Mapping | Sequence[Mapping] | None) -> dict:
+    if tops is None:
         return {}
-    if isinstance(probes, Mapping):
-        return {str(k): v for k, v in probes.items()}
-    return {str(p["index"]): p for p in probes}
+    if isinstance(tops, Mapping):
+        return {str(k): v for k, v in tops.items()}
+    return {str(p["index"]): p for p in tops}
 
 
-def grid_tie_inputs(divergences: Sequence[DivergenceRecord], control_probes, candidate_probes) -> list[dict]:
-    """The exact per-probe input records of ``rules.grid_tie_v1``, one per divergent item.
+def grid_tie_inputs(divergences: Sequence[DivergenceRecord], control_tops, candidate_tops) -> list[dict]:
+    """The exact per-item input records of ``rules.grid_tie_v1``, one per divergent item.
 
-    Compared ids come from the greedy outputs; the top lists and prefix
-    lengths from the probes. A divergent item whose probe failed or is
-    missing is still listed, with None evidence, so the rule STOPs on it
+    Compared ids come from the greedy outputs, the top lists and prefix
+    lengths from ``greedy_tops`` of each arm. A divergent item whose top list
+    is missing is still listed, with None evidence, so the rule STOPs on it
     instead of the divergence quietly vanishing.
     """
-    ctrl, cand = _by_index(control_probes), _by_index(candidate_probes)
+    ctrl, cand = _by_index(control_tops), _by_index(candidate_tops)
     out = []
     for d in divergences:
         if not d.get("diverged"):
             continue
-        cp, kp = ctrl.get(str(d["index"])) or {}, cand.get(str(d["index"])) or {}
+        c, k = ctrl.get(str(d["index"])) or {}, cand.get(str(d["index"])) or {}
         out.append({
             "index": d["index"],
             "control_token_id": d["control_token_id"],
             "candidate_token_id": d["candidate_token_id"],
-            "candidate_top": kp.get("top20") if not kp.get("error") else None,
-            "control_top": cp.get("top20") if not cp.get("error") else None,
-            # Token counts of the two forced prefixes (prompt + shared prefix)
-            # as each server counted them, not as we sent them.
-            "control_prefix_len": cp.get("prompt_tokens") if not cp.get("error") else None,
-            "candidate_prefix_len": kp.get("prompt_tokens") if not kp.get("error") else None,
+            "candidate_top": k.get("top20") if not k.get("error") else None,
+            "control_top": c.get("top20") if not c.get("error") else None,
+            "control_prefix_len": c.get("prefix_len") if not c.get("error") else None,
+            "candidate_prefix_len": k.get("prefix_len") if not k.get("error") else None,
         })
     return out

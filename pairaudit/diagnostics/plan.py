@@ -1,24 +1,18 @@
-"""One dataset's greedy work on one arm (the diagnostics phase): which items, what the journal already holds."""
+"""Which items the diagnostics compare, and each arm's greedy runs of them from its answers phase's journal."""
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any, cast
 
-from pairaudit.answers.sampled import Journal, is_final
-from pairaudit.core import artifacts, lifecycle
+from pairaudit.answers.greedy import GreedyError, GreedyPlan
+from pairaudit.core import artifacts
 from pairaudit.core.contracts import GREEDY_SCHEMA, GreedyRecord
-from pairaudit.core.jsonlog import read_log
-from pairaudit.core.progress import Progress
 from pairaudit.core.settings import GreedySettings
-from pairaudit.diagnostics import greedy
-from pairaudit.serving.launch import Server
-from pairaudit.serving.phase import PhaseError
 
 
 def greedy_selection(paired: dict, cfg: GreedySettings) -> dict:
-    """Which items get greedy runs: every discordant item plus a few concordant ones as a control (or all)."""
+    """Which items get compared: every discordant item plus a few concordant ones as a control (or all)."""
     table = paired["table"]
     indices = list(table["indices"])
     discordant = sorted(table["control_only"] + table["candidate_only"])
@@ -30,74 +24,35 @@ def greedy_selection(paired: dict, cfg: GreedySettings) -> dict:
             "indices": sorted(discordant + concordant)}
 
 
-class GreedyPlan:
-    """One dataset's greedy work on one arm: the wanted runs, and which the journal already holds."""
+def answered_plan(dataset: dict, cfg: GreedySettings, chat_template_kwargs: dict, journal: Path) -> GreedyPlan:
+    """The arm's greedy plan exactly as its answers phase made it (every item, the same repeats), read back."""
+    return GreedyPlan(dataset["name"], {it["index"]: it["messages"] for it in dataset["items"]},
+                      max_tokens=cfg.max_tokens, determinism_repeats=cfg.determinism_repeats,
+                      chat_template_kwargs=chat_template_kwargs, journal=journal)
 
-    def __init__(self, dataset: dict, paired: dict, cfg: GreedySettings, chat_template_kwargs: dict, journal: Path):
-        self.dataset, self.cfg, self.journal = dataset, cfg, journal
-        self.selection = greedy_selection(paired, cfg)
-        self.items = {it["index"]: it for it in dataset["items"]}
-        self.det_index = self.selection["indices"][0] if self.selection["indices"] else dataset["items"][0]["index"]
-        self.want = [("greedy", i) for i in self.selection["indices"]] + [
-            ("determinism", r) for r in range(cfg.determinism_repeats)]
-        self.key = {"max_tokens": cfg.max_tokens, "determinism_index": self.det_index,
-                    "chat_template_kwargs": chat_template_kwargs}
-        self.chat_template_kwargs = chat_template_kwargs
-        self.done: dict[tuple[str, Any], GreedyRecord] = {}
-        self._read()
 
-    def _read(self) -> None:
-        for rec in cast(list[GreedyRecord], read_log(self.journal)):  # the journal holds what run() wrote
-            if rec.get("key") == self.key and is_final(rec):
-                self.done.setdefault((rec["run"], rec["slot"]), rec)
+def greedy_artifact(plan: GreedyPlan, selection: dict, *, arm: str, cfg: GreedySettings, consumed: list[str],
+                    answers: dict | None = None) -> tuple[dict, list[GreedyRecord]]:
+    """(header, records) of ``greedy/<dataset>/<arm>.jsonl``: the selected items' greedy runs and the repeats.
 
-    @property
-    def todo(self) -> list:
-        return [w for w in self.want if w not in self.done]
-
-    def run(self, srv: Server, arm: str) -> None:
-        if not self.todo:
-            return
-        model = srv.spec.served_model_name
-        prompts: dict = {}
-        # A sweep's candidates share the control's journal: another candidate's job may be writing it. Wait
-        # for it, then read what it wrote, so that no run is asked twice.
-        with Journal(self.journal, owner=f"greedy {arm}", wait=True) as journal:
-            self._read()
-            todo = self.todo
-            progress = Progress(len(self.want), f"greedy {self.dataset['name']}/{arm}",
-                                done=len(self.want) - len(todo))
-            for kind, slot in todo:
-                lifecycle.check_stop()
-                index = slot if kind == "greedy" else self.det_index
-                if index not in prompts:
-                    prompts[index] = greedy.prompt_ids(srv.endpoint, model, self.items[index]["messages"],
-                                                       self.chat_template_kwargs)
-                rec = greedy.greedy_one(srv.endpoint, model, prompts[index], max_tokens=self.cfg.max_tokens,
-                                        index=index)
-                rec.update({"run": kind, "slot": slot, "key": self.key, "prompt_ids": prompts[index]})
-                journal.append(rec)
-                if is_final(rec):
-                    self.done.setdefault((kind, slot), rec)
-                srv.assert_alive()
-                progress.step()
-
-    def header_and_records(self, arm: str, consumed: list[str]) -> tuple[dict, list[GreedyRecord]]:
-        missing = [w for w in self.want if w not in self.done]
-        if missing:
-            raise PhaseError(f"{self.dataset['name']}/{arm}: greedy runs without an answer: {missing}; "
-                             "rerun to resume")
-        records = [self.done[w] for w in self.want if w[0] == "greedy"]
-        repeats = [self.done[w] for w in self.want if w[0] == "determinism"]
-        # A refused repeat gets a pseudo-hash of its own (its slot in it): two
-        # repeats refused alike are two failures, never two outputs that matched.
-        hashes = [r["output_sha256"] or f"error:{slot}:{r['error']}" for slot, r in enumerate(repeats)]
-        header = {
-            "schema": GREEDY_SCHEMA, "dataset": self.dataset["name"], "arm": arm,
-            "selection": self.selection, "max_tokens": self.cfg.max_tokens,
-            "determinism": {"index": self.det_index,
-                            "hashes": hashes,
-                            "records": repeats},
-            "provenance": artifacts.provenance(consumed, {"greedy": self.cfg.to_json(), "journal": str(self.journal)}),
-        }
-        return header, records
+    Raises ``ArtifactError`` when the arm's answers phase left a run without
+    an answer (its journal lacks it): that phase is what asks it again.
+    """
+    try:
+        runs, determinism = plan.records()
+    except GreedyError as exc:
+        raise artifacts.ArtifactError(f"{arm}: {exc}") from None
+    by_index = {r["index"]: r for r in runs}
+    missing = [i for i in selection["indices"] if i not in by_index]
+    if missing:
+        raise artifacts.ArtifactError(f"{plan.name}/{arm}: selected items {missing[:20]} are not items of the "
+                                      "dataset the answers phase ran")
+    header = {
+        "schema": GREEDY_SCHEMA, "dataset": plan.name, "arm": arm,
+        "selection": selection, "max_tokens": cfg.max_tokens,
+        "determinism": determinism,
+        # the runs were made on the arm's answers-phase server; this job started none
+        "run_in": {"phase": "answers", "server": (answers or {}).get("server"), "journal": str(plan.journal)},
+        "provenance": artifacts.provenance(consumed, {"greedy": cfg.to_json(), "journal": str(plan.journal)}),
+    }
+    return header, [by_index[i] for i in selection["indices"]]

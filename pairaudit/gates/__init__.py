@@ -66,7 +66,7 @@ class Rule:
     # "not registered": ``need`` refuses it and ``registry_problems`` names it at load, never a fallback.
     on_identical_arms: tuple[str, ...] | None = None  # the verdicts an A/A calibration (identical arms) should give
     compares: str | None = None         # speed: how the report says the rule compares the primary metric
-    why_not: str | None = None          # speed, every rule but the default: why it is not the default (a deviation)
+    why_not: str | None = None          # every rule but its gate's default: why it is not the default (a deviation)
 
     def need(self, what: str) -> Any:
         """The registered value of field ``what``; ValueError when this rule registers none."""
@@ -101,7 +101,9 @@ _SEQ_COMPARES = ("{rule} compares the mean of the candidate starts with the mean
 REGISTERED: dict[str, Rule] = {r.name: r for r in (
     Rule("quality-v2", "quality", quality_v2, QUALITY_V2, takes=("datasets",),
          on_identical_arms=("PASS", "INCONCLUSIVE")),
-    Rule("quality-v1", "quality", quality_v1, QUALITY_V1, on_identical_arms=("PASS",)),
+    Rule("quality-v1", "quality", quality_v1, QUALITY_V1, on_identical_arms=("PASS",),
+         why_not="quality-v1 passes any net >= 0, so a table too small to see a loss passes as if it had ruled one "
+                 "out"),
     Rule("grid-tie-v1", "grid_tie", grid_tie_v1, GRID_TIE_V1, takes=("selected", "compared"),
          on_identical_arms=("PASS",)),
     Rule("determinism-v1", "determinism", determinism_v1, on_identical_arms=("PASS",)),
@@ -142,13 +144,16 @@ REGISTERED: dict[str, Rule] = {r.name: r for r in (
 
 def registry_problems(registry: Mapping[str, Rule] | None = None) -> list[str]:
     """What a registered rule lacks of the fields its gate needs (the load check reports them): every rule its
-    calibration expectation, every speed rule its report wording, every speed rule but the default its why-not."""
+    calibration expectation, every speed rule its report wording, every rule but its gate's default its why-not."""
     table = REGISTERED if registry is None else registry
     speed = [name for name, r in table.items() if r.decides == "speed"]
+    first: dict[str, str] = {}
+    for name, r in table.items():
+        first.setdefault(r.decides, name)
     # promotion-v1 makes the decision itself, not one of its gates: no calibration expectation
     need = {name: (["on_identical_arms"] if table[name].decides != "promotion" else [])
             + (["compares"] if name in speed else [])
-            + (["why_not"] if name in speed[1:] else []) for name in table}
+            + (["why_not"] if first[table[name].decides] != name else []) for name in table}
     return [f"rule {name} registers no {what} (pairaudit.gates.REGISTERED)"
             for name, whats in need.items() for what in whats if getattr(table[name], what) is None]
 

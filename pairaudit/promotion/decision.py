@@ -190,7 +190,7 @@ def boundary_gate(res: Mapping[str, Any] | None) -> dict | None:
         return dict(res)
     b = rule_result(res, where="gate boundary")
     out = {**res, "missing_cases": missing, "stage_verdict": b.verdict}
-    why = (f"boundary-v1 not applied in full: required case(s) {missing} (max_model_len - 16 input, 16 output) "
+    why = (f"{b.rule} not applied in full: required case(s) {missing} (max_model_len - 16 input, 16 output) "
            "were not run")
     if b.verdict == "PASS":
         out.update(verdict="INCONCLUSIVE", reasons=[why] + b.reasons)
@@ -365,8 +365,7 @@ def decision_deviations(results: Mapping[str, Mapping[str, Any] | None], *, cali
         if name.startswith("quality:") and r.rule != gates.QUALITY_RULES[0]:
             out.append({"gate": name, "what": "rule",
                         "detail": f"rules.quality.rule {r.rule} instead of the default {gates.QUALITY_RULES[0]} "
-                                  "(quality-v1 passes any net >= 0, so a table too small to see a loss passes as if "
-                                  "it had ruled one out)"})
+                                  f"({gates.rule(r.rule, 'quality').need('why_not')})"})
         if r.informational is True:
             out.append({"gate": name, "what": "informational",
                         "detail": f"configured informational (speed.informational: true): only a LOSS of this "
@@ -469,7 +468,7 @@ def decide(paired: Mapping[str, Paired | Mapping[str, Any]], launch: Mapping[str
     results.update(preflight_gates(rehearsals))
     arms = {a: _arm_summary(receipts[a], rehearsals[a]) for a in ARMS}
     same = identical_arms(arms)
-    prom = gates.rule("promotion-v1", "promotion").apply(results, identical_arms=same and not calibration)
+    prom = gates.default_rule("promotion").apply(results, identical_arms=same and not calibration)
 
     gate_docs: dict[str, dict | None] = {}
     for name, res in results.items():

@@ -165,8 +165,8 @@ def _top2_margin(top: Sequence[Sequence[float]] | None) -> float | None:
 def divergence_points(docs: Mapping[str, DivergenceDoc | Mapping[str, Any]]) -> list[dict]:
     """One row per diverged greedy item: where it diverged and how close the top-2 were.
 
-    Margins are top-1 minus top-2 log-probability of each arm's probe on the
-    shared prefix (the arm's own top-20 at the divergent position); ``step``
+    Margins are top-1 minus top-2 log-probability of each arm's top-20 on the
+    shared prefix (the arm's own, at the divergent position of its greedy run); ``step``
     is the grid step grid-tie-v1 found for that probe (None when it found
     none), so ``margin / step`` <= 1 reads as a one-step tie.
     """
@@ -174,7 +174,7 @@ def divergence_points(docs: Mapping[str, DivergenceDoc | Mapping[str, Any]]) -> 
     for ds in sorted(docs):
         doc = as_record(DivergenceDoc, docs[ds], where=f"divergence {ds}")
         assert doc is not None
-        # a probe's top-20 is the evidence as served (ProbeResult), passed on whole
+        # each arm's top-20 at the divergence is the evidence as served (kept under "probes"), passed on whole
         top20 = {arm: {p["index"]: p["top20"] for p in doc.probes[arm]} if arm in doc.probes else {}
                  for arm in ARMS}
         gt = doc.grid_tie

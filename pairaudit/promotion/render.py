@@ -156,7 +156,7 @@ def _headline(g: GateEntry) -> str:
     if not reasons:
         return "(no reason recorded)"
     flagged = g.nondeterministic_arms or []
-    if g.rule == "determinism-v1" and flagged:
+    if g.rule in gates.rules_of("determinism") and flagged:
         return next((r for r in reasons if r.split(":", 1)[0] in flagged), reasons[0])
     return reasons[0]
 
@@ -278,7 +278,7 @@ def calibration_markdown(summary: Mapping[str, Any] | None) -> list[str]:
                          _p(q["mcnemar_p"]), _cell(q["exact_text_matches"]), _cell(q["verdict"])]))
     if summary["greedy"]:
         out += ["", _row(["Dataset", "greedy selected", "compared", "diverged (server against itself)",
-                          "determinism-v1"]), _row(["---"] * 5)]
+                          gates.default_rule("determinism").name]), _row(["---"] * 5)]
         for ds, g in summary["greedy"].items():
             out.append(_row([_cell(ds), _cell(g["selected"]), _cell(g["compared"]), _idx(g["diverged"]),
                              _cell(g["determinism"])]))
@@ -517,7 +517,7 @@ def boundary_markdown(doc: BoundaryGateDoc | Mapping[str, Any] | None) -> list[s
     "candidate": side}]`` as pairaudit/boundary/cases.py documents it, through
     ``readers.BoundaryGateDoc``.
     """
-    out = ["## Long-context boundary (boundary-v1)", ""]
+    out = [f"## Long-context boundary ({gates.default_rule('boundary').name})", ""]
     if doc is None:
         return out + ["Not run: the boundary stage has not produced `boundary/gate.json` for this audit, so the "
                       "boundary gate is not evaluated (the decision cannot be PROMOTE)."]
@@ -594,14 +594,21 @@ def _speed_bench_rows(doc: SpeedDecisionDoc) -> list[str]:
     return out
 
 
+def _ungated_speed_rule() -> gates.Rule:
+    """The rule a speed section with no gate is shown under: a decision that records none combined its cells
+    the per-cell way (``speed.decision.combine``), that of the registered speed rule that decides each cell on
+    its own."""
+    return next(gates.REGISTERED[n] for n in gates.rules_of("speed") if not gates.REGISTERED[n].pooled)
+
+
 def speed_markdown(doc: SpeedDecisionDoc | Mapping[str, Any] | None) -> list[str]:
-    out = ["## Speed (win2-v1)", ""]
+    out = [f"## Speed ({_ungated_speed_rule().name})", ""]
     speed = as_record(SpeedDecisionDoc, doc, where="speed decision")
     if speed is None:
         return out + ["Not run: the speed stage has not produced `speed/decision.json` for this audit, so the "
                       "speed gate is not evaluated (the decision cannot be PROMOTE)."]
     gate = speed.gate
-    out[0] = f"## Speed ({(None if gate is None else gate.rule) or 'win2-v1'})"
+    out[0] = f"## Speed ({(None if gate is None else gate.rule) or _ungated_speed_rule().name})"
     out += [f"Verdict: **{None if gate is None else gate.verdict}**" + (" (informational: only a LOSS gates)"
                                                                          if gate and gate.informational else ""), ""]
     out += [f"- {_cell(r)}" for r in ([] if gate is None else gate.reasons)]
@@ -618,8 +625,9 @@ def speed_markdown(doc: SpeedDecisionDoc | Mapping[str, Any] | None) -> list[str
                              _cell(sp.archive_n), _cell(sp.win_pct)]))
     primary = speed.primary
     if primary and speed.series:
-        # the registered rule's own wording; a decision without a gate was made by win2-v1's combination
-        how = gates.rule("win2-v1" if gate is None else gate.rule, "speed").need("compares")
+        # the registered rule's own wording; a decision without a gate was made by the per-cell combination
+        spec = _ungated_speed_rule() if gate is None else gates.rule(gate.rule, "speed")
+        how = spec.need("compares")
         out += ["", f"Primary metric `{primary}` per repeat ({how}):", ""]
         out += _speed_repeat_rows(speed, primary)
     if speed.bench_serve:

@@ -40,7 +40,7 @@ from pairaudit.core.artifacts import (
     sha256_file,
     write_json,
 )
-from pairaudit.core.contracts import ARMS, MANIFEST_SCHEMA, arm_role
+from pairaudit.core.contracts import ARMS, MANIFEST_SCHEMA, SERVER_START_SCHEMA, arm_role, audit_path
 from pairaudit.core.jsonlog import read_log
 from pairaudit.core.readers import (
     AnswersPhase,
@@ -77,6 +77,7 @@ from pairaudit.promotion.render import (
     time_markdown,
 )
 from pairaudit.quality.split import judged_counts
+from pairaudit.serving import startlog
 from pairaudit.timeplan import actual as timeactual
 
 # Each later stage's artifact, read through its record (its schema id, its fields).
@@ -278,10 +279,13 @@ def promotion_stage(paired_paths: Sequence[str | os.PathLike], launch_paths: Seq
     md = render_markdown(decision, paired, launch, preflight, calibration_summary=summary)
     # this run's plan against what its phases took (a calibration is the module's own run: no plan of its own)
     took = timeactual.for_audit(audit) if audit and not calibration else None
+    # Every start of this audit so far, with why it was fresh and where its seconds went: read at report
+    # time, not an input (each phase appends to the log as it starts a server).
+    starts = startlog.starts_markdown(audit_path(SERVER_START_SCHEMA, audit)) if audit else []
     md += "\n" + "\n".join(calibration_markdown(summary) + ([""] if summary else [])
                            + code_judging_markdown(judged)
                            + boundary_markdown(later_docs.boundary) + [""] + speed_markdown(speed) + [""]
-                           + time_markdown(took) + [""]
+                           + time_markdown(took) + [""] + starts
                            + ledger_markdown(earlier, spec)) + "\n"
     _atomic_write(Path(out_report), md)
     title = f"pairaudit decision ({audit or 'audit'}): {decision['decision']}"

@@ -50,10 +50,11 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Sequence, cast
+from typing import Any, Mapping, Sequence, cast
 
 from pairaudit.core import defaults
 from pairaudit.core.contracts import SampledRecord, ScoreRecord
+from pairaudit.core.settings import SandboxSettings
 from pairaudit.formats import registry
 from pairaudit.formats.base import AssertTests, CheckFunction, CodeFailure, CodeJob, CodeOutcome, ScoreContext
 from pairaudit.formats.code import extract_code
@@ -68,21 +69,29 @@ __all__ = ["GSM8K_COMPARISON", "extract_code", "normalize_number", "numbers_equa
 
 # ---------------------------------------------------------------- code: the sandbox and the split path
 
+def sandbox_settings(limits: SandboxSettings | Mapping[str, Any] | None = None) -> SandboxSettings:
+    """The sandbox's limits as a record: ``limits`` itself, or a ``scoring.sandbox`` mapping (or none: an empty
+    one) with the schema's defaults filled in for what it leaves out."""
+    if isinstance(limits, SandboxSettings):
+        return limits
+    return SandboxSettings.from_json(defaults.filled(dict(limits or {}), "scoring", "sandbox"))
+
+
 def _last_error_line(stderr: str) -> str | None:
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
     return lines[-1].strip()[:300] if lines else None
 
 
-def _sandbox_reason(res: dict, limits: dict) -> str | None:
+def _sandbox_reason(res: dict, limits: SandboxSettings) -> str | None:
     mem = res.get("memory") or {}
     if mem.get("exceeded"):
         peak = f", peak {mem['peak_mb']} MB" if mem.get("peak_mb") is not None else ""
         return (f"killed for memory: the program's processes together went over memory_mb "
-                f"{limits['memory_mb']} MB ({mem.get('bound')}{peak})")
+                f"{limits.memory_mb} MB ({mem.get('bound')}{peak})")
     if res["status"] == "timeout":
         if res.get("timeout_kind") == "cpu":
-            return f"timeout: CPU limit {limits['cpu_s']}s exceeded"
-        return f"timeout after {limits['timeout_s']}s"
+            return f"timeout: CPU limit {limits.cpu_s}s exceeded"
+        return f"timeout after {limits.timeout_s}s"
     if res["status"] == "error":
         return f"sandbox error: {res.get('error')}"
     return None
@@ -93,15 +102,14 @@ def _slim(res: dict) -> dict:
 
 
 def _run_code_tests(code: str, tests: list[str], imports: list[str], keep: list[str],
-                    sandbox_limits: dict | None) -> tuple[dict, dict, str | None, list | None]:
+                    limits: SandboxSettings) -> tuple[SandboxSettings, dict, str | None, list | None]:
     """Run the tests in the sandbox; (limits, result, why-not-run, failed list) from the verified report only.
 
     Exit code 0 alone never passes: the verdict is the harness's nonce-tagged
     report (see ``pairaudit.quality.sandbox``), so exiting early, printing a fake
     marker or patching ``assert``/builtins does not score.
     """
-    limits = {**defaults.section("scoring", "sandbox"), **(sandbox_limits or {})}
-    res = sandbox.run_tests(code, tests, imports=imports, keep=keep, **limits)
+    res = sandbox.run_tests(code, tests, imports=imports, keep=keep, **limits.limits)
     why = _sandbox_reason(res, limits)
     if why:
         return limits, res, why, None
@@ -132,10 +140,9 @@ def _plan(plan: split.SplitPlan | split.NotSplit, judge: str, item: dict) -> spl
 
 
 def _split_record(code: str, plan: split.SplitPlan, imports: list[str], keep: list[str],
-                  sandbox_limits: dict | None) -> tuple[dict, str | None, list[split.SplitFailure]]:
+                  limits: SandboxSettings) -> tuple[dict, str | None, list[split.SplitFailure]]:
     """(record fields, why the calls did not all answer, failed assertions) of the split path."""
-    limits = {**defaults.section("scoring", "sandbox"), **(sandbox_limits or {})}
-    run = split.run_split(code, plan, imports=imports, keep=keep, limits=limits)
+    run = split.run_split(code, plan, imports=imports, keep=keep, limits=limits.limits)
     res = run["sandbox"]
     fields = {"judged_by": "split", "sandbox": _slim(res), "stderr_tail": res["stderr_tail"][-1000:],
               "split": {"assertions": run["assertions"], "calls": run["calls"], "failed": run["failed"][:5],
@@ -153,8 +160,11 @@ def _split_plan(tests: AssertTests | CheckFunction) -> split.SplitPlan | split.N
     return split.plan_humaneval(tests.test, tests.entry_point)
 
 
-def run_code(job: CodeJob, *, sandbox_limits: dict | None = None, judge: str = "auto") -> CodeOutcome:
+def run_code(job: CodeJob, *, sandbox_limits: SandboxSettings | Mapping[str, Any] | None = None,
+             judge: str = "auto") -> CodeOutcome:
     """Run a code format's job: outside the sandbox where its tests split (``judge``), else in it.
+
+    ``sandbox_limits``: ``scoring.sandbox`` (``sandbox_settings``: the schema's limits where it sets none).
 
     The score record's judging fields keep the order they always had
     (``judged_by``, then ``sandbox``/``stderr_tail``/``split``, or
@@ -162,10 +172,11 @@ def run_code(job: CodeJob, *, sandbox_limits: dict | None = None, judge: str = "
     """
     plan = _plan(_split_plan(job.split), judge, {"id": job.item_id})
     program, imports, keep = job.program, list(job.imports), list(job.keep)
+    limits = sandbox_settings(sandbox_limits)
     if isinstance(plan, split.SplitPlan):
-        fields, why, sfailed = _split_record(program, plan, imports, keep, sandbox_limits)
+        fields, why, sfailed = _split_record(program, plan, imports, keep, limits)
         return CodeOutcome("split", fields, why, tuple(CodeFailure(f["test"], f["why"]) for f in sfailed))
-    _, res, why, failed = _run_code_tests(program, list(job.tests), imports, keep, sandbox_limits)
+    _, res, why, failed = _run_code_tests(program, list(job.tests), imports, keep, limits)
     fields = {"judged_by": "in_sandbox", "split_refused": plan, "sandbox": _slim(res),
               "stderr_tail": res["stderr_tail"][-1000:]}
     return CodeOutcome("in_sandbox", fields, why, tuple(CodeFailure(f["test"], f["error"]) for f in failed or []))
@@ -173,7 +184,8 @@ def run_code(job: CodeJob, *, sandbox_limits: dict | None = None, judge: str = "
 
 # ---------------------------------------------------------------- dispatch
 
-def score_item(item: dict, text: str, *, sandbox_limits: dict | None = None, judge: str = "auto") -> dict:
+def score_item(item: dict, text: str, *, sandbox_limits: SandboxSettings | Mapping[str, Any] | None = None,
+               judge: str = "auto") -> dict:
     """Score ``text`` (the model's answer) for ``item``; see the module docstring for the record.
 
     ``judge`` (code items only): "auto" judges outside the sandbox every item
@@ -183,7 +195,7 @@ def score_item(item: dict, text: str, *, sandbox_limits: dict | None = None, jud
     fmt = item.get("format")
     if fmt not in registry.names():
         raise ValueError(f"item format {fmt!r} is not one of {', '.join(registry.names())}")
-    ctx = ScoreContext(run_code=partial(run_code, sandbox_limits=sandbox_limits, judge=judge))
+    ctx = ScoreContext(run_code=partial(run_code, sandbox_limits=sandbox_settings(sandbox_limits), judge=judge))
     return registry.get(fmt).score(item, text, ctx)
 
 
@@ -231,7 +243,7 @@ def _no_text_reason(response: dict | None, reasoning: str | None) -> str:
 
 
 def score_records(dataset_doc: dict, sampled_records: Sequence[SampledRecord], *,
-                  sandbox_limits: dict | None = None, workers: int = 2,
+                  sandbox_limits: SandboxSettings | Mapping[str, Any] | None = None, workers: int = 2,
                   max_model_len: int | None = None) -> list[ScoreRecord]:
     """Score every sampled record of one dataset/arm; unknown indices are an error, never skipped.
 
@@ -239,6 +251,7 @@ def score_records(dataset_doc: dict, sampled_records: Sequence[SampledRecord], *
     the request itself did not fit. Code items run ``workers`` sandboxes at a time (each sandbox is a separate
     process, so threads suffice); the output keeps the input order.
     """
+    limits = sandbox_settings(sandbox_limits)
     by_index = {it["index"]: it for it in dataset_doc["items"]}
     for rec in sampled_records:
         if rec["index"] not in by_index:
@@ -260,7 +273,7 @@ def score_records(dataset_doc: dict, sampled_records: Sequence[SampledRecord], *
             return {**base, "correct": False, "extracted": None, "answered": False,
                     "method": "none", "reason": f"no answer: {err}"}
         # the scorers return the verdict fields of contracts.ScoreRecord for their format
-        scored = cast(ScoreRecord, score_item(item, text, sandbox_limits=sandbox_limits))
+        scored = cast(ScoreRecord, score_item(item, text, sandbox_limits=limits))
         if clamp["clamped"]:
             # A clamped answer was cut short by the server, not by the model:
             # its score stands (nothing is adjusted) but never as a natural finish.

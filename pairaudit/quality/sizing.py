@@ -378,7 +378,8 @@ def margin_items(margin_pct: float, discordance: float, level: float, datasets: 
 
 def margin_notes(quality: QualitySettings, selected: Sequence[SelectedCount], *, datasets: int,
                  audit: str | None, base_dir: str | os.PathLike = ".") -> list[str]:
-    """Load-time notes: each dataset too small for quality-v2 to rule out its margin at the expected discordance.
+    """Load-time notes: each dataset too small for the quality rule to rule out its margin at the expected
+    discordance (a rule that registers a ``margin_pct``, quality-v2; none for the others).
 
     ``datasets``: how many datasets the audit judges (quality-v2's Bonferroni family).
     A note, not a refusal: the audit still runs, and its quality gates will
@@ -387,7 +388,8 @@ def margin_notes(quality: QualitySettings, selected: Sequence[SelectedCount], *,
     """
     from pairaudit import gates
 
-    if quality.rule != "quality-v2":
+    spec = gates.rule(quality.rule, "quality")
+    if "margin_pct" not in spec.params:
         return []
     margin, level = float(quality.margin_pct), float(quality.level)
     family = max(1, datasets)
@@ -400,7 +402,7 @@ def margin_notes(quality: QualitySettings, selected: Sequence[SelectedCount], *,
         if plan["items"] is not None and n >= plan["items"]:
             continue
         need = f"about {plan['items']} items" if plan["items"] is not None else f"more than {plan['max_items']} items"
-        notes.append(f"{sel.where} ({name}): {n} selected items are too few for quality-v2 to rule out a loss of "
+        notes.append(f"{sel.where} ({name}): {n} selected items are too few for {spec.name} to rule out a loss of "
                      f"{margin:g} points (rules.quality.margin_pct) at {100 * gates.per_dataset_level(level, family):.4g} "
                      f"% per dataset: at the expected discordance {rate:.3g} ({expected.source}) it would need "
                      f"{need} (power {stats.MDE_POWER:g}, `pairaudit size`); with {n} its quality gate will likely be "

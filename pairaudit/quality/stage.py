@@ -3,7 +3,7 @@ the configured quality rule (rules.quality.rule: quality-v2 by default, or quali
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, Mapping, cast
 
 from pairaudit import gates
 from pairaudit.core import artifacts, contracts, stats
@@ -16,18 +16,24 @@ from pairaudit.core.contracts import (
     ScoreRecord,
     arm_role,
 )
-from pairaudit.core.settings import QualitySettings
+from pairaudit.core.settings import QualitySettings, SandboxSettings
 from pairaudit.quality import scoring
 
 
-def score_stage(*, dataset_path: str, sampled_path: str, out_path: str, sandbox_limits: dict,
-                workers: int = 2) -> dict:
+def score_stage(*, dataset_path: str, sampled_path: str, out_path: str,
+                sandbox_limits: SandboxSettings | Mapping[str, Any], workers: int = 2) -> dict:
+    """Score one dataset's sampled answers of one arm.
+
+    ``sandbox_limits``: ``scoring.sandbox`` as the workflow resolved it at load, used as it is (a mapping,
+    e.g. an earlier scores file's provenance, is read with the schema's defaults for what it leaves out).
+    """
+    sandbox = scoring.sandbox_settings(sandbox_limits)
     dataset = artifacts.check_schema(artifacts.read_json(dataset_path), contracts.DATASET_SCHEMA, dataset_path)
     header, rows = artifacts.read_jsonl(sampled_path)
     artifacts.check_schema(header, SAMPLED_SCHEMA, sampled_path)
     records = cast(list[SampledRecord], rows)  # the schema checked: the sampled stage's records
     artifacts.check_consumed(header, [dataset_path], where=sampled_path)
-    scored = scoring.score_records(dataset, records, sandbox_limits=sandbox_limits, workers=workers,
+    scored = scoring.score_records(dataset, records, sandbox_limits=sandbox, workers=workers,
                                    max_model_len=header.get("max_model_len"))
     out_header = {
         "schema": SCORES_SCHEMA,
@@ -37,7 +43,7 @@ def score_stage(*, dataset_path: str, sampled_path: str, out_path: str, sandbox_
         "n": len(scored),
         "correct": sum(1 for r in scored if r["correct"]),
         "arm_failed": header.get("arm_failed"),
-        "provenance": artifacts.provenance([dataset_path, sampled_path], {"sandbox": sandbox_limits}),
+        "provenance": artifacts.provenance([dataset_path, sampled_path], {"sandbox": sandbox.to_json()}),
     }
     artifacts.write_jsonl(out_path, out_header, scored)
     return out_header
@@ -77,8 +83,8 @@ def paired_stage(*, dataset_path: str, sampled_paths: dict, score_paths: dict, o
     table = stats.paired_table(scores["control"], scores["candidate"], sampled["control"], sampled["candidate"])
     by_index = {arm: {r["index"]: bool(r["correct"]) for r in scores[arm]} for arm in ARMS}
     order = table["indices"]
-    params = quality.to_json()   # each rule reads its own keys; the paired record keeps them all
-    result = gates.apply_quality(quality.rule, table, params, datasets=datasets)
+    # each rule reads its own parameters; the paired record keeps the section as the config had it
+    result = gates.rule(quality.rule, "quality").apply(table, quality.rule_params, datasets=datasets)
     if failed:
         result = {**result, "verdict": "INCONCLUSIVE", "stage_verdict": result["verdict"],
                    "reasons": [f"not comparable: the {arm} server failed ({why})" for arm, why in failed.items()]
@@ -95,7 +101,7 @@ def paired_stage(*, dataset_path: str, sampled_paths: dict, score_paths: dict, o
                                                [by_index["candidate"][i] for i in order]) if order else None,
         "provenance": artifacts.provenance(
             [dataset_path, *sampled_paths.values(), *score_paths.values()],
-            {"quality": params, "datasets": datasets}),
+            {"quality": quality.to_json(), "datasets": datasets}),
     }
     artifacts.write_json(out_path, doc)
     return doc

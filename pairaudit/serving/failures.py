@@ -15,7 +15,7 @@ from pairaudit.gates.server_failure import DEAD, REFUSED, SERVER_ERROR
 
 class FailureRecord(TypedDict, total=False):
     arm: str
-    stage: str            # preflight | sampled | boundary | speed
+    stage: str            # preflight | sampled | greedy | boundary | speed
     what: str             # the probe, dataset item or case that failed
     kind: str             # refused | server_error | dead | failed_check
     status: int | None    # HTTP status, None when no answer came back

@@ -108,6 +108,10 @@ class RecordingProxy(_Base):
 
     def answer(self, h: _Handler, method: str, path: str, body: bytes) -> None:
         headers = {"Content-Type": h.headers.get("Content-Type", "application/json")} if body else {}
+        # A server behind an API key answers the proxy only with the client's key; the key is relayed, never
+        # kept: a recording holds exchanges, not credentials.
+        if h.headers.get("Authorization"):
+            headers["Authorization"] = h.headers["Authorization"]
         try:
             r = self._session.request(method, self.upstream + path, data=body or None, headers=headers,
                                       timeout=self.timeout_s)

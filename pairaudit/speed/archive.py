@@ -25,16 +25,17 @@ from pairaudit.core import artifacts
 from pairaudit.core.artifacts import utc_now
 from pairaudit.core.contracts import CONTROL_ARCHIVE_SCHEMA
 from pairaudit.core.jsonlog import append_record
+from pairaudit.core.settings import SpeedCell, SpeedSettings
 from pairaudit.serving.armspec import ArmSpec
 from pairaudit.speed.metrics import METRICS, finite_json, spread_stats
 
 # ------------------------------------------------------------------ archive
 
-def config_hash(cell: Mapping[str, Any], cfg: Mapping[str, Any], control_spec: ArmSpec) -> str:
+def config_hash(cell: SpeedCell, speed: SpeedSettings, control_spec: ArmSpec) -> str:
     """Which archived control starts are comparable: same cell, request shape and control server."""
-    return artifacts.sha256_json({"cell": dict(cell), "output_len": cfg["output_len"], "waves": cfg["waves"],
-                                  "repeats": cfg["repeats"],
-                                  **({"repeat_s": cfg["repeat_s"]} if cfg.get("repeat_s") is not None else {}),
+    return artifacts.sha256_json({"cell": cell.to_json(), "output_len": speed.output_len, "waves": speed.waves,
+                                  "repeats": speed.repeats,
+                                  **({"repeat_s": speed.repeat_s} if speed.repeat_s is not None else {}),
                                  "sampling": {"temperature": 1.0, "top_p": 1.0, "ignore_eos": True},
                                  "control": control_spec.identity()})
 
@@ -78,9 +79,9 @@ def plan_hash(plan: Mapping[str, Any] | None) -> str | None:
     return None if plan is None else artifacts.sha256_json(dict(plan))
 
 
-def archive_line(*, audit: str, start: str, cell: Mapping[str, Any], chash: str, pooled: Sequence[Mapping],
+def archive_line(*, audit: str, start: str, cell: SpeedCell, chash: str, pooled: Sequence[Mapping],
                   clock: Mapping, host: str, window: str | None = None, plan_hash: str | None = None) -> dict:
     per_repeat = {m: [p[m] for p in pooled] for m in METRICS}
     means = {m: (float(np.mean(v)) if all(x is not None for x in v) else None) for m, v in per_repeat.items()}
-    return {"audit": audit, "window": window, "time": utc_now("milliseconds"), "start": start, "cell": cell["name"],
+    return {"audit": audit, "window": window, "time": utc_now("milliseconds"), "start": start, "cell": cell.name,
             "config_hash": chash, "plan_hash": plan_hash, "metrics": means, "per_repeat": per_repeat, "clock": dict(clock), "host": host}

@@ -431,7 +431,7 @@ def _stream_record(s: Mapping[str, Any], **where) -> dict:
     return {**where, **{k: s.get(k) for k in keep}}
 
 
-def warm_up(ep: Endpoint, *, model: str, cfg: Mapping[str, Any], prompts: Mapping[str, Any], start: str,
+def warm_up(ep: Endpoint, *, model: str, speed: SpeedSettings, prompts: Mapping[str, Any], start: str,
             arm: str, timed: bool = False) -> tuple[dict[str, float], list[dict]]:
     """One unmeasured wave of every cell, at its concurrency and output length, before any measured repeat.
 
@@ -444,33 +444,33 @@ def warm_up(ep: Endpoint, *, model: str, cfg: Mapping[str, Any], prompts: Mappin
     the repeats far too short. Returns each cell's last wave duration (what
     ``wave_plan`` sizes the repeats from) and the records.
     """
-    out_len, timeout = cfg["output_len"], cfg["request_timeout_s"]
+    out_len, timeout = speed.output_len, speed.request_timeout_s
     records: list[dict] = []
     durations: dict[str, float] = {}
-    for c in [c for c in cfg["cells"] for _ in range(2 if timed else 1)]:
-        bodies = [request_body(model, prompts[c["name"]][(0, 0, i)], output_len=out_len,
-                               seed=cfg["base_seed"] - 1 - i) for i in range(c["concurrency"])]
+    for c in [c for c in speed.cells for _ in range(2 if timed else 1)]:
+        bodies = [request_body(model, prompts[c.name][(0, 0, i)], output_len=out_len,
+                               seed=speed.base_seed - 1 - i) for i in range(c.concurrency)]
         base = _scrape(ep).get(COUNTERS["requests"], 0.0)
         t0 = time.perf_counter()
         streams = send_together(ep, bodies, timeout_s=timeout)
-        durations[c["name"]] = time.perf_counter() - t0
+        durations[c.name] = time.perf_counter() - t0
         bad = failed_streams(streams)
         if bad:
             lead = bad[0][1]
-            raise BracketFailure(f"{start} ({arm}): warm-up of {c['name']} failed: {lead['error']}",
+            raise BracketFailure(f"{start} ({arm}): warm-up of {c.name} failed: {lead['error']}",
                                  what=f"{start} warm-up", kind=failures.classify(lead.get("status")),
                                  status=lead.get("status"), error=lead["error"], error_body=lead.get("body"),
                                  requests=bodies)
         settled_scrape(ep, base + len(bodies))
         for i, (b, st) in enumerate(zip(bodies, streams)):
-            records.append(_stream_record(st, start=start, arm=arm, cell="warmup", warmup_of=c["name"], repeat=None,
+            records.append(_stream_record(st, start=start, arm=arm, cell="warmup", warmup_of=c.name, repeat=None,
                                           wave=None, stream=i, seed=b["seed"], cache_salt=b["cache_salt"],
                                           prompt_tokens=len(b["prompt"]), wave_started_at=None,
                                           wave_host_cpu=None))
     return durations, records
 
 
-def wave_plan(cfg: Mapping[str, Any], durations: Mapping[str, float]) -> dict[str, int]:
+def wave_plan(speed: SpeedSettings, durations: Mapping[str, float]) -> dict[str, int]:
     """Waves per repeat for each cell: the configured waves, raised so a repeat lasts ``repeat_s`` at least.
 
     Sized once, from the first start's warm-up, and used by every start of
@@ -478,29 +478,29 @@ def wave_plan(cfg: Mapping[str, Any], durations: Mapping[str, float]) -> dict[st
     repeat index in every start.
     """
     plan = {}
-    for c in cfg["cells"]:
-        waves = cfg["waves"]
-        d = durations.get(c["name"])
-        if cfg.get("repeat_s") and d and d > 0:
-            waves = max(waves, math.ceil(cfg["repeat_s"] / d - 1e-9))
-        plan[c["name"]] = int(waves)
+    for c in speed.cells:
+        waves = speed.waves
+        d = durations.get(c.name)
+        if speed.repeat_s and d and d > 0:
+            waves = max(waves, math.ceil(speed.repeat_s / d - 1e-9))
+        plan[c.name] = int(waves)
     return plan
 
 
-def run_start(ep: Endpoint, *, model: str, cfg: Mapping[str, Any], prompts: Mapping[str, Any],
+def run_start(ep: Endpoint, *, model: str, speed: SpeedSettings, prompts: Mapping[str, Any],
               start: str, arm: str, plan: Mapping[str, int], progress: Progress | None = None) -> tuple[dict, list[dict]]:
     """One start's measurements: repeats x cells x waves (``plan``: waves per cell), after ``warm_up``.
 
     Returns (per cell: {"pooled": [per repeat], "bench_serve": table}, stream records).
     """
     records: list[dict] = []
-    out_len, timeout = cfg["output_len"], cfg["request_timeout_s"]
-    per_cell: dict[str, dict[str, Any]] = {c["name"]: {"waves": [[] for _ in range(cfg["repeats"])], "streams": [],
-                                                       "duration_s": 0.0}
-                for c in cfg["cells"]}
-    for r in range(cfg["repeats"]):
-        for c in cfg["cells"]:
-            waves = plan[c["name"]]
+    out_len, timeout = speed.output_len, speed.request_timeout_s
+    per_cell: dict[str, dict[str, Any]] = {c.name: {"waves": [[] for _ in range(speed.repeats)], "streams": [],
+                                                    "duration_s": 0.0}
+                                           for c in speed.cells}
+    for r in range(speed.repeats):
+        for c in speed.cells:
+            waves = plan[c.name]
             # /metrics once before a repeat's first wave and once after its last, not around every wave: the
             # waves then follow each other with no idle gap, and every stream meets a server that has just been
             # busy.  On vLLM (a host-bound decode loop at about 2 ms a token) each stream after a pause of
@@ -509,11 +509,11 @@ def run_start(ep: Endpoint, *, model: str, cfg: Mapping[str, Any], prompts: Mapp
             before = _scrape(ep)
             booked = 0
             for w in range(waves):
-                bodies = [request_body(model, prompts[c["name"]][(r, w, i)], output_len=out_len,
-                                       seed=stream_seed(cfg["base_seed"], r, w, waves, i))
-                          for i in range(c["concurrency"])]
+                bodies = [request_body(model, prompts[c.name][(r, w, i)], output_len=out_len,
+                                       seed=stream_seed(speed.base_seed, r, w, waves, i))
+                          for i in range(c.concurrency)]
                 wave = run_wave(ep, bodies, timeout_s=timeout, scrape=False)
-                where = f"{start} cell {c['name']} repeat {r} wave {w}"
+                where = f"{start} cell {c.name} repeat {r} wave {w}"
                 bad = failed_streams(wave["streams"])
                 if bad:
                     # A failed stream would bias the pooled rate; the bracket is not comparable.
@@ -537,15 +537,15 @@ def run_start(ep: Endpoint, *, model: str, cfg: Mapping[str, Any], prompts: Mapp
                     # the repeat's counters on its last wave, nothing on the others: pool_repeat sums them
                     after = settled_scrape(ep, before.get(COUNTERS["requests"], 0.0) + booked)
                     delta = metrics_delta(before, after)
-                    for earlier in per_cell[c["name"]]["waves"][r]:
+                    for earlier in per_cell[c.name]["waves"][r]:
                         earlier["delta"] = {name: 0.0 for name in COUNTERS.values()}
                     wave["delta"] = {name: delta.get(name, 0.0) for name in COUNTERS.values()}
-                pc = per_cell[c["name"]]
+                pc = per_cell[c.name]
                 pc["waves"][r].append(wave)
                 pc["streams"] += wave["streams"]
                 pc["duration_s"] += wave["duration_s"]
                 for i, (b, s) in enumerate(zip(bodies, wave["streams"])):
-                    records.append(_stream_record(s, start=start, arm=arm, cell=c["name"], repeat=r, wave=w,
+                    records.append(_stream_record(s, start=start, arm=arm, cell=c.name, repeat=r, wave=w,
                                                   stream=i, seed=b["seed"], cache_salt=b["cache_salt"],
                                                   prompt_tokens=len(b["prompt"]),
                                                   wave_started_at=wave["started_at"],

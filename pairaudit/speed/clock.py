@@ -44,6 +44,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from pairaudit.core.artifacts import utc_now
+from pairaudit.core.settings import SpeedSettings
 from pairaudit.speed.gpu import GPU_CAP_FIELDS, gpu_cap_facts, read_gpus, start_findings
 
 # ------------------------------------------------------------- clock facts
@@ -205,7 +206,7 @@ def clock_check(facts_per_start: Sequence[Mapping[str, Any]], expected: Mapping[
             "notes": list(dict.fromkeys(notes)), "unverifiable": unverifiable, "verdict": verdict}
 
 
-def clock_findings(clock: Mapping[str, Any], cfg: Mapping[str, Any]) -> tuple[list[str], list[dict]]:
+def clock_findings(clock: Mapping[str, Any], speed: SpeedSettings) -> tuple[list[str], list[dict]]:
     """(reasons that make the gate INCONCLUSIVE, deviations) from a clock_check.
 
     Every condition the rule itself does not see is here, so win2-v1 and
@@ -223,7 +224,7 @@ def clock_findings(clock: Mapping[str, Any], cfg: Mapping[str, Any]) -> tuple[li
     unv = clock.get("unverifiable") or []
     if unv:
         what = "; ".join(f"{u['start']}: {', '.join(u['gaps'])}" for u in unv)
-        if cfg.get("accept_unverifiable_clock"):
+        if speed.accept_unverifiable_clock:
             devs.append({"gate": "speed", "what": "accept_unverifiable_clock",
                          "detail": f"clock unverifiable, accepted by speed.accept_unverifiable_clock ({what}): "
                                    "a start may have run at another clock than the others"})

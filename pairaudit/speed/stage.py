@@ -56,8 +56,6 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
                            starts_log=starts_log, deadline=deadline, wall_clock=wall_clock)
     if out_path is None:
         raise ValueError("speed: the two-arm bracket writes one decision (out_path)")
-    # the record's JSON: what the artifacts record as ``params`` and what the bracket's helpers read
-    cfg = speed.to_json()
     receipts, specs = {}, {}
     failed = {arm: artifacts.read_json(preflight_paths[arm]) for arm in ("control", "candidate")}
     failed = {arm: pf for arm, pf in failed.items() if pf.get("verdict") != "PASS"}
@@ -65,11 +63,13 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
         # a server that failed its rehearsal is evidence of the servers gate; no bracket is measured
         why = "; ".join(f"the {arm} preflight is {pf.get('verdict')} at probe {pf.get('failed_probe')!r}"
                         for arm, pf in failed.items())
-        prov = artifacts.provenance([*launch_paths.values(), *preflight_paths.values()], {"speed": cfg})
+        # the section as the config had it: what the artifacts record
+        params = speed.to_json()
+        prov = artifacts.provenance([*launch_paths.values(), *preflight_paths.values()], {"speed": params})
         artifacts.write_jsonl(streams_path, {"schema": SPEED_STREAMS_SCHEMA, "audit": audit, "provenance": prov}, [])
-        doc: SpeedDecision = {"schema": SPEED_DECISION_SCHEMA, "audit": audit, "not_run": why, "params": cfg,
+        doc: SpeedDecision = {"schema": SPEED_DECISION_SCHEMA, "audit": audit, "not_run": why, "params": params,
                               "provenance": prov,
-                              "gate": {"rule": cfg["rule"], "verdict": "INCONCLUSIVE", "reasons": [f"not run: {why}"]}}
+                              "gate": {"rule": speed.rule, "verdict": "INCONCLUSIVE", "reasons": [f"not run: {why}"]}}
         artifacts.write_json(out_path, doc)
         return doc
     for arm in ("control", "candidate"):
@@ -80,19 +80,18 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
     if specs["candidate"].served_model_name != model:
         raise RuntimeError("speed: the arms serve different model names "
                            f"({model!r} vs {specs['candidate'].served_model_name!r}); one prompt set cannot fit both")
-    hashes = {c["name"]: config_hash(c, cfg, specs["control"]) for c in cfg["cells"]}
+    hashes = {c.name: config_hash(c, speed, specs["control"]) for c in speed.cells}
     prior = read_archive(archive_path)
-    prior_spread = {c["name"]: archive_spread(prior, c["name"], hashes[c["name"]], cfg["primary"])
-                    for c in cfg["cells"]}
+    prior_spread = {c.name: archive_spread(prior, c.name, hashes[c.name], speed.primary) for c in speed.cells}
     # One window = one bracket run: its control starts are archived under this id, and the host's
     # evidence on its start-to-start noise is every earlier window of the same control (speed.evidence).
     window = uuid.uuid4().hex
-    deciding = [c["name"] for c in cfg["cells"] if c["decide"]]
+    deciding = speed.deciding
     # The host's evidence is read once the first start has fixed the wave plan: only windows that ran the
     # same plan (and repeats, in the config hash) measured the same thing.
     evidence: dict | None = None
-    roles = start_roles(cfg["max_starts"])
-    progress = Progress(3 * cfg["repeats"] * cfg["waves"] * len(cfg["cells"]), "speed waves")
+    roles = start_roles(speed.max_starts)
+    progress = Progress(3 * speed.repeats * speed.waves * len(speed.cells), "speed waves")
     starts: list[dict] = []
     results: dict[str, Any] = {}
     records: list[dict] = []
@@ -125,20 +124,21 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
                        "started_at": utc_now("milliseconds"), "stopped_at": None}
                 log.info("speed %s: %s arm, fresh server", start, arm)
                 try:
-                    facts, recs = measure_start(start, arm, specs[arm], receipts[arm], rec, cfg=cfg, model=model,
+                    facts, recs = measure_start(start, arm, specs[arm], receipts[arm], rec, speed=speed, model=model,
                                                  prompts=prompts, plan=plan, results=results, progress=progress,
                                                  server_log=server_log_for(server_logs, start, arm),
                                                  starts_log=starts_log, gpus=gpus)
                 except (BracketFailure, ServerError) as exc:
                     # A server that fails under the bracket is evidence, and what it measured before stays.
                     return failed_doc(exc, start=start, arm=arm, rec=rec, starts=starts, records=records,
-                                           specs=specs, receipts=receipts, cfg=cfg, audit=audit, out_path=out_path,
+                                           specs=specs, receipts=receipts, speed=speed, audit=audit,
+                                           out_path=out_path,
                                            streams_path=streams_path,
                                            server_log=server_log_for(server_logs, start, arm),
                                            starts_log=starts_log, inputs=inputs, gpus=gpus)
                 if plan is None:
                     plan = facts.pop("plan")
-                    progress.total = target * cfg["repeats"] * sum(plan.values())
+                    progress.total = target * speed.repeats * sum(plan.values())
                 prompts = prompts or facts.pop("prompts")
                 records += recs
                 starts.append(rec)
@@ -146,32 +146,32 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
                 # an A/A's candidate is the control server itself: its starts are control starts too
                 if arm == "control" or specs["candidate"].identity() == specs["control"].identity():
                     appended += append_archive(archive_path, [
-                        archive_line(audit=audit, start=start, cell=c, chash=hashes[c["name"]],
-                                     pooled=results[start][c["name"]]["pooled"], clock=rec["clock"],
+                        archive_line(audit=audit, start=start, cell=c, chash=hashes[c.name],
+                                     pooled=results[start][c.name]["pooled"], clock=rec["clock"],
                                      host=rec["host"], window=window, plan_hash=plan_hash(plan))
-                        for c in cfg["cells"]])
-            if stopped is not None or cfg["rule"] not in SEQUENTIAL_RULES:
+                        for c in speed.cells])
+            if stopped is not None or speed.rule not in SEQUENTIAL_RULES:
                 break
             if evidence is None and plan is not None:
                 evidence = host_evidence(prior, host=host_facts()["host"], hashes=hashes, deciding=deciding,
-                                         metrics=[cfg["primary"], *cfg["guards"]], exclude_window=window,
-                                         plan=plan_hash(plan), max_age_h=cfg["evidence_max_age_h"])
+                                         metrics=[speed.primary, *speed.guards], exclude_window=window,
+                                         plan=plan_hash(plan), max_age_h=speed.evidence_max_age_h)
             names = [st["start"] for st in starts]
-            clock = clock_check([st["clock"] for st in starts], cfg["expected_clock_cap"],
+            clock = clock_check([st["clock"] for st in starts], speed.expected_clock_cap,
                                 after=[st["clock_after"] for st in starts], starts=names)
-            _, _, gate = decide(results, cfg, clock, starts=names, evidence=evidence)
+            _, _, gate = decide(results, speed, clock, starts=names, evidence=evidence)
             looks.append({"starts": len(names), "verdict": gate["verdict"], "half_width_pct": gate.get("half_width_pct"),
                           "pooled_gain_pct": gate.get("pooled_gain_pct"), "more_starts": gate.get("more_starts")})
             # win2-v5 says where its next look is; the earlier sequential rules look after every pair
             following = gate.get("next_starts") or target + 2
-            if not gate.get("more_starts") or following > cfg["max_starts"]:
+            if not gate.get("more_starts") or following > speed.max_starts:
                 break
             log.info("speed: undecided after %d starts (half-width %.2f %%): the bracket grows to %d starts",
                      len(names), gate.get("half_width_pct") or float("nan"), following)
             target = following
-            progress.total = target * cfg["repeats"] * sum((plan or {}).values())
+            progress.total = target * speed.repeats * sum((plan or {}).values())
     if stopped is not None and len(starts) < 3:
-        return window_doc(stopped, cfg=cfg, audit=audit, starts=starts, results=results, records=records,
+        return window_doc(stopped, speed=speed, audit=audit, starts=starts, results=results, records=records,
                           inputs=inputs, out_path=out_path, streams_path=streams_path, appended=appended,
                           archive_path=archive_path)
     if prompts is None or plan is None:  # the first start builds them, and every start ran
@@ -181,27 +181,28 @@ def speed_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
         # at the last control start, the candidate's streams stay in streams.jsonl
         stopped = dataclasses.replace(stopped, unclosed=starts[-1]["start"])
         starts = starts[:-1]
-    hook = None if stopped is None else functools.partial(window_outcome, stop=stopped, rule=cfg["rule"])
-    return decided_doc(cfg=cfg, audit=audit, starts=starts, results=results, records=records, prompts=prompts,
+    hook = None if stopped is None else functools.partial(window_outcome, stop=stopped, rule=speed.rule)
+    return decided_doc(speed=speed, audit=audit, starts=starts, results=results, records=records, prompts=prompts,
                             hashes=hashes, prior_spread=prior_spread, archive_path=archive_path, appended=appended,
                             inputs=inputs, out_path=out_path, streams_path=streams_path, evidence=evidence,
                             window=window, plan=plan, looks=looks, gate_hook=hook)
 
 
-def window_doc(stop: WindowStop, *, cfg: Mapping[str, Any], audit: str, starts: list, results: Mapping[str, Any],
+def window_doc(stop: WindowStop, *, speed: SpeedSettings, audit: str, starts: list, results: Mapping[str, Any],
                records: list, inputs: Sequence[str], out_path: str, streams_path: str, appended: int,
                archive_path: str) -> SpeedDecision:
     """decision.json of a bracket the window stopped before its first look (fewer than 3 starts): no rule can
     decide it; the starts it measured, their pooled counters and streams are kept as they were."""
-    prov = artifacts.provenance(inputs, {"speed": cfg})
+    params = speed.to_json()   # the section as the config had it: what the artifacts record
+    prov = artifacts.provenance(inputs, {"speed": params})
     artifacts.write_jsonl(streams_path, {"schema": SPEED_STREAMS_SCHEMA, "audit": audit, "provenance": prov},
                           records)
     names = [st["start"] for st in starts]
     doc: SpeedDecision = {
         "schema": SPEED_DECISION_SCHEMA, "audit": audit, "not_run": stop.reason(), "starts": starts,
-        "pooled": {c["name"]: {st: results[st][c["name"]]["pooled"] for st in names} for c in cfg["cells"]},
+        "pooled": {c.name: {st: results[st][c.name]["pooled"] for st in names} for c in speed.cells},
         "archive": {"path": str(archive_path), "appended": appended},
-        "streams": str(streams_path), "params": dict(cfg), "provenance": prov,
-        "gate": window_outcome(None, stop, rule=cfg["rule"])}
+        "streams": str(streams_path), "params": params, "provenance": prov,
+        "gate": window_outcome(None, stop, rule=speed.rule)}
     artifacts.write_json(out_path, doc)
     return doc

@@ -17,6 +17,7 @@ from pairaudit.core import artifacts
 from pairaudit.core.artifacts import utc_now
 from pairaudit.core.contracts import SPEED_DECISION_SCHEMA, SPEED_STREAMS_SCHEMA, SpeedDecision
 from pairaudit.core.progress import Progress
+from pairaudit.core.settings import SpeedSettings
 from pairaudit.gates import server_failure
 from pairaudit.serving import failures, gpupool, launch
 from pairaudit.serving.armspec import ArmSpec
@@ -40,7 +41,7 @@ def server_log_for(server_logs: Mapping[str, str], start: str, arm: str) -> str:
     return str(first.with_name(name))
 
 
-def measure_start(start: str, arm: str, spec: ArmSpec, receipt: dict, rec: dict, *, cfg: Mapping[str, Any], model: str,
+def measure_start(start: str, arm: str, spec: ArmSpec, receipt: dict, rec: dict, *, speed: SpeedSettings, model: str,
                    prompts: Mapping[str, Any] | None, plan: Mapping[str, int] | None, results: dict,
                    progress: Progress, server_log: str, starts_log: str | None,
                    gpus: gpupool.Reservation | None = None) -> tuple[dict, list[dict]]:
@@ -49,7 +50,7 @@ def measure_start(start: str, arm: str, spec: ArmSpec, receipt: dict, rec: dict,
     Returns the server's facts (with the bracket's ``prompts`` and wave ``plan`` when they were made here,
     on the first start) and the stream records.
     """
-    srv = launch.Server(spec, log_path=server_log, receipt=receipt, timeout_s=cfg["request_timeout_s"], gpus=gpus)
+    srv = launch.Server(spec, log_path=server_log, receipt=receipt, timeout_s=speed.request_timeout_s, gpus=gpus)
     ready = False
     first = prompts is None
     try:
@@ -60,18 +61,16 @@ def measure_start(start: str, arm: str, spec: ArmSpec, receipt: dict, rec: dict,
             ready = True
             if prompts is None:
                 # built once, on the first start, from that server's own tokenizer
-                prompts = build_prompts(srv.endpoint, model, cfg["cells"], cfg["repeats"], cfg["waves"],
-                                        cfg["base_seed"])
-            durations, warm = warm_up(srv.endpoint, model=model, cfg=cfg, prompts=prompts, start=start, arm=arm,
-                                      timed=plan is None and bool(cfg.get("repeat_s")))
+                prompts = build_prompts(srv.endpoint, model, speed.cells, speed.repeats, speed.waves, speed.base_seed)
+            durations, warm = warm_up(srv.endpoint, model=model, speed=speed, prompts=prompts, start=start, arm=arm,
+                                      timed=plan is None and bool(speed.repeat_s))
             if plan is None:
                 # sized once, from the first start's warm-up; every later start runs the same waves and prompts
-                plan = wave_plan(cfg, durations)
-                if any(w != cfg["waves"] for w in plan.values()):
-                    prompts = build_prompts(srv.endpoint, model, cfg["cells"], cfg["repeats"], plan,
-                                            cfg["base_seed"])
+                plan = wave_plan(speed, durations)
+                if any(w != speed.waves for w in plan.values()):
+                    prompts = build_prompts(srv.endpoint, model, speed.cells, speed.repeats, plan, speed.base_seed)
             rec["warmup_s"] = durations
-            results[start], recs = run_start(srv.endpoint, model=model, cfg=cfg, prompts=prompts, start=start,
+            results[start], recs = run_start(srv.endpoint, model=model, speed=speed, prompts=prompts, start=start,
                                              arm=arm, plan=plan, progress=progress)
             recs = warm + recs
             # Read while the server still holds its GPUs: the active event
@@ -106,18 +105,18 @@ def start_failure(exc: BaseException, *, start: str, arm: str, server_log: str) 
             "log_tail": tail_lines(server_log, 40), "at": utc_now("milliseconds")}
 
 
-def confirm_failure(exc: BaseException, spec: ArmSpec, receipt: dict, *, cfg: Mapping[str, Any], server_log: str,
+def confirm_failure(exc: BaseException, spec: ArmSpec, receipt: dict, *, speed: SpeedSettings, server_log: str,
                      starts_log: str | None, gpus: gpupool.Reservation | None = None) -> dict:
     """The failed start's work once more on a fresh start of the same server (stored beside the first failure)."""
     conf: dict = {"at": utc_now("milliseconds"), "kind": None, "status": None, "error": None, "error_body": None}
     try:
-        with launch.Server(spec, log_path=server_log, receipt=receipt, timeout_s=cfg["request_timeout_s"],
+        with launch.Server(spec, log_path=server_log, receipt=receipt, timeout_s=speed.request_timeout_s,
                            gpus=gpus) as srv:
             launch.log_start_event(starts_log, event="ready", phase="speed-confirm", spec=spec, receipt=receipt,
                                    facts={**srv.facts(), "why": "a fresh start confirms the bracket's server "
                                           "failure (server-failure-v1 asks for one)"})
             bodies = exc.requests if isinstance(exc, BracketFailure) else []
-            bad = failed_streams(send_together(srv.endpoint, bodies, timeout_s=cfg["request_timeout_s"])
+            bad = failed_streams(send_together(srv.endpoint, bodies, timeout_s=speed.request_timeout_s)
                                  if bodies else [])
             alive = srv.proc is None or srv.proc.poll() is None
             if bad or not alive:
@@ -137,7 +136,7 @@ def confirm_failure(exc: BaseException, spec: ArmSpec, receipt: dict, *, cfg: Ma
 
 
 def failed_doc(exc: BaseException, *, start: str, arm: str, rec: dict, starts: list, records: list,
-                    specs: Mapping[str, ArmSpec], receipts: Mapping[str, dict], cfg: Mapping[str, Any], audit: str,
+                    specs: Mapping[str, ArmSpec], receipts: Mapping[str, dict], speed: SpeedSettings, audit: str,
                     out_path: str, streams_path: str, server_log: str, starts_log: str | None,
                     inputs: Sequence[str], gpus: gpupool.Reservation | None = None,
                     sweep: Mapping[str, Any] | None = None) -> SpeedDecision:
@@ -151,19 +150,20 @@ def failed_doc(exc: BaseException, *, start: str, arm: str, rec: dict, starts: l
     failure = start_failure(exc, start=start, arm=arm, server_log=server_log)
     log.warning("speed %s (%s arm) failed: %s", start, arm, server_failure.summary(failure))
     if arm == "candidate" and server_failure.is_server_failure(failure["kind"]):
-        failure["confirmation"] = confirm_failure(exc, specs[spec_key], receipts[spec_key], cfg=cfg,
+        failure["confirmation"] = confirm_failure(exc, specs[spec_key], receipts[spec_key], speed=speed,
                                                    server_log=f"{server_log}.confirm",
                                                    starts_log=starts_log, gpus=gpus)
     rec.update(stopped_at=utc_now("milliseconds"), failure=failure)
     why = f"the {arm} server failed at {failure['what']}: {server_failure.summary(failure)}"
-    prov = artifacts.provenance(inputs, {"speed": cfg})
+    params = speed.to_json()   # the section as the config had it: what the artifacts record
+    prov = artifacts.provenance(inputs, {"speed": params})
     if sweep is None:
         artifacts.write_jsonl(streams_path, {"schema": SPEED_STREAMS_SCHEMA, "audit": audit, "provenance": prov},
                               records)
     doc: SpeedDecision = {
         "schema": SPEED_DECISION_SCHEMA, "audit": audit, "not_run": why, "failure": dict(failure),
-        "starts": [*starts, rec], "params": dict(cfg), "provenance": prov, "streams": str(streams_path),
-        "gate": {"rule": cfg["rule"], "verdict": "INCONCLUSIVE",
+        "starts": [*starts, rec], "params": params, "provenance": prov, "streams": str(streams_path),
+        "gate": {"rule": speed.rule, "verdict": "INCONCLUSIVE",
                  "reasons": [f"not measured: {why} (the servers gate decides what the failure means)"]}}
     if sweep is not None:
         doc["sweep"] = dict(sweep["record"])
@@ -185,7 +185,7 @@ def start_cost_s(starts: Sequence[Mapping[str, Any]]) -> float | None:
     return sum(spans) / len(spans) if spans else None
 
 
-def decided_doc(*, cfg: Mapping[str, Any], audit: str, starts: list, results: dict, records: list,
+def decided_doc(*, speed: SpeedSettings, audit: str, starts: list, results: dict, records: list,
                 prompts: Mapping[str, Any], hashes: Mapping[str, str], prior_spread: Mapping[str, Any],
                 archive_path: str, appended: int, inputs: Sequence[str], out_path: str,
                 streams_path: str, evidence: Mapping[str, Any] | None, window: str, plan: Mapping[str, int],
@@ -205,7 +205,7 @@ def decided_doc(*, cfg: Mapping[str, Any], audit: str, starts: list, results: di
     hosts = sorted({s["host"] for s in starts})
     names = [s["start"] for s in starts]
     used = starts if sweep is None else [s for s, a in zip(starts, sweep["arms"]) if a in ("control", sweep["name"])]
-    clock = clock_check([s["clock"] for s in used], cfg["expected_clock_cap"],
+    clock = clock_check([s["clock"] for s in used], speed.expected_clock_cap,
                         after=[s["clock_after"] for s in used], starts=[s["start"] for s in used])
     before, after = ("s1", "s3") if sweep is None else sweep["first_window"]
     if len(hosts) > 1:  # cannot happen in one process; kept so a future split cannot pass silently
@@ -213,49 +213,49 @@ def decided_doc(*, cfg: Mapping[str, Any], audit: str, starts: list, results: di
         clock["verdict"] = "DIFFERENT"
     now = read_archive(archive_path)
     spread = {}
-    for c in cfg["cells"]:
-        name = c["name"]
+    for c in speed.cells:
+        name = c.name
         pooled = {st: results[st][name]["pooled"] for st in names}
         win_spread = []
-        for r in range(cfg["repeats"]):
-            a, b = pooled[before][r][cfg["primary"]], pooled[after][r][cfg["primary"]]
+        for r in range(speed.repeats):
+            a, b = pooled[before][r][speed.primary], pooled[after][r][speed.primary]
             win_spread.append(100.0 * abs(a - b) / abs((a + b) / 2) if a is not None and b is not None and a + b
                               else None)
-        incl = archive_spread(now, name, hashes[name], cfg["primary"])
-        spread[name] = {"metric": cfg["primary"], "win_pct": cfg["win_pct"], "window_pct": win_spread,
+        incl = archive_spread(now, name, hashes[name], speed.primary)
+        spread[name] = {"metric": speed.primary, "win_pct": speed.win_pct, "window_pct": win_spread,
                         "window_max_pct": max((x for x in win_spread if x is not None), default=None),
                         "archive_pct": prior_spread[name]["range_pct"], "archive_n": prior_spread[name]["n"],
                         "archive_cv_pct": prior_spread[name]["cv_pct"],
                         "archive_with_window_pct": incl["range_pct"], "archive_with_window_n": incl["n"],
                         "config_hash": hashes[name]}
-    win2, series, gate = decide(results, cfg, clock, {n: s["archive_with_window_pct"] for n, s in spread.items()},
+    win2, series, gate = decide(results, speed, clock, {n: s["archive_with_window_pct"] for n, s in spread.items()},
                                 starts=names, evidence=evidence, start_cost_s=start_cost_s(starts),
                                 **({} if sweep is None else {"arms": sweep["arms"], "candidate": sweep["name"]}))
     if gate_hook is not None:
         # the stage's own outcome over the rule's (a bracket the window stopped: bracket.window_outcome)
         gate = gate_hook(gate)
-    prov = artifacts.provenance(inputs, {"speed": cfg})
+    params = speed.to_json()   # the section as the config had it: what the artifacts record
+    prov = artifacts.provenance(inputs, {"speed": params})
     if sweep is None:
         artifacts.write_jsonl(streams_path, {"schema": SPEED_STREAMS_SCHEMA, "audit": audit, "provenance": prov},
                               records)
     doc: SpeedDecision = finite_json({
         "schema": SPEED_DECISION_SCHEMA, "audit": audit, "gate": gate, "win2": win2,
-        "bar": {"win_pct": cfg["win_pct"], "primary": cfg["primary"], "guards": cfg["guards"],
-                "reported": cfg["reported"], "lower_is_better": sorted(LOWER_IS_BETTER)},
+        "bar": {"win_pct": speed.win_pct, "primary": speed.primary, "guards": list(speed.guards),
+                "reported": list(speed.reported), "lower_is_better": sorted(LOWER_IS_BETTER)},
         "starts": starts, "hosts": hosts, "clock_check": clock,
-        "cells": [{**c, "prompt_tokens": len(prompts[c["name"]][(0, 0, 0)])} for c in cfg["cells"]],
-        "pooled": {c["name"]: {st: results[st][c["name"]]["pooled"] for st in names} for c in cfg["cells"]},
+        "cells": [{**c.to_json(), "prompt_tokens": len(prompts[c.name][(0, 0, 0)])} for c in speed.cells],
+        "pooled": {c.name: {st: results[st][c.name]["pooled"] for st in names} for c in speed.cells},
         "window": window, "waves_plan": dict(plan), "looks": list(looks), "evidence": evidence,
         "series": series,
         "deviations": gate["stage_deviations"],
-        "bench_serve": {c["name"]: {st: results[st][c["name"]]["bench_serve"] for st in names}
-                        for c in cfg["cells"]},
+        "bench_serve": {c.name: {st: results[st][c.name]["bench_serve"] for st in names} for c in speed.cells},
         "spread": spread,
         "archive": {"path": str(archive_path), "appended": appended},
         "streams": str(streams_path),
-        "params": cfg, "provenance": prov,
+        "params": params, "provenance": prov,
         **({} if sweep is None else {"sweep": dict(sweep["record"])}),
     })
     artifacts.write_json(out_path, doc)
-    log.info("speed verdict %s: %s", gate["verdict"], "; ".join(gate["reasons"][:len(cfg["cells"])]))
+    log.info("speed verdict %s: %s", gate["verdict"], "; ".join(gate["reasons"][:len(speed.cells)]))
     return doc

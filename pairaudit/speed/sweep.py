@@ -38,13 +38,14 @@ from pairaudit.speed.gpu import server_visible_devices
 from pairaudit.speed.starts import decided_doc, failed_doc, measure_start, server_log_for
 
 
-def _not_run(why: str, *, cfg: Mapping[str, Any], audit: str, inputs: Sequence[str], out_path: str,
+def _not_run(why: str, *, speed: SpeedSettings, audit: str, inputs: Sequence[str], out_path: str,
              record: Mapping[str, Any], gate: Mapping[str, Any] | None = None) -> SpeedDecision:
-    prov = artifacts.provenance(inputs, {"speed": cfg})
-    doc: SpeedDecision = {"schema": SPEED_DECISION_SCHEMA, "audit": audit, "not_run": why, "params": dict(cfg),
+    params = speed.to_json()   # the section as the config had it: what the artifacts record
+    prov = artifacts.provenance(inputs, {"speed": params})
+    doc: SpeedDecision = {"schema": SPEED_DECISION_SCHEMA, "audit": audit, "not_run": why, "params": params,
                           "provenance": prov, "sweep": dict(record),
                           "gate": dict(gate) if gate is not None else
-                          {"rule": cfg["rule"], "verdict": "INCONCLUSIVE", "reasons": [f"not run: {why}"]}}
+                          {"rule": speed.rule, "verdict": "INCONCLUSIVE", "reasons": [f"not run: {why}"]}}
     artifacts.write_json(out_path, doc)
     return doc
 
@@ -64,10 +65,10 @@ def _record(candidate: str, candidates: Sequence[str], arms: Sequence[str], name
 
 
 def _clock(starts: Sequence[Mapping[str, Any]], arms: Sequence[str], candidate: str,
-           cfg: Mapping[str, Any]) -> dict:
+           speed: SpeedSettings) -> dict:
     """The clock check over the starts a candidate's decision uses: its own and every control start."""
     used = [s for s, a in zip(starts, arms) if a in (CONTROL, candidate)]
-    return clock_check([s["clock"] for s in used], cfg["expected_clock_cap"],
+    return clock_check([s["clock"] for s in used], speed.expected_clock_cap,
                        after=[s["clock_after"] for s in used], starts=[s["start"] for s in used])
 
 
@@ -86,11 +87,10 @@ def sweep_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
     ``deadline`` (as in the two-arm bracket, ``speed.stage.speed_stage``): no start begins that would end after
     it; every candidate still undecided then ends INCONCLUSIVE for the window, over the windows it had.
     """
-    cfg = speed.to_json()
     cands = list(candidates)
-    if cfg["rule"] not in SEQUENTIAL_RULES:
+    if speed.rule not in SEQUENTIAL_RULES:
         raise ValueError(f"a shared-control bracket is decided by {' or '.join(SEQUENTIAL_RULES)}, "
-                         f"not speed.rule {cfg['rule']}")
+                         f"not speed.rule {speed.rule}")
     if len(set(cands)) != len(cands) or CONTROL in cands or not cands:
         raise ValueError(f"candidates must be distinct names other than {CONTROL!r}, got {cands}")
     arms_all = [CONTROL, *cands]
@@ -102,7 +102,7 @@ def sweep_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
         raise ValueError(f"speed: one decision per candidate, got outputs for {sorted(out_paths)} and candidates "
                          f"{cands}")
     inputs = [*spec_paths.values(), *launch_paths.values(), *preflight_paths.values()]
-    prov = artifacts.provenance(inputs, {"speed": cfg})
+    prov = artifacts.provenance(inputs, {"speed": speed.to_json()})
     docs: dict[str, SpeedDecision] = {}
     pre = {arm: artifacts.read_json(preflight_paths[arm]) for arm in arms_all}
     bad = {arm: pf for arm, pf in pre.items() if pf.get("verdict") != "PASS"}
@@ -114,7 +114,7 @@ def sweep_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
         # a server that failed its rehearsal is evidence of the servers gate; its bracket is not measured
         gone = [a for a in (CONTROL, c) if a in bad]
         if gone:
-            docs[c] = _not_run("; ".join(why_pf(a) for a in gone), cfg=cfg, audit=audit, inputs=inputs,
+            docs[c] = _not_run("; ".join(why_pf(a) for a in gone), speed=speed, audit=audit, inputs=inputs,
                                out_path=out_paths[c], record=_record(c, cands, [], []))
     running = [c for c in cands if c not in docs]
     if not running:
@@ -128,16 +128,14 @@ def sweep_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
     if other:
         raise RuntimeError(f"speed: the arms serve different model names (control {model!r}, {other}); one prompt "
                            "set cannot fit them all")
-    hashes = {c["name"]: config_hash(c, cfg, specs[CONTROL]) for c in cfg["cells"]}
+    hashes = {c.name: config_hash(c, speed, specs[CONTROL]) for c in speed.cells}
     prior = read_archive(archive_path)
-    prior_spread = {c["name"]: archive_spread(prior, c["name"], hashes[c["name"]], cfg["primary"])
-                    for c in cfg["cells"]}
+    prior_spread = {c.name: archive_spread(prior, c.name, hashes[c.name], speed.primary) for c in speed.cells}
     window = uuid.uuid4().hex
-    deciding = [c["name"] for c in cfg["cells"] if c["decide"]]
-    evidence = host_evidence(prior, host=host_facts()["host"], hashes=hashes, deciding=deciding,
-                             metrics=[cfg["primary"], *cfg["guards"]], exclude_window=window)
-    budget = looks_for(cfg["max_starts"])
-    progress = Progress((1 + 2 * len(running)) * cfg["repeats"] * cfg["waves"] * len(cfg["cells"]), "speed waves")
+    evidence = host_evidence(prior, host=host_facts()["host"], hashes=hashes, deciding=speed.deciding,
+                             metrics=[speed.primary, *speed.guards], exclude_window=window)
+    budget = looks_for(speed.max_starts)
+    progress = Progress((1 + 2 * len(running)) * speed.repeats * speed.waves * len(speed.cells), "speed waves")
     arms: list[str] = []                       # the arm of every start that ran to its end, in order
     starts: list[dict] = []
     failed_starts: list[dict] = []
@@ -157,8 +155,8 @@ def sweep_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
             todo = sweep_next(arms, running, undecided, budget)
             if not todo:
                 break
-            progress.total = (len(starts) + len(todo)) * cfg["repeats"] * (sum(plan.values()) if plan else
-                                                                           cfg["waves"] * len(cfg["cells"]))
+            progress.total = (len(starts) + len(todo)) * speed.repeats * (sum(plan.values()) if plan else
+                                                                          speed.waves * len(speed.cells))
             looked: list[str] = []
             for i, arm in enumerate(todo):
                 if arm == CONTROL and arms and arms[-1] == CONTROL:
@@ -182,7 +180,7 @@ def sweep_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
                 log.info("speed %s: %s arm, fresh server", start, arm)
                 slog = server_log_for(server_logs, start, arm)
                 try:
-                    facts, recs = measure_start(start, arm, specs[arm], receipts[arm], rec, cfg=cfg, model=model,
+                    facts, recs = measure_start(start, arm, specs[arm], receipts[arm], rec, speed=speed, model=model,
                                                 prompts=prompts, plan=plan, results=results, progress=progress,
                                                 server_log=slog, starts_log=starts_log, gpus=gpus)
                 except (BracketFailure, ServerError) as exc:
@@ -191,7 +189,7 @@ def sweep_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
                         # a failing control ends every undecided candidate's bracket; a failing candidate only its own
                         docs[c] = failed_doc(exc, start=start, arm=CONTROL if arm == CONTROL else "candidate",
                                              rec=dict(rec), starts=starts, records=records, specs=specs,
-                                             receipts=receipts, cfg=cfg, audit=audit, out_path=out_paths[c],
+                                             receipts=receipts, speed=speed, audit=audit, out_path=out_paths[c],
                                              streams_path=streams_path, server_log=slog, starts_log=starts_log,
                                              inputs=inputs, gpus=gpus,
                                              sweep={"spec": arm, "record": _record(c, cands, arms,
@@ -211,17 +209,17 @@ def sweep_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
                 # a candidate that is the control server itself (an A/A): its starts are control starts too
                 if arm == CONTROL or specs[arm].identity() == specs[CONTROL].identity():
                     appended += append_archive(archive_path, [
-                        archive_line(audit=audit, start=start, cell=c, chash=hashes[c["name"]],
-                                     pooled=results[start][c["name"]]["pooled"], clock=rec["clock"],
+                        archive_line(audit=audit, start=start, cell=c, chash=hashes[c.name],
+                                     pooled=results[start][c.name]["pooled"], clock=rec["clock"],
                                      host=rec["host"], window=window)
-                        for c in cfg["cells"]])
+                        for c in speed.cells])
                 if arm != CONTROL:
                     looked.append(arm)
             if stopped is not None or (arms and arms[-1] != CONTROL):
                 break   # the window ended, or the control that was to close a window failed
             names = [st["start"] for st in starts]
             for c in [c for c in looked if c in undecided]:
-                _, _, gate = decide(results, cfg, _clock(starts, arms, c, cfg), starts=names, evidence=evidence,
+                _, _, gate = decide(results, speed, _clock(starts, arms, c, speed), starts=names, evidence=evidence,
                                     arms=arms, candidate=c)
                 looks[c].append({"starts": len(names), "windows": sum(1 for a in arms if a == c),
                                  "verdict": gate["verdict"], "half_width_pct": gate.get("half_width_pct"),
@@ -240,20 +238,20 @@ def sweep_stage(*, launch_paths: Mapping[str, str], preflight_paths: Mapping[str
             continue
         n = upto.get(c, closed if stopped is not None else len(arms))
         hook = None if stopped is None or c in upto else functools.partial(window_outcome, stop=stopped,
-                                                                             rule=cfg["rule"])
+                                                                             rule=speed.rule)
         if hook is not None and c not in arms[:n]:
             # no window of this candidate closed before the window ended: nothing to decide it on
-            docs[c] = _not_run(stopped.reason() if stopped else "", cfg=cfg, audit=audit, inputs=inputs,
+            docs[c] = _not_run(stopped.reason() if stopped else "", speed=speed, audit=audit, inputs=inputs,
                                out_path=out_paths[c], record=_record(c, cands, arms[:n],
                                                                      [s["start"] for s in starts[:n]]),
-                               gate=window_outcome(None, stopped, rule=cfg["rule"]) if stopped else None)
+                               gate=window_outcome(None, stopped, rule=speed.rule) if stopped else None)
             continue
         if prompts is None or plan is None:
             raise AssertionError("the bracket ran without prompts")
         lay = sweep_layout(arms[:n], c)
         first = lay.windows[0]
         names = [s["start"] for s in starts[:n]]
-        docs[c] = decided_doc(cfg=cfg, audit=audit, starts=starts[:n], results=results, records=records,
+        docs[c] = decided_doc(speed=speed, audit=audit, starts=starts[:n], results=results, records=records,
                               prompts=prompts, hashes=hashes, prior_spread=prior_spread, archive_path=archive_path,
                               appended=appended, inputs=inputs, out_path=out_paths[c], streams_path=streams_path,
                               evidence=evidence, window=window, plan=plan, looks=looks[c], gate_hook=hook,

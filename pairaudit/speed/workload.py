@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import random
 import uuid
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
+from pairaudit.core.settings import SpeedCell
 from pairaudit.serving.client import Endpoint
 
 PROMPT_KINDS = ("short", "long", "random", "repetitive")
@@ -66,7 +67,7 @@ def _tokenize(ep: Endpoint, model: str, text: str) -> list[int]:
     return list(res["body"]["tokens"])
 
 
-def build_prompts(ep: Endpoint, model: str, cells: Sequence[Mapping[str, Any]], repeats: int,
+def build_prompts(ep: Endpoint, model: str, cells: Sequence[SpeedCell], repeats: int,
                   waves: int | Mapping[str, int], base_seed: int) -> dict:
     """cell -> (r, w, i) -> token ids: built once, sent unchanged to every start (``waves``: per cell, or one for all).
 
@@ -74,8 +75,8 @@ def build_prompts(ep: Endpoint, model: str, cells: Sequence[Mapping[str, Any]], 
     chat template or tokenizer settings. ``random`` draws ids from the
     tokenized filler text (real, non-special tokens), seeded per stream.
     """
-    long_ids = _tokenize(ep, model, long_text(40 + max(c["input_len"] for c in cells) // 8, seed=base_seed))
-    need = max(c["input_len"] for c in cells)
+    long_ids = _tokenize(ep, model, long_text(40 + max(c.input_len for c in cells) // 8, seed=base_seed))
+    need = max(c.input_len for c in cells)
     while len(long_ids) < need:
         long_ids = long_ids + long_ids  # only reached for very long cells; still valid input
     short_ids = _tokenize(ep, model, SHORT_PROMPT)
@@ -83,23 +84,23 @@ def build_prompts(ep: Endpoint, model: str, cells: Sequence[Mapping[str, Any]], 
     vocab = sorted(set(long_ids))
     out: dict = {}
     for c in cells:
-        n = c["input_len"]
+        n = c.input_len
         per: dict = {}
-        n_waves = waves if isinstance(waves, int) else waves[c["name"]]
+        n_waves = waves if isinstance(waves, int) else waves[c.name]
         for r in range(repeats):
             for w in range(n_waves):
-                for i in range(c["concurrency"]):
-                    if c["prompt"] == "short":
+                for i in range(c.concurrency):
+                    if c.prompt == "short":
                         ids = short_ids[:n]
-                    elif c["prompt"] == "long":
+                    elif c.prompt == "long":
                         ids = long_ids[-n:]  # keep the closing instruction
-                    elif c["prompt"] == "repetitive":
+                    elif c.prompt == "repetitive":
                         ids = (rep_unit * (n // len(rep_unit) + 1))[:n]
                     else:
-                        rng = random.Random(f"{base_seed}:{c['name']}:{r}:{w}:{i}")
+                        rng = random.Random(f"{base_seed}:{c.name}:{r}:{w}:{i}")
                         ids = [rng.choice(vocab) for _ in range(n)]
                     per[(r, w, i)] = ids
-        out[c["name"]] = per
+        out[c.name] = per
     return out
 
 

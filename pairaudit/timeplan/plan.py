@@ -1,8 +1,8 @@
 """The time plan: how long an audit will hold its host, per phase and arm, before any server starts.
 
-Each step of the audit (a server start, an arm's sampled items and boundary
-cases, the greedy diagnostics, the speed bracket's starts, the jobs that start
-no server) gets an **expected** and a **worst-case** wall time:
+Each step of the audit (a server start, an arm's sampled items, greedy runs
+and boundary cases, the speed bracket's starts, the jobs that start no
+server, the diagnostics among them) gets an **expected** and a **worst-case** wall time:
 
 * from this host's own history (:mod:`pairaudit.timeplan.history`) where a
   server of the same identity (the launch receipt's ``spec_sha256``) ran
@@ -17,7 +17,7 @@ no server) gets an **expected** and a **worst-case** wall time:
   ``health_timeout_s`` (a start slower than that fails).
 
 The worst case takes every growth the config allows: the speed bracket at its
-``max_starts``, the diagnostics' three starts, every item discordant. The
+``max_starts``, every answer at its ``max_tokens``. The
 phases are summed: one server per machine is the default profile's
 ``server_slots=1``, so the phases of one audit run one after the other.
 
@@ -38,7 +38,6 @@ from pairaudit.core import artifacts
 from pairaudit.core.artifacts import utc_now
 from pairaudit.core.contracts import ARMS, TIME_PLAN_SCHEMA, audit_dir, audit_path
 from pairaudit.core.settings import AuditSettings, SpeedSettings
-from pairaudit.quality.sizing import DEFAULT_DISCORDANCE
 from pairaudit.serving.armspec import ArmSpec
 from pairaudit.speed.bracket import WINDOW_DEADLINE_ENV
 from pairaudit.timeplan.history import History, epoch, med
@@ -272,8 +271,9 @@ def build_plan(settings: AuditSettings, arms: Mapping[str, ArmFacts], history: H
         phases = [a for a in history.answers_phases(arms[arm].spec_sha256) if a.items]
         if phases:
             # the sampled items (with the preflight) scale with the items, the boundary cases with the cases
+            # (a phase's served time holds its greedy runs too: they scale with the items as well)
             per_item = [(a.served_s - a.boundary_s) / a.items for a in phases]
-            steps.append(Step("answers", arm, f"{n_items} sampled items and the preflight", n_items,
+            steps.append(Step("answers", arm, f"{n_items} sampled items, their greedy runs and the preflight", n_items,
                               med(per_item) * n_items, max(per_item) * n_items * HISTORY_MARGIN, "history",
                               f"{len(phases)} earlier answers phase(s) of this server here: "
                               f"{1 / med(per_item):.2f} items/s (median), {1 / max(per_item):.2f} (slowest)"))
@@ -292,6 +292,19 @@ def build_plan(settings: AuditSettings, arms: Mapping[str, ArmFacts], history: H
                               f"assumed {k.decode_tps:g} tokens/s a stream, {min(concurrency, k.batch)} at once "
                               f"({k.name}); answers {ASSUMED_FILL:.0%} of max_tokens {max_tokens} (worst: all of "
                               f"it, at half the rate)"))
+            # the greedy runs of every item and the determinism repeats, on the same server: the items' runs
+            # at the sampling concurrency, the repeats one at a time
+            g = settings.greedy
+            repeats = g.determinism_repeats * len(items)
+            steps.append(Step("answers", arm, f"{n_items} greedy runs and {repeats} determinism repeats",
+                              n_items + repeats,
+                              _decode_s(n_items * g.max_tokens * ASSUMED_FILL, k, concurrency)
+                              + _decode_s(repeats * g.max_tokens * ASSUMED_FILL, k, 1),
+                              (_decode_s(n_items * g.max_tokens, k, concurrency)
+                               + _decode_s(repeats * g.max_tokens, k, 1)) * ASSUMED_SLOWDOWN, "assumed",
+                              f"assumed {k.decode_tps:g} tokens/s a stream ({k.name}); greedy answers "
+                              f"{ASSUMED_FILL:.0%} of greedy.max_tokens {g.max_tokens} (worst: all of it, at half "
+                              "the rate)"))
             if settings.boundary is not None:
                 b = settings.boundary
                 cases = len(b.fractions) + len(b.tail_offsets)
@@ -327,40 +340,6 @@ def build_plan(settings: AuditSettings, arms: Mapping[str, ArmFacts], history: H
             source = "history" if src == st.source == "history" else "assumed"
             steps.append(Step("speed", arm, f"bracket start s{i + 1} ({label}{', if the bracket grows' if grows else ''})",
                               1, 0.0 if grows else st.expected_s + work_e, st.worst_s + work_w, source, basis))
-
-    # diagnostics: greedy runs on control, candidate, and control again to probe a divergence
-    g = settings.greedy
-    per_ds = {n: (n_i if g.items == "all" else min(n_i, g.concordant + math.ceil(DEFAULT_DISCORDANCE * n_i)))
-              for n, n_i in items.items()}
-    for cand in candidates or [ARMS[1]]:
-        for turn, arm in enumerate((ARMS[0], cand, ARMS[0])):
-            if arm not in arms:
-                continue
-            add_start("diagnostics", arm)
-            served = p.served(arm, "diagnostics")
-            if turn == 2 and not served:
-                # the control's second start only probes the divergences: one forced-prefix token each
-                k = p.kind(arm)
-                probes = sum(per_ds.values())
-                per_probe = (arms[arm].max_model_len or 2048) / 8 / k.prefill_tps
-                steps.append(Step("diagnostics", arm, f"about {probes} divergence probes", probes,
-                                  probes * per_probe * ASSUMED_FILL, probes * per_probe * ASSUMED_SLOWDOWN, "assumed",
-                                  f"assumed a prompt of an eighth of max_model_len at {k.prefill_tps:g} tokens/s"))
-                continue
-            if served:
-                steps.append(Step("diagnostics", arm, "greedy runs, determinism repeats, probes", 1,
-                                  med(served) or 0.0, max(served) * HISTORY_MARGIN, "history",
-                                  f"{len(served)} earlier diagnostics start(s) of this server here"))
-            else:
-                k = p.kind(arm)
-                runs_e = sum(per_ds.values()) + g.determinism_repeats * len(items)
-                runs_w = (n_items if g.items == "all" else sum(items.values())) + g.determinism_repeats * len(items)
-                steps.append(Step("diagnostics", arm, f"up to {runs_w} greedy runs", runs_w,
-                                  _decode_s(runs_e * g.max_tokens * ASSUMED_FILL, k, 1),
-                                  _decode_s(runs_w * g.max_tokens, k, 1) * ASSUMED_SLOWDOWN, "assumed",
-                                  f"assumed {k.decode_tps:g} tokens/s at concurrency 1 ({k.name}); expected: "
-                                  f"the discordant items at discordance {DEFAULT_DISCORDANCE:g} plus "
-                                  f"{g.concordant} concordant per dataset; worst: every item"))
 
     # the jobs that start no server: datasets, requests, scoring, pairing, the promotion
     gaps = _job_overhead(history, {f.spec_sha256 for f in arms.values()})

@@ -104,6 +104,25 @@ def _levels(alpha: float, looks: int, look: int, spending: str, df: np.ndarray,
     return np.where(df >= GS_MIN_DF, level, min(level, alpha / looks))
 
 
+# win2-v5's NO_WIN bound takes the start-to-start variance at the upper end of its one-sided 70 % interval
+# (chi-square at the variance's degrees of freedom: this is the lower quantile it divides by). The bracket is
+# sized from the same variance it tests with: a look is the last where the re-estimated size does not grow,
+# that is where the variance reads low, and there a t bound at the variance itself called a gain of the bar
+# NO_WIN more often than alpha_futility (simulated: 10.2-10.8 % for its 10 % at start to start 1.4-1.9 %; with
+# the factor 8.0-8.9 %). The factor is 1.67 at 5 degrees of freedom, 1.23 at 20, 1.11 at 60; the sizing's
+# A/A condition uses it too.
+FUTILITY_VAR_LEVEL = 0.3
+
+
+def futility_var_factor(df: np.ndarray | float) -> np.ndarray:
+    """df / chi-square's FUTILITY_VAR_LEVEL quantile at df: the factor that takes a variance with df degrees of
+    freedom to the upper end of its one-sided 1 - FUTILITY_VAR_LEVEL interval (towards 1 as df grows)."""
+    from scipy.stats import chi2
+
+    d = np.maximum(np.asarray(df, dtype=float), 1.0)
+    return np.maximum(d / chi2.ppf(FUTILITY_VAR_LEVEL, d), 1.0)
+
+
 def _quantiles(p: float | np.ndarray, df: np.ndarray) -> np.ndarray:
     """Student-t at the variance's degrees of freedom, the fallback's too.
 
@@ -134,7 +153,8 @@ def _win2_v3_core(metrics: Mapping[str, np.ndarray], *, primary: str, guards: Se
     ``layout``: one candidate of a shared-control bracket (``sweep_layout``): its gain, variance factor,
     look and start-to-start variance come from its own windows and the bracket's other control starts.
     win2-v5: ``alpha_futility`` makes NO_WIN a bound (the upper bound below the bar, at an interim look the
-    whole interval within the bars), spent over the looks like the others; ``design`` (the planned looks'
+    whole interval within the bars), spent over the looks like the others, its standard error from the variance
+    at the upper end of its one-sided interval (``futility_var_factor``); ``design`` (the planned looks'
     information fractions, this look's index) replaces the looks after 3, 5, ... starts; ``moving_only``
     splits alpha_loss only over the metrics that are not 0 everywhere (a guard that cannot move cannot lose).
     ``design`` (win2-v5): (each look's information so far, the fraction of its planned size each had), this
@@ -209,7 +229,8 @@ def _win2_v3_core(metrics: Mapping[str, np.ndarray], *, primary: str, guards: Se
         # Before the last look the whole interval must also lie above -bar, so a slowdown goes on to LOSS.
         level_fut = _levels(alpha_futility, looks, look, spending, pn["df"], design)
         q_fut = _quantiles(1.0 - level_fut, pn["df"])
-        upper, lower = pooled_gain + q_fut * se, pooled_gain - q_fut * se
+        se_fut = se * np.sqrt(futility_var_factor(pn["df"]))
+        upper, lower = pooled_gain + q_fut * se_fut, pooled_gain - q_fut * se_fut
         decided = (upper < up) & (final | (lower > -down))
     verdict = np.where(loss, "LOSS", np.where(win, "WIN", np.where(decided, "NO_WIN", "INCONCLUSIVE")))
     return {"verdict": verdict, "values": vals, "pooled_values": pm, "pooled_gain": pooled_gain, "se": se,
@@ -332,7 +353,8 @@ def _win2_sequential(
     win2-v5 (``alpha_futility`` set): NO_WIN is the gain's upper bound below the bar (at an interim look,
     the whole interval within the bars), at alpha_futility spent over the looks; the two-arm bracket runs a
     pilot of ``pilot_starts``, is sized there from the variance alone (``win2_v5_size``: the starts at which
-    the last look has ``power`` for an A/A NO_WIN and a +-power_gain_pct WIN / LOSS), and looks at most
+    the last look has ``power`` for an A/A NO_WIN, a +power_gain_pct WIN with every deciding cell above the bar
+    and a -power_gain_pct LOSS), and looks at most
     ``max_looks`` times (``plan_looks``); a size beyond max_starts stops the bracket at the pilot. The result
     then carries ``plan`` and ``next_starts`` (the starts to run before the next look). In a shared-control
     bracket the looks stay one per candidate start, as win2-v4's.
@@ -586,9 +608,11 @@ def win2_v4(cells: Mapping[str, Mapping[str, Sequence[Sequence[float]]]], *, spe
 # bracket is sized from the noise: a pilot of pilot_starts starts, then the starts at which the last look
 # would NO_WIN an A/A and WIN a +power_gain_pct / LOSS a -power_gain_pct change with probability `power`
 # (an internal pilot: the variance only, never the gain, sizes it; re-estimated at every look), with at most
-# max_looks looks. `power` is 0.85 so that about 80 % is what a bracket realises: the size is computed for
-# a known variance, and an A/A's false alarms and the variance's estimation take the rest (bench/speed_v5.py).
-# A pilot of 7 starts (5 degrees of freedom) sizes far better than one of 5 (3).
+# max_looks looks. WIN is sized as decided: every deciding cell above the bar, each cell's gain noisier than
+# the pooled one (``win2_v5_size``'s cell_var). `power` is 0.85 for a known variance; with the variance
+# estimated a bracket realises 83-96 % A/A NO_WIN, 83-93 % +3 % WIN and 90-100 % -3 % LOSS at start-to-start
+# 1.4-2.25 % when it may grow to the size the noise needs (bench/speed_v5.py, docs/speed.md). A pilot of 7
+# starts (5 degrees of freedom) sizes far better than one of 5 (3).
 WIN2_V5 = {"win_pct": 2.0, "alpha_win": 0.05, "alpha_loss": 0.05, "alpha_futility": 0.10, "power": 0.85,
            "power_gain_pct": 3.0, "pilot_starts": 7, "max_looks": 5, "start_noise_pct": 3.0, "min_df": 2,
            "evidence_f_alpha": 0.05, "loss_pooled_share": 0.5}
@@ -628,20 +652,71 @@ def plan_fractions(looks: Sequence[int]) -> tuple[float, ...]:
     return tuple(i / info[-1] for i in info)
 
 
+def cell_corr(cell_var: np.ndarray, pooled_var: np.ndarray) -> np.ndarray:
+    """The correlation of the deciding cells' start values, one per bracket, from each cell's variance and the
+    variance of their mean (the pooled start value): the cells share every start's offset, so they move
+    together. Equal correlation between every two cells is assumed (exact for two); it is kept within [0, 1)."""
+    cv = np.asarray(cell_var, dtype=float)
+    c = cv.shape[-1]
+    if c < 2:
+        return np.zeros(cv.shape[:-1])
+    s = np.sqrt(np.maximum(cv, 0.0))
+    off = s.sum(axis=-1) ** 2 - (s ** 2).sum(axis=-1)                     # sum over j != k of s_j s_k
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = (c * c * np.asarray(pooled_var, dtype=float) - cv.sum(axis=-1)) / off
+    return np.clip(np.nan_to_num(r, nan=0.0), 0.0, 0.999)
+
+
+# Gauss-Hermite nodes for the start offset the deciding cells share (``cell_spread``).
+_HERMITE_NODES = 48
+
+
+def cell_spread(cell_var: np.ndarray, r: np.ndarray, power: float) -> np.ndarray:
+    """The ``power`` quantile of max_j sd_j (sqrt(r) Z0 + sqrt(1 - r) Z_j), per bracket: how far below its mean
+    the weakest deciding cell's start value may fall (sd_j = sqrt(cell_var[..., j]), Z standard normal). A
+    cell gain's deviation is this times sqrt(arm_factor(n)); every cell clears a threshold with probability
+    ``power`` when the mean gain exceeds it by that much. One cell: z_power sd."""
+    from scipy.special import ndtr
+
+    sd = np.sqrt(np.maximum(np.asarray(cell_var, dtype=float), 1e-12))     # (B, C)
+    r = np.asarray(r, dtype=float)[..., None, None]                          # (B, 1, 1)
+    z, w = np.polynomial.hermite_e.hermegauss(_HERMITE_NODES)
+    w = w / w.sum()
+    zs = z[None, :, None]
+
+    def cdf(x):                                                              # P(max < x), x (B,)
+        a = (x[:, None, None] / sd[:, None, :] - np.sqrt(r) * zs) / np.sqrt(1.0 - r)
+        return (np.prod(ndtr(a), axis=-1) * w).sum(axis=-1)
+
+    lo = np.zeros(sd.shape[0])
+    hi = 10.0 * sd.max(axis=-1)
+    for _ in range(60):
+        mid = (lo + hi) / 2.0
+        below = cdf(mid) < power
+        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+    return hi
+
+
 def _size_ok(n: int, var: np.ndarray, ev_df: np.ndarray, *, levels: Mapping[str, float], win_pct: float,
-             power: float, power_gain_pct: float) -> np.ndarray:
+             power: float, power_gain_pct: float, spread: np.ndarray | None = None) -> np.ndarray:
     """Whether the last look of a bracket of ``n`` starts has ``power`` for each of the three outcomes the
-    design promises, at start-value variance ``var`` (normal gain, Student-t quantiles at the df it will have)."""
+    design promises, at start-value variance ``var`` (normal gain, Student-t quantiles at the df it will have).
+
+    ``spread`` (``cell_spread``): WIN needs every deciding cell above the bar as well as the pooled lower bound
+    above 0, so every cell must clear max(bar, the pooled bound's reach) with ``power`` jointly; without it
+    only the pooled gain is sized for (one deciding cell)."""
     from scipy.stats import norm, t
 
-    se = np.sqrt(arm_factor(n) * np.asarray(var, dtype=float))
+    fac = arm_factor(n)
+    se = np.sqrt(fac * np.asarray(var, dtype=float))
     df = np.maximum(n - 2 + np.asarray(ev_df), 1)
     zp = float(norm.ppf(power))
     up, down = log_bar(win_pct), -log_bar(-win_pct)
     g_up, g_down = log_bar(power_gain_pct), -log_bar(-power_gain_pct)
     q_fut, q_win, q_loss = (t.ppf(1.0 - levels[k], df) for k in ("futility", "win", "loss_pooled"))
-    aa = (q_fut + zp) * se <= up                                       # an A/A: the upper bound below +bar
-    win = g_up - np.maximum(up, q_win * se) >= zp * se                 # +g: above the bar, lower bound above 0
+    aa = (q_fut * np.sqrt(futility_var_factor(df)) + zp) * se <= up  # an A/A: the upper bound below +bar
+    reach = zp * se if spread is None else math.sqrt(fac) * np.asarray(spread)
+    win = g_up - np.maximum(up, q_win * se) >= reach                   # +g: above the bar, lower bound above 0
     loss = g_down - np.maximum(down, q_loss * se) >= zp * se           # -g: below -bar, upper bound below 0
     return aa & win & loss
 
@@ -657,10 +732,16 @@ def _final_levels(looks: tuple[int, ...], *, alpha_win: float, alpha_loss: float
 def win2_v5_size(start_var: float | np.ndarray, ev_df: int | np.ndarray = 0, *, pilot: int, max_looks: int,
                  win_pct: float, alpha_win: float, alpha_loss: float, alpha_futility: float,
                  loss_pooled_share: float, power: float, power_gain_pct: float,
-                 limit: int = SIZE_LIMIT) -> np.ndarray:
+                 limit: int = SIZE_LIMIT, cell_var: np.ndarray | None = None) -> np.ndarray:
     """The starts a win2-v5 bracket needs at this start-value variance (%^2 of the control, on the log scale):
     the smallest odd n >= pilot whose last look has ``power`` to NO_WIN an A/A, WIN +power_gain_pct and LOSS
     -power_gain_pct; 0 where no bracket of up to ``limit`` starts would. Vectorised over ``start_var``.
+
+    ``cell_var``: each deciding cell's start-value variance (start_var's shape plus one axis of cells). WIN
+    needs every deciding cell above the bar, and a cell's gain is noisier than the pooled one, so the WIN
+    condition is then the joint event: every cell clears the bar (and the pooled bound) with ``power``, the
+    cells correlated as their variances and the pooled one say (``cell_corr``, ``cell_spread``). Without it
+    the pooled gain alone is sized for, which is exact for one deciding cell.
 
     First with each test at its whole alpha (a fixed design), then checked at the levels the planned looks'
     O'Brien-Fleming-type spending leaves the last look, growing by two starts until they hold.
@@ -670,13 +751,17 @@ def win2_v5_size(start_var: float | np.ndarray, ev_df: int | np.ndarray = 0, *, 
     out = np.zeros(var.shape, dtype=int)
     if power_gain_pct <= win_pct:
         return out
+    spread = None
+    if cell_var is not None and var.size:
+        cv = np.asarray(cell_var, dtype=float).reshape(var.shape + (-1,))
+        spread = cell_spread(cv.reshape(-1, cv.shape[-1]), cell_corr(cv, var).reshape(-1), power).reshape(var.shape)
     fixed = {"win": alpha_win, "loss_pooled": alpha_loss * loss_pooled_share, "futility": alpha_futility}
     kw = dict(win_pct=win_pct, power=power, power_gain_pct=power_gain_pct)
     open_ = np.ones(var.shape, dtype=bool)
     for n in range(pilot, limit + 1, 2):
         if not open_.any():
             break
-        hit = open_ & _size_ok(n, var, evdf, levels=fixed, **kw)
+        hit = open_ & _size_ok(n, var, evdf, levels=fixed, spread=spread, **kw)
         out[hit] = n
         open_ &= ~hit
     for n0 in sorted(set(out[out > 0].tolist())):
@@ -685,7 +770,7 @@ def win2_v5_size(start_var: float | np.ndarray, ev_df: int | np.ndarray = 0, *, 
         while idx.size and n <= limit:
             lv = _final_levels(plan_looks(pilot, n, max_looks), alpha_win=alpha_win, alpha_loss=alpha_loss,
                                alpha_futility=alpha_futility, loss_pooled_share=loss_pooled_share)
-            ok = _size_ok(n, var[idx], evdf[idx], levels=lv, **kw)
+            ok = _size_ok(n, var[idx], evdf[idx], levels=lv, spread=None if spread is None else spread[idx], **kw)
             out[idx[ok]] = n
             idx = idx[~ok]
             n += 2
@@ -747,7 +832,8 @@ def v5_run(metrics: Mapping[str, np.ndarray], *, upto: int, max_starts: int, pil
     """win2-v5 over brackets (arrays (brackets, cells, repeats, starts) per metric) with ``upto`` starts run.
 
     The pilot look comes after the pilot's starts. At every look the start-to-start variance so far (never
-    the gain) sizes the bracket (``win2_v5_size``); at the pilot a size beyond max_starts stops it there (more
+    the gain) sizes the bracket (``win2_v5_size``, with each deciding cell's variance: WIN needs every cell above
+    the bar); at the pilot a size beyond max_starts stops it there (more
     starts could not decide), later the size is capped at max_starts. The look spends the O'Brien-Fleming
     share of each alpha that its information fraction of that size allows (``design_level``): what earlier
     looks spent stays spent. The next look spreads the rest of the size over the looks left; the size's own
@@ -774,16 +860,19 @@ def v5_run(metrics: Mapping[str, np.ndarray], *, upto: int, max_starts: int, pil
             continue
         sub = {m: v[idx][..., :n] for m, v in metrics.items()}
         sev = _sub_evidence(evidence, idx)
-        nz = _win2_v3_core(sub, looks=1, design=((1.0,), (1.0,)), evidence=sev, **kwc)["noise"]
+        now = _win2_v3_core(sub, looks=1, design=((1.0,), (1.0,)), evidence=sev, **kwc)
+        nz, cell_var = now["noise"], now["cell_noise"][kw["primary"]]["used_var"]
         ev_df = np.where(nz["pooled_evidence"], 0 if ev is None else int(ev[1]), 0)
-        need = size_rung(win2_v5_size(nz["used_var"], ev_df, pilot=pilot, max_looks=max_looks, **size_kw))
+        need = size_rung(win2_v5_size(nz["used_var"], ev_df, pilot=pilot, max_looks=max_looks, cell_var=cell_var,
+                                      **size_kw))
         beyond = (need == 0) | (need > max_starts)
         stop = np.zeros(need.shape, dtype=bool)
         if not path:
             # At the pilot the variance has few degrees of freedom: the bracket stops there only when even
             # the low end of its interval (PILOT_STOP_LEVEL) would need more than max_starts.
-            low = nz["used_var"] * nz["df"] / chi2_isf(PILOT_STOP_LEVEL, nz["df"])
-            low_need = win2_v5_size(low, ev_df, pilot=pilot, max_looks=max_looks, **size_kw)
+            shrink = nz["df"] / chi2_isf(PILOT_STOP_LEVEL, nz["df"])
+            low_need = win2_v5_size(nz["used_var"] * shrink, ev_df, pilot=pilot, max_looks=max_looks,
+                                    cell_var=cell_var * shrink[:, None], **size_kw)
             stop = (low_need == 0) | (low_need > max_starts)
         planned = np.where(stop, n, np.where(beyond, max_starts, np.maximum(need, n)))
         if path:
