@@ -95,10 +95,10 @@ def test_ledger_keeps_every_decision_and_the_report_lists_earlier_ones(audited):
 def test_long_stages_log_progress(audited):
     logs = audited / "results" / "tiny" / "logs"
     line = r"{what} arith/{arm}: (\d+)/(\d+) \(\d+ %\), [0-9.e+-]+/s, ETA (\S+)"
-    # the phases log them: sampled runs in each arm's answers phase, greedy runs in the diagnostics phase
+    # each arm's answers phase logs them: its sampled runs, then its greedy runs
     for what in ("sampled", "greedy"):
         for arm in ("control", "candidate"):
-            log = logs / "answers" / f"{arm}.log" if what == "sampled" else logs / "diagnostics.log"
+            log = logs / "answers" / f"{arm}.log"
             text = log.read_text()
             found = re.findall(line.format(what=what, arm=arm), text)
             assert found, f"no progress line for {what} arith/{arm} in {log}:\n{text[-1500:]}"

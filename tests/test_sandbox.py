@@ -100,7 +100,9 @@ def _six_children_fail_for_memory(bound):
     assert res["memory"]["exceeded"] is True and res["memory"]["limit_mb"] == 512
     assert res["status"] == "failed", (res["status"], res["memory"], res["stderr_tail"][-500:])
     assert not (res["harness"]["verified"] and res["harness"]["failed"] == [])   # the tests never ran to a pass
-    why = scoring._sandbox_reason(res, limits)
+    # the scoring's reading of it, under the same limits as the record the score jobs get (nofile is the
+    # sandbox's own: no config key)
+    why = scoring._sandbox_reason(res, scoring.sandbox_settings({k: v for k, v in limits.items() if k != "nofile"}))
     assert why.startswith("killed for memory") and bound in why and "512 MB" in why
     return res
 
