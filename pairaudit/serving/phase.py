@@ -5,11 +5,11 @@ is an allocation that loads the model again, so the audit starts each arm's
 server once per phase:
 
 - **answers** (one job per arm): the launch receipt, the preflight rehearsal,
-  the sampled runs of every dataset and the boundary cases, all on one start;
-- **diagnostics** (one job): greedy runs and determinism repeats of every
-  dataset on both arms, then the divergence probes; with one server slot the
-  arms take turns: control (greedy), candidate (greedy, then its probes),
-  control again only if some divergence still needs its probe;
+  the sampled runs of every dataset, the greedy runs of every item and the
+  determinism repeats, and the boundary cases, all on one start;
+- **diagnostics** (one job, no server): the discordant items' greedy runs of
+  both arms read from the answers phases' journals, their first divergences
+  and grid-tie-v1 on each arm's own top-20 there;
 - **speed** (``pairaudit.speed.bracket``): the three fresh starts of the bracket.
 
 Every request of a phase is journaled as it is answered, and a phase asks only
@@ -26,12 +26,10 @@ jobs (``pairaudit.answers.stage.assemble``), so one dataset's change reruns only
 dataset's downstream jobs.
 
 Every ``ready`` line says ``why`` its phase needed that start (``PhaseServer(why=...)``) and where the
-start's seconds went (``breakdown``, :mod:`pairaudit.serving.startlog`).  Why the diagnostics cannot
-share the answers phases' starts: its greedy items are the discordant ones, known only once both arms'
-answers are scored (separate jobs), and greedy runs go one at a time (a batch would change the numbers
-the determinism repeats compare), so they cannot be run ahead on every item; its probes of one arm
-need the other arm's greedy output.  Sharing would need a server that outlives its job, which no
-server here does (``pairaudit.serving.launch``).
+start's seconds went (``breakdown``, :mod:`pairaudit.serving.startlog`).  The diagnostics share the answers
+phases' starts by running greedy on every item there: which items they compare (the discordant ones) is
+known only once both arms' answers are scored, in other jobs, and a server here never outlives its job
+(``pairaudit.serving.launch``).  So a two-arm audit makes one start per arm outside the speed bracket.
 """
 
 from __future__ import annotations
