@@ -59,17 +59,24 @@ def test_a_resealed_gate_and_word_are_refused_naming_the_gate(tmp_path):
         verify.verify(path, artifacts.read_json(path))
 
 
+def reseal_upstream(root, artifact, doc):
+    """An input rewritten with a valid self-hash, and the decision resealed to consume it as it now is: only the
+    verification's re-derivation can catch the edit. Returns the decision's path."""
+    reseal(artifact, doc)
+    path = root / "promotion" / "decision.json"
+    d = read_json(path)
+    d["provenance"]["consumed"][str(artifact)] = sha256_file(artifact)
+    reseal(path, d)
+    return path
+
+
 def test_a_rewritten_boundary_gate_is_refused_by_its_own_cases(tmp_path):
     root = tmp_path / "results" / "a"
     write_chain(root)
     bp = root / "boundary" / "gate.json"
     b = read_json(bp)
     b["cases"][1]["candidate"]["correct"] = False      # a case the candidate failed ...
-    reseal(bp, b)                                      # ... under a gate that still says PASS
-    path = root / "promotion" / "decision.json"
-    d = read_json(path)
-    d["provenance"]["consumed"][str(bp)] = sha256_file(bp)
-    reseal(path, d)
+    path = reseal_upstream(root, bp, b)                # ... under a gate that still says PASS
     with pytest.raises(verify.VerificationError, match=f"{bp}: gate boundary states verdict 'PASS', but its "
                                                        "recorded evidence under boundary-v1 gives 'FAIL'"):
         verify.verify(path, artifacts.read_json(path))
@@ -81,10 +88,6 @@ def test_a_measured_speed_gate_without_its_starts_is_refused(tmp_path):
     sp = root / "speed" / "decision.json"
     s = read_json(sp)
     del s["pooled"]
-    reseal(sp, s)
-    path = root / "promotion" / "decision.json"
-    d = read_json(path)
-    d["provenance"]["consumed"][str(sp)] = sha256_file(sp)
-    reseal(path, d)
+    path = reseal_upstream(root, sp, s)
     with pytest.raises(verify.VerificationError, match="records no pooled to re-derive it from"):
         verify.verify(path, artifacts.read_json(path))

@@ -13,7 +13,7 @@ from pairaudit.core import artifacts, contracts
 from pairaudit.core.contracts import PHASE_SCHEMA, BoundaryCase, JournalAttempt, journal_path
 from pairaudit.core.jsonlog import AppendLog, append_record, read_log
 from pairaudit.core.readers import AnswersPhase, LaunchReceipt, Preflight
-from pairaudit.core.settings import BoundarySettings, SamplingSettings
+from pairaudit.core.settings import BoundarySettings, SamplingSettings, thaw
 from pairaudit.gates import server_failure
 from pairaudit.plans import requests as plans
 from pairaudit.plans.requests import bodies, read_requests
@@ -193,7 +193,7 @@ def answers_phase(*, arm: str, spec_path: str, requests_paths: Mapping[str, str]
             gpath = Path(journal_path(journal_dir, contracts.JOURNAL_GREEDY, dataset=name, arm=arm))
             plan = GreedyPlan(name, {i: b["messages"] for i, b in bodies.items()}, max_tokens=greedy_max_tokens,
                               determinism_repeats=determinism_repeats,
-                              chat_template_kwargs=sampling.to_json()["chat_template_kwargs"], journal=gpath)
+                              chat_template_kwargs=thaw(sampling.chat_template_kwargs), journal=gpath)
             try:
                 with Journal(gpath, owner=f"greedy {arm}") as journal:
                     greedy_counts[name] = plan.run(srv, journal, arm=arm, concurrency=sampling.concurrency)
