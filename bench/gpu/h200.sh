@@ -165,6 +165,9 @@ vllm-proof)
     #   bench        the vLLM bench with its API contract recorded
     #   starts       the control started as configured and with vLLM's debug log (bench/gpu/vllm_starts.py;
     #                VLLM_STARTS_VARIANTS overrides): where a start's seconds go, step by step
+    #   noise        the control started once per variant (bench/gpu/vllm_noise.py; VLLM_NOISE_VARIANTS, default
+    #                as-is and pin) and VLLM_NOISE_REPEATS (default 12) repeats of every speed cell: where the
+    #                repeat-to-repeat speed noise comes from (GPU clock, host cores, the repeat's length)
     #   imports      python -X importtime of vLLM's API server module in the vLLM venv: which imports make the
     #                seconds before vLLM's banner (the slowest 25 cumulative into importtime-top.txt)
     # VLLM_PROOF_BUDGET_S: no step starts after that many seconds (default 1500)
@@ -185,6 +188,10 @@ vllm-proof)
                     python3 bench/gpu/vllm_starts.py \"\$run\" \${VLLM_STARTS_VARIANTS:---variant as-is --variant debug} \\
                         --out '$P/starts-bench.jsonl' --logs '$P/starts-bench' > '$P/starts-bench.log' 2>&1
                     echo \"starts_bench rc=\$? wall_s \$((SECONDS - t0))\" >> '$P/timings.txt' ;;
+            noise) t0=\$SECONDS
+                    python3 bench/gpu/vllm_noise.py \"\$run\" \${VLLM_NOISE_VARIANTS:---variant as-is --variant pin} \\
+                        --repeats \${VLLM_NOISE_REPEATS:-12} --out '$P/noise.jsonl' --logs '$P/noise' > '$P/noise.log' 2>&1
+                    echo \"noise rc=\$? wall_s \$((SECONDS - t0))\" >> '$P/timings.txt' ;;
             imports) t0=\$SECONDS
                     env PYTHONPATH= \"\$PAIRAUDIT_VLLM_PYTHON\" -X importtime -c 'import vllm.entrypoints.openai.api_server' 2> '$P/importtime.txt'
                     sort -t'|' -k2 -n -r '$P/importtime.txt' | head -25 > '$P/importtime-top.txt'
@@ -202,6 +209,7 @@ poll)
     while [ ! -e "$P/DONE" ] && [ $SECONDS -lt $end ]; do sleep 10; done
     cat "$P/timings.txt" 2>/dev/null
     tail -20 "$P/speed.log" 2>/dev/null
+    grep -h ' per repeat ' "$P/noise.log" 2>/dev/null
     tail -12 "$P/driver.log" 2>/dev/null
     # the streams (every inter-token gap) come back too: where a start's offset comes from is read there
     tar czf "$OUT/proof.tgz" -C "$STASH" --exclude='*.safetensors' proof 2>&1 | tail -2
