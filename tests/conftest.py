@@ -49,7 +49,7 @@ from pathlib import Path
 import fake_server
 import pytest
 
-from pairaudit.serving import slots
+from pairaudit.serving import apikey, slots
 from pairaudit.serving.client import Endpoint
 
 SERIAL = "serial"
@@ -123,6 +123,8 @@ def pytest_configure(config):
     # worker's audits nor one running beside the suite can hold up its servers. Tests of the slots
     # themselves set their own directory.
     os.environ[slots.SLOTS_DIR_ENV] = str(shared / f"slots-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}")
+    # The servers the suite launches take their key from a file of the run's own, not the user's.
+    os.environ[apikey.KEY_FILE_ENV] = str(shared / "server-api-key")
 
 
 def group_of(item) -> str:

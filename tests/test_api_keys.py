@@ -1,6 +1,7 @@
 """API keys: an arm names the variable that holds its key; the key goes out as a bearer token and nowhere else.
 
-A launched server gets a fresh key at every start, in its environment only; the preflight checks
+A launched server gets this user's launch key (one key in a file only its owner reads, the same at every
+start: vLLM hashes VLLM_API_KEY into its compile cache key), in its environment only; the preflight checks
 that a request without the key is refused; an audit of an endpoint behind a key leaves the key in
 none of its files.
 """
@@ -8,6 +9,7 @@ none of its files.
 import json
 import os
 import secrets
+import stat
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ import requests
 import yaml
 
 from pairaudit.refserver import api as refapi
-from pairaudit.serving import armspec
+from pairaudit.serving import apikey, armspec
 from pairaudit.serving.armspec import ArmSpec, ConfigError, resolve_spec
 from pairaudit.serving.client import Endpoint
 from pairaudit.serving.launch import Server, ServerError
@@ -101,7 +103,8 @@ def environ_of(pid: int) -> dict[str, str]:
 
 
 @pytest.mark.server
-def test_every_launch_gets_a_fresh_key_the_server_checks_and_nothing_records(tmp_path, monkeypatch):
+def test_every_launch_gets_the_launch_key_the_server_checks_and_nothing_records(tmp_path, monkeypatch):
+    monkeypatch.setenv(apikey.KEY_FILE_ENV, str(tmp_path / "keys" / "server-api-key"))
     spec = resolve_spec("control", launch_arm())
     keys = []
     for n in range(2):
@@ -136,7 +139,44 @@ def test_every_launch_gets_a_fresh_key_the_server_checks_and_nothing_records(tmp
                 with Server(attach) as att:
                     assert run_preflight(att.endpoint, attach)["verdict"] == "PASS"
         assert key not in facts and key not in log.read_text()
-    assert keys[0] != keys[1] and all(len(k) >= 32 for k in keys)
+    # one key for every start (vLLM's compile cache key hashes it), made on first use, readable by its owner only
+    key_file = tmp_path / "keys" / "server-api-key"
+    assert keys[0] == keys[1] == key_file.read_text().strip() and len(keys[0]) >= 32
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(key_file.parent.stat().st_mode) == 0o700
+
+
+def test_the_launch_key_is_made_once_and_refused_when_others_could_read_it(tmp_path, monkeypatch):
+    path = tmp_path / "cfg" / "pairaudit" / "server-api-key"
+    monkeypatch.delenv(apikey.KEY_FILE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    assert apikey.key_file() == path
+    first = apikey.launch_key()
+    assert apikey.launch_key() == first and path.read_text() == first + "\n"
+    assert not [p for p in path.parent.iterdir() if p != path]      # no temporary file left beside it
+    path.chmod(0o640)
+    with pytest.raises(apikey.KeyFileError, match=r"server-api-key is open to other users \(mode 640\).*delete it"):
+        apikey.launch_key()
+    path.chmod(0o600)
+    path.write_text("short\n")
+    with pytest.raises(apikey.KeyFileError, match="does not hold a key"):
+        apikey.launch_key()
+    path.unlink()
+    assert apikey.launch_key() != first                              # deleted: a new key at the next start
+    (tmp_path / "f").write_text("")                                   # a file, where a directory is needed
+    monkeypatch.setenv(apikey.KEY_FILE_ENV, str(tmp_path / "f" / "key"))
+    with pytest.raises(apikey.KeyFileError, match=r"f/key cannot be made .*PAIRAUDIT_SERVER_KEY_FILE"):
+        apikey.launch_key()
+
+
+def test_a_server_whose_key_file_is_unusable_stops_before_it_starts(tmp_path, monkeypatch):
+    bad = tmp_path / "server-api-key"
+    bad.write_text(secrets.token_urlsafe(32))
+    bad.chmod(0o644)
+    monkeypatch.setenv(apikey.KEY_FILE_ENV, str(bad))
+    with pytest.raises(ServerError, match=r"\[arm control\] the server key file .* is open to other users"):
+        Server(resolve_spec("control", launch_arm()), log_path=tmp_path / "ref.log").start()
+    assert not (tmp_path / "ref.log").exists() or "pairaudit launch" not in (tmp_path / "ref.log").read_text()
 
 
 @pytest.mark.workflow

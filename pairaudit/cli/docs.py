@@ -465,6 +465,9 @@ MEANINGS = {
     "PAIRAUDIT_SPEED_DEADLINE": "set by the workflow for its jobs when `window_min` is set: the moment (epoch "
                                 "seconds) the speed bracket must have finished; it starts no start it could not "
                                 "finish by then",
+    "PAIRAUDIT_SERVER_KEY_FILE": "the file holding this user's key for the servers the audit launches (made on "
+                                 "first use, mode 0600; refused when other users could read it); default "
+                                 "`~/.config/pairaudit/server-api-key`",
     "PAIRAUDIT_SERVER_LOGS_KEEP": "set by the workflow for its jobs from `server_logs.keep`: how many server logs "
                                   "of one phase and arm are kept over reruns",
     "PAIRAUDIT_SERVER_SLOTS": "servers at once on this machine; set by the workflow from the `server_slots` "

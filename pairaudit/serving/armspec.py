@@ -257,7 +257,8 @@ ATTACH_KEYS = ("mode", "url", "model", "served_model_name", "max_model_len", "sp
 
 def resolve_key_env(p: str, mode: str, given: Any, command: list | None) -> str | None:
     """The arm's ``api_key_env``: as configured, else for a launched reference server or vLLM the variable it
-    reads its key from (every start of it then gets a fresh key), else None (no key)."""
+    reads its key from (every start of it then gets this user's launch key: pairaudit.serving.apikey), else
+    None (no key)."""
     if given is not None:
         if not isinstance(given, str) or not ENV_NAME_RE.fullmatch(given):
             raise ConfigError(f"{p}.api_key_env: {given!r} is not an environment variable name")

@@ -25,9 +25,12 @@ The launch stage's record adds ``"server"``: what the server reported at that
 start, ``{"version", "version_body", "model_card", "root", "max_model_len",
 "command" (the full argv, real port), "env", "url"}``.
 
-API keys (``spec.api_key_env``): a launched server gets a fresh key at every
-start (``secrets.token_urlsafe``), set in its environment under that name and
-nowhere else (not its command line, which every user of the host can read);
+API keys (``spec.api_key_env``): a launched server gets this user's launch key
+on this host (:mod:`pairaudit.serving.apikey`: one key in a file only its
+owner can read, the same at every start, so that vLLM's compile cache, whose
+key hashes ``VLLM_API_KEY``, is read and not rebuilt), set in its environment
+under that name and nowhere else (not its command line, which every user of
+the host can read);
 an attached one's key is read from the audit's environment. The endpoint
 sends it as a bearer token. What is recorded is the variable's name
 (``facts["api_key_env"]``), never the key.
@@ -58,7 +61,6 @@ import fcntl
 import json
 import logging
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -72,7 +74,7 @@ from pairaudit.core import defaults, resume
 from pairaudit.core.artifacts import utc_now
 from pairaudit.core.contracts import LAUNCH_SCHEMA, SERVER_START_SCHEMA
 from pairaudit.core.jsonlog import append_record
-from pairaudit.serving import gpupool, signals, slots, startlog, versions
+from pairaudit.serving import apikey, gpupool, signals, slots, startlog, versions
 from pairaudit.serving.armspec import ArmSpec
 from pairaudit.serving.client import Endpoint, ServerError, tail_lines, wait_healthy
 
@@ -496,8 +498,12 @@ class Server:
         cmd = [a.replace("{port}", str(port)) for a in spec.host_command() or []]
         url = _url(spec.host, port)
         self._facts.update(url=url, port=port, command=cmd)
-        # a fresh key for this start only: a key seen once (a log, a crash dump) opens no later server
-        key = self._api_key or (secrets.token_urlsafe(32) if spec.api_key_env else None)
+        key = self._api_key
+        if key is None and spec.api_key_env:
+            try:
+                key = apikey.launch_key()
+            except apikey.KeyFileError as exc:
+                raise self._fail(str(exc)) from None
         self._endpoint = Endpoint(url, model=spec.served_model_name, timeout_s=self._timeout_s, api_key=key)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         claim_log(self.log_path)   # an earlier job's log (a killed start's, say) is kept beside this one
