@@ -19,7 +19,8 @@
 # Real vLLM for the host, carried the same way (docs/vllm.md); the first two on the connected machine:
 #   ./install.sh --wheelhouse /work/gpu-vllm --vllm --have have.txt    the wheelhouse (have.txt: pip freeze there)
 #   bench/gpu/h200.sh vllm-split WHEELHOUSE [PARTS]
-#                                    tar + split into parts of at most $VLLM_PART_MIB MiB (default 60), one
+#                                    tar + split into parts of at most $VLLM_PART_MIB MiB (default 56: a part
+#                                    travels with the working tree, 5 MiB, within a call's 64 MiB), one
 #                                    folder each (PARTS/part-NN, default .stage/vllm, ignored by git), each
 #                                    with the manifest of every part's sha256
 #   bench/gpu/h200.sh vllm-stage PARTS/part-NN
@@ -224,7 +225,7 @@ stop)
     sleep 3
     nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;
 vllm-split)
-    wh=${2:?vllm-split WHEELHOUSE [PARTS]} parts=${3:-.stage/vllm} mib=${VLLM_PART_MIB:-60}
+    wh=${2:?vllm-split WHEELHOUSE [PARTS]} parts=${3:-.stage/vllm} mib=${VLLM_PART_MIB:-56}
     [ -f "$wh/vllm-version.txt" ] || { echo "vllm-split: $wh is not a vLLM wheelhouse (./install.sh --wheelhouse DIR --vllm)" >&2; exit 2; }
     rm -rf "$parts" && mkdir -p "$parts"
     # wheels are zip files already: the tarball is not compressed again
