@@ -18,7 +18,8 @@ Variants (``--variant NAME``, repeatable, in order; default ``as-is pin``):
 - ``as-is``: the config's own command and environment;
 - ``pin``: the server (and every process it starts) on all but the first two of this process's cores, the
   client on those two: no core is shared between the server's host-side loop and the client;
-- ``ENV=VALUE``: the server started with that variable (its arm's own ``env`` still wins).
+- ``ENV=VALUE``, or one of ``bench/gpu/vllm_starts.py``'s named variants (``debug``, ``fork``, ...): the server
+  started with that variable (its arm's own ``env`` still wins).
 
 Each start's breakdown (``pairaudit.serving.startlog``) comes with its row.  Every start is stopped before the
 next.  One JSON line per variant to ``--out``.
@@ -36,21 +37,19 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from pairaudit.plans import change  # noqa: E402
-from pairaudit.plans import stage as plans  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pairaudit.serving import armspec, launch  # noqa: E402
 from pairaudit.speed import bracket  # noqa: E402
 from pairaudit.speed.workload import build_prompts  # noqa: E402
+from vllm_starts import control_spec, variant_env  # noqa: E402   (the start bench beside this one)
 
 
 class GpuSampler:
@@ -184,16 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="append one JSON line per variant here")
     ap.add_argument("--logs", default=None, help="server logs here (default: a temp dir)")
     args = ap.parse_args(argv)
-    cfg = yaml.safe_load(Path(args.config).read_text())
-    problems = change.derive_arms(cfg)
-    if problems:
-        raise SystemExit("\n".join(problems))
+    cfg, spec, logs = control_spec(args.config, args.logs, "vllm-noise-")
     speed = dataclasses.replace(bracket.resolve(cfg.get("speed")), repeats=args.repeats)
-    logs = Path(args.logs or tempfile.mkdtemp(prefix="vllm-noise-"))
-    logs.mkdir(parents=True, exist_ok=True)
-    spec_path = logs / "spec-control.json"
-    plans.arm_spec_stage(arm="control", arm_cfg=cfg["arms"]["control"], out_path=str(spec_path))
-    spec = armspec.read_spec(spec_path, arm="control")
     model = spec.served_model_name
     cores = sorted(os.sched_getaffinity(0))
     for name in args.variant or ["as-is", "pin"]:
@@ -205,11 +196,11 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             client = set(cores[:2])
             os.sched_setaffinity(0, set(cores[2:]))   # the server inherits this set at its start
-        elif "=" in name:
-            k, v = name.split("=", 1)
-            env = {k: v}
-        elif name != "as-is":
-            raise SystemExit(f"unknown variant {name!r}: as-is, pin or ENV=VALUE")
+        else:
+            try:
+                env = variant_env(name)
+            except SystemExit as exc:
+                raise SystemExit(f"{exc}, or pin") from None
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         t0 = time.monotonic()

@@ -47,6 +47,19 @@ def variant_env(name: str) -> dict[str, str]:
     raise SystemExit(f"unknown variant {name!r}: one of {', '.join(VARIANTS)} or ENV=VALUE")
 
 
+def control_spec(config: str, logs: str | None, prefix: str) -> tuple[dict, armspec.ArmSpec, Path]:
+    """The config's control arm as a launch spec (written beside its servers' logs), and that folder."""
+    cfg = yaml.safe_load(Path(config).read_text())
+    problems = change.derive_arms(cfg)
+    if problems:
+        raise SystemExit("\n".join(problems))
+    folder = Path(logs or tempfile.mkdtemp(prefix=prefix))
+    folder.mkdir(parents=True, exist_ok=True)
+    spec_path = folder / "spec-control.json"
+    plans.arm_spec_stage(arm="control", arm_cfg=cfg["arms"]["control"], out_path=str(spec_path))
+    return cfg, armspec.read_spec(spec_path, arm="control"), folder
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("config")
@@ -55,15 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="append one JSON line per start here")
     ap.add_argument("--logs", default=None, help="server logs here (default: a temp dir)")
     args = ap.parse_args(argv)
-    cfg = yaml.safe_load(Path(args.config).read_text())
-    problems = change.derive_arms(cfg)
-    if problems:
-        raise SystemExit("\n".join(problems))
-    logs = Path(args.logs or tempfile.mkdtemp(prefix="vllm-starts-"))
-    logs.mkdir(parents=True, exist_ok=True)
-    spec_path = logs / "spec-control.json"
-    plans.arm_spec_stage(arm="control", arm_cfg=cfg["arms"]["control"], out_path=str(spec_path))
-    spec = armspec.read_spec(spec_path, arm="control")
+    _, spec, logs = control_spec(args.config, args.logs, "vllm-starts-")
     rows = []
     for name in args.variant or ["as-is", "debug"]:
         env = variant_env(name)
