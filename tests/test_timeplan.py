@@ -315,6 +315,20 @@ def test_the_report_sets_each_phase_planned_against_actual(checked):
     assert "No time plan was written" in "\n".join(time_markdown(None))
 
 
+@pytest.mark.parametrize("rule, max_starts, expected", [
+    ("win2-v5", 15, 7),     # sized from a pilot of 7 starts: no two-arm bracket of it ends sooner
+    ("win2-v5", 5, 5),      # a pilot never longer than the bracket may grow
+    ("win2-v4", 15, 3),     # a rule that looks after every candidate start: its first look at 3
+])
+def test_the_bracket_is_planned_to_its_first_look(checked, rule, max_starts, expected):
+    speed = dataclasses.replace(checked.settings.speed, rule=rule, max_starts=max_starts)
+    p = timeplan.build_plan(dataclasses.replace(checked.settings, speed=speed), timeplan.arm_facts(checked.specs),
+                            history.History(host="vm"), audit="first-look",
+                            sampling={"max_tokens": 160, "concurrency": 16})
+    sp = [s for s in p.steps if s.phase == "speed"]
+    assert len(sp) == max_starts and sum(1 for s in sp if s.expected_s > 0) == expected
+
+
 @pytest.mark.parametrize("config, kind", [
     ("config/config.yaml", "refserver-cpu"),
     ("config/examples/gpu-refserver.yaml", "refserver-gpu"),

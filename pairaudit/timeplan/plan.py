@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from pairaudit import gates
 from pairaudit.core import artifacts
 from pairaudit.core.artifacts import utc_now
 from pairaudit.core.contracts import ARMS, TIME_PLAN_SCHEMA, audit_dir, audit_path
@@ -322,6 +323,11 @@ def build_plan(settings: AuditSettings, arms: Mapping[str, ArmFacts], history: H
         hist_n = [sum(1 for s in a.starts if s.phase == "speed") for a in history.audits
                   if any(s.phase == "speed" and s.spec_sha256 == arms[ARMS[0]].spec_sha256 for s in a.starts)]
         first_look = 1 + 2 * max(1, len(candidates))
+        pilot = gates.rule(speed.rule, "speed").params.get("pilot_starts")
+        if pilot is not None and len(candidates) <= 1:
+            # a rule sized from its pilot looks first after it (win2-v5: 7 starts, or max_starts if fewer): no
+            # two-arm bracket of it ends sooner, whatever the change
+            first_look = gates.speed.pilot_of(int(pilot), speed.max_starts)
         expected_n = min(worst_n, max(first_look, int(med(hist_n) or first_look)))
         order = [ARMS[0]] + [a for _ in range(worst_n) for c in candidates for a in (c, ARMS[0])]
         for i, arm in enumerate(order[:worst_n]):
