@@ -49,11 +49,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pairaudit.serving import armspec, launch  # noqa: E402
 from pairaudit.speed import bracket  # noqa: E402
 from pairaudit.speed.workload import build_prompts  # noqa: E402
+from pairaudit.timeplan.history import epoch  # noqa: E402
 from vllm_starts import control_spec, variant_env  # noqa: E402   (the start bench beside this one)
 
 
 class GpuSampler:
-    """``nvidia-smi`` every 100 ms in the background, each row stamped on arrival (monotonic seconds)."""
+    """``nvidia-smi`` every 100 ms in the background, each row stamped on arrival (epoch seconds, as the streams'
+    own start stamps)."""
 
     QUERY = "clocks.sm,clocks.mem,utilization.gpu,power.draw"
 
@@ -71,7 +73,7 @@ class GpuSampler:
         assert self.proc is not None and self.proc.stdout is not None
         for line in self.proc.stdout:
             try:
-                self.rows.append((time.monotonic(), [float(v) for v in line.split(",")]))
+                self.rows.append((time.time(), [float(v) for v in line.split(",")]))
             except ValueError:
                 continue   # "[N/A]" on a card that does not report a field
 
@@ -113,7 +115,7 @@ def summarise(result: dict, records: list[dict], windows: dict, gpu: GpuSampler)
         tpots = [s["tpot_s"] for s in streams if s.get("tpot_s")]
         itls = [g for s in streams for g in (s.get("itl_s") or [])]
         clocks = [gpu.window(*windows[(name, r)]) for r in range(len(rates))]
-        busy = [(w.get("host_cpu") or {}).get("busy_pct") for w in res.get("waves_host", [])]
+        busy = [s["wave_host_cpu"].get("busy_pct") for s in streams if s.get("stream") == 0 and s.get("wave_host_cpu")]
         cells[name] = {
             "rates": [round(x, 2) for x in rates],
             "per_repeat_pct": cv_pct(rates), "per_3_repeats_pct": cv_pct(triples),
@@ -134,7 +136,6 @@ def summarise(result: dict, records: list[dict], windows: dict, gpu: GpuSampler)
 def measure(spec: armspec.ArmSpec, speed, *, model: str, log_path: Path, client_cpus: set[int] | None) -> dict:
     gpu = GpuSampler()
     mine = os.sched_getaffinity(0)
-    t0 = time.monotonic()
     try:
         with launch.Server(spec, log_path=log_path, timeout_s=speed.request_timeout_s) as srv:
             if client_cpus:
@@ -152,27 +153,16 @@ def measure(spec: armspec.ArmSpec, speed, *, model: str, log_path: Path, client_
     finally:
         os.sched_setaffinity(0, mine)
         gpu.stop()
-    # each repeat's window, from its streams' start stamps and its waves' durations (monotonic, as the sampler)
+    # each repeat's window: from its first wave's start stamp to the end of its last wave's first stream
     windows: dict = {}
-    wall0 = time.time() - (time.monotonic() - t0)
-    for name, res in result.items():
-        res["waves_host"] = []
     for rec in records:
         if rec["cell"] == "warmup" or rec["stream"] != 0:
             continue
-        started = _epoch(rec["wave_started_at"]) - wall0 + t0
-        key = (rec["cell"], rec["repeat"])
-        lo, hi = windows.get(key, (started, started))
-        e2el = rec.get("e2el_s") or 0.0
-        windows[key] = (min(lo, started), max(hi, started + e2el))
-        result[rec["cell"]]["waves_host"].append({"host_cpu": rec.get("wave_host_cpu")})
+        started = epoch(rec["wave_started_at"])
+        lo, hi = windows.get((rec["cell"], rec["repeat"]), (started, started))
+        windows[(rec["cell"], rec["repeat"])] = (min(lo, started), max(hi, started + (rec.get("e2el_s") or 0.0)))
     return {"ready_s": facts.get("ready_s"), "breakdown": facts.get("breakdown"), "plan": plan,
             "cells": summarise(result, records, windows, gpu), "gpu_samples": len(gpu.rows)}
-
-
-def _epoch(iso: str) -> float:
-    from datetime import datetime
-    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
 def main(argv: list[str] | None = None) -> int:
