@@ -54,6 +54,37 @@ def test_the_summary_pools_three_repeats_and_reads_the_clock_beside_each():
     assert bench.corr([1, 2, 3], [5, 5, 5]) is None            # a flat clock says nothing of the rate
 
 
+def test_the_cores_split_between_client_and_server():
+    bench = load_bench()
+    smt = {c: (c % 4, c % 4 + 4) for c in range(8)}        # 4 physical cores, siblings c and c+4
+    client, server = bench.split_cores(list(range(8)), smt, phys=True)
+    assert client == {0, 4} and server == {1, 2, 3}          # no server thread shares a core with another
+    client, server = bench.split_cores(list(range(8)), smt, phys=False)
+    assert client == {0, 1} and server == {2, 3, 4, 5, 6, 7}
+    flat = {c: (c,) for c in range(4)}                       # no SMT: phys takes two whole cores for the client
+    assert bench.split_cores([0, 1, 2, 3], flat, phys=True) == ({0, 1}, {2, 3})
+    assert bench.split_cores([0, 1, 2], flat, phys=True) is None
+    assert bench.split_cores([0, 1, 2], flat, phys=False) is None
+
+
+def test_the_summary_puts_the_busiest_thread_beside_each_repeat():
+    bench = load_bench()
+    rates = [100.0, 80.0, 100.0, 80.0]
+    result = {"a": {"pooled": [{"pooled_rate_tps": r} for r in rates]}}
+    records = [{"cell": "a", "stream": 0, "tpot_s": 0.01, "wave_host_cpu": {"busy_pct": 9.0, "steal_pct": 0.5}}]
+    windows = {("a", r): (r, r + 0.5) for r in range(4)}
+
+    def host(t0, t1):   # the slow repeats are the ones whose loop shared its core
+        return {"top": "loop (1/1)", "top_share": 0.9, "top_moves": 0, "top_wait_ms": 1.0, "top_mhz": None,
+                "shared_core_pct": 80.0 if int(t0) % 2 else 0.0, "busy_threads": 2.0}
+
+    a = bench.summarise(result, records, windows, Sampler([1980] * 4), host=host)["a"]
+    assert a["shared_core_pct"] == [0.0, 80.0, 0.0, 80.0] and a["top_thread"] == ["loop (1/1)"]
+    assert a["corr_rate_shared_core_pct"] == pytest.approx(-1.0)
+    assert a["corr_rate_top_share"] is None and a["corr_rate_top_mhz"] is None   # flat or unknown: no correlation
+    assert a["host_steal_pct"] == [0.5]
+
+
 @pytest.mark.server
 def test_each_variant_is_one_start_and_its_variable_reaches_the_server(tmp_path):
     cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
@@ -77,6 +108,9 @@ def test_each_variant_is_one_start_and_its_variable_reaches_the_server(tmp_path)
         assert cell["per_repeat_pct"] is not None and cell["per_3_repeats_pct"] is None   # one triple: no spread
         assert r["gpu_samples"] == 0 and cell["sm_mhz"] == [None] * 3                     # no nvidia-smi here
         assert r["breakdown"]["steps"]["healthy"] > 0
+        assert r["thread_samples"] > 0 and len(cell["shared_core_pct"]) == 3
+        # the sampler, a process of its own, saw a busiest thread in every repeat
+        assert all(t is not None for t in cell["top_share"]), cell
     # the variant's variable reached its server, and only its server (each server logs the switches it runs with)
     logs = tmp_path / "logs"
     assert "'PAIRAUDIT_REF_STEP_DELAY_US': '40000'" in (logs / "PAIRAUDIT_REF_STEP_DELAY_US-40000.log").read_text()
