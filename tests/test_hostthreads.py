@@ -103,3 +103,14 @@ def test_the_sampler_follows_a_process_it_did_not_start_and_sees_it_busy(tmp_pat
     w = ht.window(rows, t0, t1, ht.core_of())
     assert w is not None and w["top"].endswith(f"({busy.pid}/{busy.pid})")
     assert w["top_share"] > 0.5
+
+
+def test_a_thread_left_out_of_samples_where_it_did_not_run_is_read_from_its_last_written_times():
+    rows = rows_of([{1: (0, 0.9, 0), 2: (2, 0.0, 0)}] * 4)
+    for row in rows[1:3]:                                  # thread 2 did not run: the sampler left it out
+        row["threads"] = [t for t in row["threads"] if t[1] != 2]
+    rows[3]["threads"][1][4] += int(0.5e8)                # then ran half of the last interval, on cpu 2
+    w = ht.window(rows, 0, 1000, CORES)
+    assert w["busy_threads"] == pytest.approx((1 + 1 + 2) / 3, abs=0.01)
+    assert w["shared_core_pct"] == pytest.approx(100 / 3, abs=0.1)   # only in that interval, beside cpu 0
+    assert ht.window(rows, 100.15, 1000, CORES)["intervals"] == 1     # the samples before a window are its baseline

@@ -168,7 +168,7 @@ vllm-proof)
     #                VLLM_STARTS_VARIANTS overrides): where a start's seconds go, step by step
     #   noise        the control started once per variant (bench/gpu/vllm_noise.py; VLLM_NOISE_VARIANTS, default
     #                as-is and pin) and VLLM_NOISE_REPEATS (default 12) repeats of every speed cell: where the
-    #                repeat-to-repeat speed noise comes from (GPU clock, host cores, the repeat's length)
+    #                repeat-to-repeat speed noise comes from (GPU clock, host cores, the busiest thread's core)
     #   imports      python -X importtime of vLLM's API server module in the vLLM venv: which imports make the
     #                seconds before vLLM's banner (the slowest 25 cumulative into importtime-top.txt)
     # VLLM_PROOF_BUDGET_S: no step starts after that many seconds (default 1500)
@@ -210,7 +210,7 @@ poll)
     while [ ! -e "$P/DONE" ] && [ $SECONDS -lt $end ]; do sleep 10; done
     cat "$P/timings.txt" 2>/dev/null
     tail -20 "$P/speed.log" 2>/dev/null
-    grep -h ' per repeat ' "$P/noise.log" 2>/dev/null
+    grep -h -e ' per repeat ' -e ' busiest thread ' -e '^{"host"' "$P/noise.log" 2>/dev/null
     tail -12 "$P/driver.log" 2>/dev/null
     # the streams (every inter-token gap) come back too: where a start's offset comes from is read there
     tar czf "$OUT/proof.tgz" -C "$STASH" --exclude='*.safetensors' proof 2>&1 | tail -2

@@ -157,19 +157,25 @@ def tree(root: int) -> list[int]:
         return []
 
 
-def sample(root: int, exclude: int) -> dict:
-    threads = read_threads([p for p in tree(root) if p != exclude])
-    return {"t": time.time(), "mhz": cpu_mhz(),
-            "threads": [[s.pid, s.tid, s.name, s.cpu, s.run_ns, s.wait_ns] for s in threads]}
+def sample(root: int, exclude: int, seen: dict) -> dict:
+    """One sample: the threads that ran or waited since the last (``seen`` holds each thread's last times; a
+    thread left out did neither, so its times are the ones last written)."""
+    threads = []
+    for s in read_threads([p for p in tree(root) if p != exclude]):
+        if seen.get((s.pid, s.tid)) != (s.run_ns, s.wait_ns):
+            seen[(s.pid, s.tid)] = (s.run_ns, s.wait_ns)
+            threads.append([s.pid, s.tid, s.name, s.cpu, s.run_ns, s.wait_ns])
+    return {"t": time.time(), "mhz": cpu_mhz(), "threads": threads}
 
 
 def run(root: int, out: Path, interval_s: float) -> None:
     """Sample until ``root`` ends or this process is terminated, one JSON line a sample."""
     me = os.getpid()
+    seen: dict = {}
     with open(out, "a", encoding="utf-8") as fh:
         while psutil.pid_exists(root):
             t0 = time.monotonic()
-            fh.write(json.dumps(sample(root, me)) + "\n")
+            fh.write(json.dumps(sample(root, me, seen)) + "\n")
             fh.flush()
             time.sleep(max(0.0, interval_s - (time.monotonic() - t0)))
 
@@ -192,22 +198,21 @@ def window(rows: list[dict], t0: float, t1: float, cores: dict[int, tuple[int, .
     """What the busiest thread of ``[t0, t1]`` went through: its share of a CPU, the CPUs it ran on and how often
     it moved, its run-queue wait, the clock of its CPU, and how often another busy thread sat on its physical
     core. None where fewer than two samples fall in the window."""
-    rows = [r for r in rows if t0 <= r["t"] <= t1]
-    if len(rows) < 2:
-        return None
-    intervals = []    # per consecutive pair: {(pid, tid): (name, cpu, busy share, wait ms)}
-    for a, b in zip(rows, rows[1:]):
-        dt_ns = (b["t"] - a["t"]) * 1e9
-        if dt_ns <= 0:
-            continue
-        before = {(s[0], s[1]): s for s in a["threads"]}
+    intervals = []    # per consecutive pair of samples in the window: {(pid, tid): (name, cpu, busy share, wait ms)}
+    last: dict = {}   # each thread's latest written times (a sample leaves out the threads that did not change)
+    prev_t = None
+    for row in rows:
         now = {}
-        for pid, tid, name, cpu, run_ns, wait_ns in b["threads"]:
-            prev = before.get((pid, tid))
-            if prev is None:
-                continue
-            now[(pid, tid)] = (name, cpu, (run_ns - prev[4]) / dt_ns, (wait_ns - prev[5]) / 1e6, b["mhz"])
-        intervals.append(now)
+        inside = t0 <= row["t"] <= t1
+        dt_ns = (row["t"] - prev_t) * 1e9 if inside and prev_t is not None else 0.0
+        for pid, tid, name, cpu, run_ns, wait_ns in row["threads"]:
+            before = last.get((pid, tid))
+            last[(pid, tid)] = (run_ns, wait_ns)
+            if before is not None and dt_ns > 0:
+                now[(pid, tid)] = (name, cpu, (run_ns - before[0]) / dt_ns, (wait_ns - before[1]) / 1e6, row["mhz"])
+        if dt_ns > 0:
+            intervals.append(now)
+        prev_t = row["t"] if inside else None
     if not intervals:
         return None
     totals: dict[tuple[int, int], float] = {}
