@@ -412,6 +412,14 @@ def test_check_identity_rechecks_version_and_root_against_the_receipt():
 
 
 
+def test_the_tuning_variables_a_server_inherits_are_recorded_and_a_secrets_value_is_not():
+    got = launch.inherited_tuning({"VLLM_ATTENTION_BACKEND": "FLASHINFER", "HF_TOKEN": "hf_x", "HOME": "/root",
+                                   "VLLM_CACHE_ROOT": "/c", "CUDA_VISIBLE_DEVICES": "3", "VLLM_API_KEY": "k"},
+                                  own={"CUDA_VISIBLE_DEVICES": "0", "VLLM_API_KEY": "mine"})
+    assert got == {"HF_TOKEN": "(set; a secret, not recorded)", "VLLM_ATTENTION_BACKEND": "FLASHINFER",
+                   "VLLM_CACHE_ROOT": "/c"}   # what pairaudit or the arm set is the arm's, not inherited
+
+
 def test_a_launched_server_does_not_inherit_the_jobs_thread_counts(monkeypatch, tmp_path):
     # Snakemake sets these to the rule's threads in every job; a server keeps its own thread policy,
     # and an arm that wants one sets it in its env
@@ -424,3 +432,16 @@ def test_a_launched_server_does_not_inherit_the_jobs_thread_counts(monkeypatch, 
         env = dict(kv.decode().split("=", 1) for kv in raw if b"=" in kv)
     assert env["PAIRAUDIT_TEST_MARK"] == "kept" and env["MKL_NUM_THREADS"] == "1"
     assert not {v for v in launch.JOB_THREAD_VARS if v != "MKL_NUM_THREADS"} & set(env)
+
+
+def test_a_start_records_the_tuning_variables_it_inherited(monkeypatch, tmp_path):
+    monkeypatch.setenv("VLLM_PAIRAUDIT_TEST_TUNING", "on")
+    monkeypatch.setenv("HF_PAIRAUDIT_TEST_TOKEN", "hf_secret")
+    spec = resolve_spec("control", fake_cfg(env={"PAIRAUDIT_REF_LM_HEAD_BF16": "0"}))
+    starts = tmp_path / "starts.jsonl"
+    with Server(spec, log_path=tmp_path / "s.log", receipt=receipt(spec)) as srv:
+        launch.log_start_event(starts, event="ready", phase="answers", spec=spec, receipt=srv.receipt,
+                               facts=srv.facts())
+    ready = [json.loads(line) for line in starts.read_text().splitlines() if '"ready"' in line]
+    assert ready and ready[0]["inherited_env"]["VLLM_PAIRAUDIT_TEST_TUNING"] == "on"
+    assert "hf_secret" not in starts.read_text()

@@ -80,7 +80,7 @@ from pairaudit.serving.client import Endpoint, ServerError, tail_lines, wait_hea
 
 # One line per server start and stop of an audit, whatever the phase: the
 # audit's log of what it cost to bring its servers up.
-_START_FACTS = ("url", "pid", "started_at", "ready_at", "ready_s", "stop", "gpus", "breakdown", "why")
+_START_FACTS = ("url", "pid", "started_at", "ready_at", "ready_s", "stop", "gpus", "breakdown", "why", "inherited_env")
 
 
 # Snakemake sets these to the job's threads in every job.  A launched server
@@ -95,6 +95,22 @@ JOB_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
 def server_environ(environ: Mapping[str, str]) -> dict[str, str]:
     """The environment a launched server inherits: the job's, without the job's thread counts."""
     return {k: v for k, v in environ.items() if k not in JOB_THREAD_VARS}
+
+
+# Variables serving engines and the libraries under them read to tune themselves (kernels, compile caches,
+# the allocator, collectives, the model hub). Inherited from the job rather than set in an arm's env, they act
+# on both arms alike but are in neither arm's identity, so each start records the ones it got: a second host
+# whose shell exports another attention backend shows it.  A secret's value is not written, only that it is set.
+TUNING_PREFIXES = ("VLLM_", "SGLANG_", "CUDA_", "NCCL_", "TORCH", "PYTORCH_", "TRITON_", "CUTE_DSL_",
+                   "FLASHINFER_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
+_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+
+
+def inherited_tuning(inherited: Mapping[str, str], *, own: Mapping[str, str]) -> dict[str, str]:
+    """The tuning variables a server got from the job's environment and not from ``own`` (its arm's env and
+    what pairaudit set for it: its GPUs, its API key), secrets' values replaced."""
+    return {k: "(set; a secret, not recorded)" if any(w in k.upper() for w in _SECRET_WORDS) else v
+            for k, v in sorted(inherited.items()) if k.startswith(TUNING_PREFIXES) and k not in own}
 
 
 def log_start_event(path: str | Path | None, *, event: str, phase: str, spec: ArmSpec, receipt: Mapping[str, Any] | None,
@@ -511,9 +527,12 @@ class Server:
         self._log_offset = log_file.tell()
         log_file.write(f"=== pairaudit launch arm={spec.arm} at {utc_now('milliseconds')}: {cmd}\n".encode())
         log_file.flush()
-        env = {**server_environ(os.environ), **(self._gpus.env() if self._gpus else {}), **spec.env}
+        inherited = server_environ(os.environ)
+        own = {**(self._gpus.env() if self._gpus else {}), **spec.env}
         if spec.api_key_env and key:
-            env[spec.api_key_env] = key
+            own[spec.api_key_env] = key
+        env = {**inherited, **own}
+        self._facts["inherited_env"] = inherited_tuning(inherited, own=own)
         main_thread = threading.current_thread() is threading.main_thread()
         signals.install_handlers()
         self._facts["started_at"] = utc_now("milliseconds")
