@@ -102,6 +102,21 @@ def test_quality_invalid_on_unnatural_finish_either_arm():
     assert any("[0, 5]" in x for x in r["reasons"])
 
 
+def test_invalid_says_which_arm_ran_on_where_the_other_stopped():
+    # every control answer ended by itself; the candidate's were cut at 0 and 5: it runs on
+    r = quality_v2(make_table(1, 1, unnatural={"candidate": (0, 5)}))
+    assert r["verdict"] == "INVALID"
+    alone = [x for x in r["reasons"] if x.startswith("candidate alone")]
+    assert alone and "[0, 5]" in alone[0] and "max_tokens is enough for the task as the control does it" in alone[0]
+    # both arms cut at 2: the budget may be too small; the candidate alone at 5, but the control ran out too
+    r = quality_v2(make_table(1, 1, unnatural={"control": (2,), "candidate": (2, 5)}))
+    assert any(x == "both arms ran out at indices [2]: max_tokens may be too small for these items"
+               for x in r["reasons"])
+    alone = [x for x in r["reasons"] if x.startswith("candidate alone")]
+    assert alone and "[5]" in alone[0] and "max_tokens is enough" not in alone[0]
+    assert not any(x.startswith("control alone") for x in r["reasons"])
+
+
 def test_quality_invalid_on_unanswered():
     r = quality_v1(make_table(0, 0, unanswered={"candidate": (1,)}))
     assert r["verdict"] == "INVALID"

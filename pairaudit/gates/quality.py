@@ -86,7 +86,29 @@ def _invalid(table: Mapping[str, Any]) -> list[str]:
             bad = list(per_arm.get(arm, []))
             if bad:
                 invalid.append(f"{arm} {what} at indices {bad}")
-    return invalid
+    return invalid + _who_ran_out(table.get("unnatural_finish_indices") or {})
+
+
+def _who_ran_out(unnatural: Mapping[str, Any]) -> list[str]:
+    """Which arm's unnatural finishes the other arm does not share: an answer cut where the other arm's answer to
+    the same item ended by itself says the arm runs on, not that max_tokens is too small for the task. Said beside
+    INVALID, never instead of it: the rule cannot score an answer that was cut."""
+    ctrl = set(unnatural.get("control", []))
+    cand = set(unnatural.get("candidate", []))
+    lines = []
+    for arm, mine, other, theirs in (("candidate", cand, "control", ctrl), ("control", ctrl, "candidate", cand)):
+        alone = sorted(mine - theirs)
+        if not alone:
+            continue
+        line = f"{arm} alone did not finish naturally at indices {_ids(alone)}: the {other}'s answers to them ended by themselves"
+        if not theirs:
+            line += (f" (every {other} answer did), so max_tokens is enough for the task as the {other} does it "
+                     f"and the {arm} runs on; the boundary gate and the greedy diagnostics show whether it loops")
+        lines.append(line)
+    both = sorted(ctrl & cand)
+    if both:
+        lines.append(f"both arms ran out at indices {_ids(both)}: max_tokens may be too small for these items")
+    return lines
 
 
 def per_dataset_level(level: float, datasets: int) -> float:
